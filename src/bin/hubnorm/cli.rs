@@ -1,0 +1,209 @@
+//! Command-line arguments (clap derive; the doc comments are the help text)
+//! and their conversion into library options.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use hubnorm::options::{Beta, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, ReadOptions};
+
+/// Hubness reduction for embedding retrieval: querybank normalisation as a
+/// streaming job over Parquet.
+///
+/// Exit codes: 0 success, 1 internal or I/O failure, 2 bad input or usage.
+#[derive(Debug, Parser)]
+#[command(name = "hubnorm", version, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Both passes: bank statistics, then corrected top-k search, plus a summary.
+    Run(RunArgs),
+    /// Pass 1: per-gallery statistics from the query bank (gallery_stats.parquet).
+    Stats(StatsArgs),
+    /// Pass 2: corrected top-k search with statistics from `hubnorm stats`.
+    Search(SearchArgs),
+    /// Measure kernel and pass throughput on generated data.
+    Bench(crate::bench::BenchArgs),
+}
+
+/// Column names, normalisation, memory and threads.
+#[derive(Debug, Clone, Args)]
+pub struct CommonArgs {
+    /// Name of the id column (Utf8, LargeUtf8 or Int64).
+    #[arg(long, default_value = "id")]
+    pub id_column: String,
+    /// Name of the embedding column (FixedSizeList or List of Float16/32/64).
+    #[arg(long, default_value = "embedding")]
+    pub embedding_column: String,
+    /// Name of the ground-truth column of the queries (a gallery id or a list of them).
+    #[arg(long, default_value = "target_id")]
+    pub target_column: String,
+    /// Keep raw dot products instead of L2-normalising every row (cosine).
+    #[arg(long)]
+    pub no_normalize: bool,
+    /// Peak memory to stay within, e.g. 256MiB or 2GiB. Block sizes follow from it.
+    #[arg(long, default_value = "2GiB", value_parser = parse_memory)]
+    pub memory_limit: MemoryBudget,
+    /// Worker threads (0 = one per core). Results do not depend on it.
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Which methods, and their hyperparameters.
+#[derive(Debug, Clone, Args)]
+pub struct MethodArgs {
+    /// One method: none (raw inner product) or is (inverted softmax).
+    #[arg(long, conflicts_with = "methods")]
+    pub method: Option<String>,
+    /// Several methods, comma separated, computed in one stream (e.g. none,is).
+    #[arg(long, value_delimiter = ',')]
+    pub methods: Vec<String>,
+    /// Inverse temperature β of inverted softmax, exp(β·s); β = 1/τ. Default 20.
+    #[arg(long)]
+    pub beta: Option<f64>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Test queries: a Parquet file, a directory of parts, or a glob.
+    #[arg(long)]
+    pub queries: String,
+    /// Gallery to search: a Parquet file, a directory of parts, or a glob.
+    #[arg(long)]
+    pub gallery: String,
+    /// Query bank (training-split queries, never the test queries).
+    #[arg(long)]
+    pub bank: String,
+    #[command(flatten)]
+    pub method: MethodArgs,
+    /// Results per query.
+    #[arg(long, default_value_t = 10)]
+    pub k: usize,
+    /// Replace outputs that already exist.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Output directory (results.parquet, gallery_stats.parquet, summary.json).
+    #[arg(long)]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// Gallery: a Parquet file, a directory of parts, or a glob.
+    #[arg(long)]
+    pub gallery: String,
+    /// Query bank (training-split queries).
+    #[arg(long)]
+    pub bank: String,
+    #[command(flatten)]
+    pub method: MethodArgs,
+    /// Replace the output if it exists.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Output file (gallery_stats.parquet).
+    #[arg(long)]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct SearchArgs {
+    /// Test queries: a Parquet file, a directory of parts, or a glob.
+    #[arg(long)]
+    pub queries: String,
+    /// Gallery: a Parquet file, a directory of parts, or a glob.
+    #[arg(long)]
+    pub gallery: String,
+    /// gallery_stats.parquet from `hubnorm stats` (not needed for --method none).
+    #[arg(long)]
+    pub stats: Option<PathBuf>,
+    #[command(flatten)]
+    pub method: MethodArgs,
+    /// Results per query.
+    #[arg(long, default_value_t = 10)]
+    pub k: usize,
+    /// Replace the output if it exists.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Output file (results.parquet).
+    #[arg(long)]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+fn parse_memory(s: &str) -> Result<MemoryBudget, String> {
+    s.parse().map_err(|e: hubnorm::HubnormError| e.to_string())
+}
+
+impl CommonArgs {
+    pub fn pass_options(&self) -> PassOptions {
+        PassOptions {
+            read: ReadOptions {
+                id_column: self.id_column.clone(),
+                embedding_column: self.embedding_column.clone(),
+                target_column: self.target_column.clone(),
+                normalize: !self.no_normalize,
+                ..ReadOptions::default()
+            },
+            memory: self.memory_limit,
+            threads: self.threads,
+        }
+    }
+}
+
+impl MethodArgs {
+    /// The method kinds named, in order, without repeats; `default` when none is named.
+    pub fn kinds(&self, default: MethodKind) -> hubnorm::Result<Vec<MethodKind>> {
+        let names: Vec<&str> = match &self.method {
+            Some(m) => vec![m.as_str()],
+            None => self.methods.iter().map(String::as_str).collect(),
+        };
+        let mut kinds = Vec::new();
+        for name in names {
+            let kind: MethodKind = name.parse()?;
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
+        if kinds.is_empty() {
+            kinds.push(default);
+        }
+        Ok(kinds)
+    }
+
+    /// Hyperparameters given on the command line, defaults elsewhere.
+    pub fn params(&self) -> MethodParams {
+        let mut p = MethodParams::default();
+        if let Some(beta) = self.beta {
+            p.beta = Beta(beta);
+        }
+        p
+    }
+
+    /// The methods with their parameters.
+    pub fn specs(&self, default: MethodKind) -> hubnorm::Result<Vec<MethodSpec>> {
+        let params = self.params();
+        Ok(self.kinds(default)?.into_iter().map(|k| MethodSpec::from_kind(k, &params)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,34 @@
+//! The `hubnorm` command: a thin layer over the library.
+
+mod bench;
+mod cli;
+mod progress;
+mod run;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let outcome = match cli.command {
+        cli::Command::Run(args) => run::run(args),
+        cli::Command::Stats(args) => run::stats(args),
+        cli::Command::Search(args) => run::search(args),
+        cli::Command::Bench(args) => bench::bench(args),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // Print the whole chain of causes.
+            let mut message = format!("error: {err}");
+            let mut source = std::error::Error::source(&err);
+            while let Some(cause) = source {
+                message.push_str(&format!("\n  caused by: {cause}"));
+                source = cause.source();
+            }
+            eprintln!("{message}");
+            ExitCode::from(err.exit_code() as u8)
+        }
+    }
+}

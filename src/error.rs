@@ -1,0 +1,114 @@
+//! One error type for the library. Each variant says who is to blame, which
+//! decides the exit code of the command-line tool (see [`HubnormError::exit_code`]).
+
+use std::path::PathBuf;
+
+/// Where in an input table a problem was found: file, 0-based row within that
+/// file, and column name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    pub file: PathBuf,
+    /// 0-based row index within `file`, when the problem is about one row.
+    pub row: Option<u64>,
+    pub column: Option<String>,
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(row) = self.row {
+            write!(f, ", row {row}")?;
+        }
+        if let Some(column) = &self.column {
+            write!(f, ", column '{column}'")?;
+        }
+        Ok(())
+    }
+}
+
+/// Everything that can go wrong in hubnorm.
+#[derive(Debug, thiserror::Error)]
+pub enum HubnormError {
+    /// The user's data is wrong: a bad value, a missing column, a ragged embedding.
+    #[error("bad input at {location}: {message}")]
+    Input { location: Location, message: String },
+
+    /// The inputs disagree with each other or with the options (dimensions, ids, methods).
+    #[error("invalid usage: {0}")]
+    Usage(String),
+
+    /// The work cannot be done inside the memory limit the user gave.
+    #[error("memory limit too small: {0}")]
+    Budget(String),
+
+    /// Reading or writing a file failed.
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A Parquet file could not be read or written.
+    #[error("Parquet error on {path}: {source}")]
+    Parquet {
+        path: PathBuf,
+        #[source]
+        source: parquet::errors::ParquetError,
+    },
+
+    /// An Arrow operation failed (a bug or an unsupported layout).
+    #[error("Arrow error: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+
+    /// A bug in hubnorm.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl HubnormError {
+    /// Exit code of the command-line tool: 2 for bad input or usage (the user
+    /// can fix it), 1 for everything else.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            HubnormError::Input { .. } | HubnormError::Usage(_) | HubnormError::Budget(_) => 2,
+            HubnormError::Io { .. }
+            | HubnormError::Parquet { .. }
+            | HubnormError::Arrow(_)
+            | HubnormError::Internal(_) => 1,
+        }
+    }
+
+    pub(crate) fn input(
+        file: impl Into<PathBuf>,
+        row: Option<u64>,
+        column: Option<&str>,
+        message: impl Into<String>,
+    ) -> Self {
+        HubnormError::Input {
+            location: Location {
+                file: file.into(),
+                row,
+                column: column.map(str::to_owned),
+            },
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        HubnormError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn parquet(path: impl Into<PathBuf>, source: parquet::errors::ParquetError) -> Self {
+        HubnormError::Parquet {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Result alias used throughout the library.
+pub type Result<T, E = HubnormError> = std::result::Result<T, E>;

@@ -1,0 +1,49 @@
+//! Runtime CPU dispatch for the epilogues: the same bodies compiled for the
+//! baseline target and for AVX-512, picked once per call by feature detection,
+//! so a binary built for generic x86-64 still runs 16-lane loops where the CPU
+//! has them. (The GEMM itself dispatches inside the `gemm` crate.)
+
+use super::fused::{bodies, QueryState};
+
+/// Whether the AVX-512 versions run on this CPU.
+pub fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+macro_rules! dispatched {
+    ($(fn $name:ident($($arg:ident : $ty:ty),*);)*) => {
+        $(
+            #[inline]
+            pub(super) fn $name($($arg: $ty),*) {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
+                    fn wide($($arg: $ty),*) {
+                        bodies::$name($($arg),*)
+                    }
+                    if has_avx512() {
+                        // SAFETY: the features `wide` was compiled for were detected above.
+                        return unsafe { wide($($arg),*) };
+                    }
+                }
+                bodies::$name($($arg),*)
+            }
+        )*
+    };
+}
+
+dispatched! {
+    fn column_max(tile: &[f32], nc: usize, out: &mut [f32]);
+    fn add_exp_columns(tile: &[f32], nc: usize, beta: f32, shift: &[f32], sum: &mut [f64]);
+    fn scan_row(scores: &[f32], h: &[f32], col0: u32, state: &mut QueryState);
+}

@@ -1,0 +1,387 @@
+//! The fused tile drivers: one GEMM tile at a time, consumed by an epilogue
+//! while it is still in cache.
+//!
+//! * [`column_log_sum_exp`] (pass 1): for each column (gallery item), the
+//!   log-sum-exp of β·s over the rows (bank queries), for several β at once.
+//! * [`search_block`] (pass 2): for each row (query) and each scoring method,
+//!   the top-k of s − h(col), and the counts needed for the full-gallery rank
+//!   of the query's ground truth.
+//!
+//! Tiles are `TILE_ROWS × TILE_COLS`; rayon runs one strip of tiles per task
+//! and each task owns the state it updates, so results do not depend on the
+//! thread count. Tile and block boundaries are aligned to the tile shape by the
+//! callers, so results do not depend on the memory limit either.
+//!
+//! Before touching the epilogues, run `cargo bench --no-default-features --bench kernel`.
+
+use rayon::prelude::*;
+
+use super::exp::fast_exp;
+use super::gemm::similarity_tile;
+use super::lse::LogSumExp;
+use super::topk::{Candidate, TopK};
+
+/// Rows of one similarity tile (queries or bank rows).
+pub const TILE_ROWS: usize = 256;
+/// Columns of one similarity tile (gallery items). A 256 × 1024 f32 tile is
+/// 1 MiB, the L2 cache of one core here.
+pub const TILE_COLS: usize = 1024;
+/// Lanes processed together by the epilogues (one AVX-512 register of f32).
+const LANES: usize = 16;
+
+/// Scratch memory one worker thread needs for a tile.
+pub const fn tile_workspace_bytes() -> usize {
+    TILE_ROWS * TILE_COLS * std::mem::size_of::<f32>() + TILE_COLS * 16
+}
+
+/// A borrowed row-major block of embeddings.
+#[derive(Debug, Clone, Copy)]
+pub struct Rows<'a> {
+    pub data: &'a [f32],
+    pub rows: usize,
+    pub dim: usize,
+}
+
+impl<'a> Rows<'a> {
+    pub fn new(data: &'a [f32], dim: usize) -> Self {
+        let rows = if dim == 0 { 0 } else { data.len() / dim };
+        Rows { data, rows, dim }
+    }
+
+    fn slice(&self, start: usize, end: usize) -> Rows<'a> {
+        Rows {
+            data: &self.data[start * self.dim..end * self.dim],
+            rows: end - start,
+            dim: self.dim,
+        }
+    }
+}
+
+/// Pass 1 kernel. For each column `j` of `cols` and each `betas[b]`, folds
+/// β·⟨rows_i, cols_j⟩ for every row `i` into `states[j * betas.len() + b]`.
+///
+/// Rows are folded one tile of [`TILE_ROWS`] at a time in order, so the result
+/// is the same for any split of the rows into blocks whose sizes are multiples
+/// of `TILE_ROWS`.
+///
+/// # Panics
+/// When the dimensions differ, `states.len() != cols.rows * betas.len()`, or a β is not positive.
+pub fn column_log_sum_exp(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states: &mut [LogSumExp]) {
+    let nb = betas.len();
+    assert_eq!(rows.dim, cols.dim, "dimension mismatch");
+    assert_eq!(states.len(), cols.rows * nb, "one state per column and β");
+    assert!(betas.iter().all(|&b| b > 0.0), "β must be positive");
+    if nb == 0 || rows.rows == 0 || cols.rows == 0 {
+        return;
+    }
+    states
+        .par_chunks_mut(TILE_COLS * nb)
+        .enumerate()
+        .for_each(|(strip, strip_states)| {
+            let c0 = strip * TILE_COLS;
+            let strip_cols = cols.slice(c0, (c0 + TILE_COLS).min(cols.rows));
+            column_strip(rows, strip_cols, betas, strip_states);
+        });
+}
+
+/// One column strip of pass 1, run by one thread.
+fn column_strip(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states: &mut [LogSumExp]) {
+    let (nc, nb) = (cols.rows, betas.len());
+    // Structure-of-arrays copies of the states, per β, so the loops vectorise.
+    let mut max: Vec<Vec<f64>> = (0..nb).map(|b| (0..nc).map(|j| states[j * nb + b].max).collect()).collect();
+    let mut sum: Vec<Vec<f64>> = (0..nb).map(|b| (0..nc).map(|j| states[j * nb + b].sum).collect()).collect();
+    let mut tile = vec![0f32; TILE_ROWS * nc];
+    let mut col_max = vec![0f32; nc];
+    let mut shift = vec![0f32; nc];
+    let mut r0 = 0;
+    while r0 < rows.rows {
+        let r1 = (r0 + TILE_ROWS).min(rows.rows);
+        let tile_rows = r1 - r0;
+        similarity_tile(&mut tile, nc, &rows.data[r0 * rows.dim..r1 * rows.dim], tile_rows, cols.data, nc, cols.dim);
+        let tile = &tile[..tile_rows * nc];
+        super::dispatch::column_max(tile, nc, &mut col_max);
+        for b in 0..nb {
+            let beta = betas[b];
+            for j in 0..nc {
+                // The new max is an f32 value (β·s rounded as the exp argument is),
+                // so the sum stays exactly relative to the stored max.
+                let candidate = (beta * col_max[j]) as f64;
+                if candidate > max[b][j] {
+                    if sum[b][j] != 0.0 {
+                        sum[b][j] *= (max[b][j] - candidate).exp();
+                    }
+                    max[b][j] = candidate;
+                }
+                shift[j] = max[b][j] as f32;
+            }
+            super::dispatch::add_exp_columns(tile, nc, beta, &shift, &mut sum[b]);
+        }
+        r0 = r1;
+    }
+    for j in 0..nc {
+        for b in 0..nb {
+            states[j * nb + b] = LogSumExp { max: max[b][j], sum: sum[b][j] };
+        }
+    }
+}
+
+/// Per-query, per-method search state of pass 2.
+#[derive(Debug, Clone, Default)]
+pub struct QueryState {
+    /// Best candidates so far under this method's scores.
+    pub top: TopK,
+    /// Score of the best ground-truth item under this method (NaN: no ground truth).
+    pub target: f32,
+    /// Gallery items (ground truth excluded) scored strictly above `target`.
+    pub greater: u64,
+    /// Gallery items (ground truth excluded) scored exactly `target`.
+    pub equal: u64,
+}
+
+impl QueryState {
+    pub fn new(k: usize, target: Option<f32>) -> Self {
+        QueryState {
+            top: TopK::new(k),
+            target: target.unwrap_or(f32::NAN),
+            greater: 0,
+            equal: 0,
+        }
+    }
+
+    /// Full-gallery rank of the ground truth: 1 + items above + half the ties.
+    pub fn rank(&self) -> Option<f64> {
+        (!self.target.is_nan()).then(|| 1.0 + self.greater as f64 + 0.5 * self.equal as f64)
+    }
+}
+
+/// Ground-truth gallery rows of each query, in compressed-row form.
+#[derive(Debug, Clone, Default)]
+pub struct Positives {
+    offsets: Vec<usize>,
+    rows: Vec<u32>,
+}
+
+impl Positives {
+    /// No query has ground truth.
+    pub fn none(queries: usize) -> Self {
+        Positives {
+            offsets: vec![0; queries + 1],
+            rows: vec![],
+        }
+    }
+
+    /// From one list of gallery rows per query.
+    pub fn from_lists<I: IntoIterator<Item = Vec<u32>>>(lists: I) -> Self {
+        let mut p = Positives {
+            offsets: vec![0],
+            rows: vec![],
+        };
+        for list in lists {
+            p.rows.extend(list);
+            p.offsets.push(p.rows.len());
+        }
+        p
+    }
+
+    pub fn of(&self, query: usize) -> &[u32] {
+        &self.rows[self.offsets[query]..self.offsets[query + 1]]
+    }
+
+    pub fn queries(&self) -> usize {
+        self.offsets.len() - 1
+    }
+}
+
+/// Pass 2 kernel. For each query row `q` of `queries` and each method `m`
+/// (one correction slice per method, `corrections[m][j]` = h of gallery column
+/// `j`), offers the candidates s(q, j) − h(j) of this gallery block to
+/// `states[q * corrections.len() + m]`, and counts the items above the
+/// query's ground-truth score. `first_row` is the global gallery row of the
+/// block's first column; blocks must be offered in increasing row order.
+///
+/// # Panics
+/// When the dimensions differ or a slice has the wrong length.
+pub fn search_block(
+    queries: Rows<'_>,
+    gallery: Rows<'_>,
+    first_row: u32,
+    corrections: &[&[f32]],
+    positives: &Positives,
+    states: &mut [QueryState],
+) {
+    let nm = corrections.len();
+    assert_eq!(queries.dim, gallery.dim, "dimension mismatch");
+    assert_eq!(states.len(), queries.rows * nm, "one state per query and method");
+    assert_eq!(positives.queries(), queries.rows, "one positives list per query");
+    assert!(corrections.iter().all(|h| h.len() == gallery.rows), "one correction per gallery column");
+    if nm == 0 || queries.rows == 0 || gallery.rows == 0 {
+        return;
+    }
+    states
+        .par_chunks_mut(TILE_ROWS * nm)
+        .enumerate()
+        .for_each(|(strip, strip_states)| {
+            let q0 = strip * TILE_ROWS;
+            let q1 = (q0 + TILE_ROWS).min(queries.rows);
+            let mut tile = vec![0f32; (q1 - q0) * TILE_COLS.min(gallery.rows)];
+            let mut c0 = 0;
+            while c0 < gallery.rows {
+                let c1 = (c0 + TILE_COLS).min(gallery.rows);
+                let nc = c1 - c0;
+                similarity_tile(
+                    &mut tile,
+                    nc,
+                    &queries.data[q0 * queries.dim..q1 * queries.dim],
+                    q1 - q0,
+                    &gallery.data[c0 * gallery.dim..c1 * gallery.dim],
+                    nc,
+                    gallery.dim,
+                );
+                for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
+                    let scores = &tile[i * nc..(i + 1) * nc];
+                    let col0 = first_row + c0 as u32;
+                    for (state, h) in row_states.iter_mut().zip(corrections) {
+                        super::dispatch::scan_row(scores, &h[c0..c1], col0, state);
+                        exclude_positives(scores, &h[c0..c1], col0, positives.of(q0 + i), state);
+                    }
+                }
+                c0 = c1;
+            }
+        });
+}
+
+/// The ground truth is not counted against itself: undo the counts of the
+/// positive columns that fall in this tile.
+fn exclude_positives(scores: &[f32], h: &[f32], col0: u32, positives: &[u32], state: &mut QueryState) {
+    if state.target.is_nan() {
+        return;
+    }
+    for &p in positives {
+        if p >= col0 && ((p - col0) as usize) < scores.len() {
+            let j = (p - col0) as usize;
+            let v = scores[j] - h[j];
+            if v > state.target {
+                state.greater -= 1;
+            } else if v == state.target {
+                state.equal -= 1;
+            }
+        }
+    }
+}
+
+/// The epilogue bodies, written so that the compiler vectorises them; the
+/// `dispatch` module compiles them twice (baseline and AVX-512).
+pub(super) mod bodies {
+    use super::*;
+
+    #[inline(always)]
+    pub fn column_max(tile: &[f32], nc: usize, out: &mut [f32]) {
+        out[..nc].copy_from_slice(&tile[..nc]);
+        for row in tile.chunks_exact(nc).skip(1) {
+            for (m, &s) in out[..nc].iter_mut().zip(row) {
+                *m = if s > *m { s } else { *m };
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub fn add_exp_columns(tile: &[f32], nc: usize, beta: f32, shift: &[f32], sum: &mut [f64]) {
+        for row in tile.chunks_exact(nc) {
+            for ((acc, &s), &m) in sum[..nc].iter_mut().zip(row).zip(&shift[..nc]) {
+                *acc += fast_exp(beta * s - m) as f64;
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub fn scan_row(scores: &[f32], h: &[f32], col0: u32, state: &mut QueryState) {
+        let target = state.target;
+        if target.is_nan() {
+            scan::<false>(scores, h, col0, state, target);
+        } else {
+            scan::<true>(scores, h, col0, state, target);
+        }
+    }
+
+    #[inline(always)]
+    fn scan<const COUNT: bool>(scores: &[f32], h: &[f32], col0: u32, state: &mut QueryState, target: f32) {
+        let mut threshold = state.top.threshold();
+        let (mut greater, mut equal) = (0u32, 0u32);
+        let n = scores.len();
+        let full = n - n % LANES;
+        let mut j0 = 0;
+        while j0 < full {
+            let s: &[f32; LANES] = scores[j0..j0 + LANES].try_into().unwrap();
+            let c: &[f32; LANES] = h[j0..j0 + LANES].try_into().unwrap();
+            let mut v = [0f32; LANES];
+            let mut any = false;
+            for l in 0..LANES {
+                v[l] = s[l] - c[l];
+                any |= v[l] > threshold;
+                if COUNT {
+                    greater += (v[l] > target) as u32;
+                    equal += (v[l] == target) as u32;
+                }
+            }
+            if any {
+                for l in 0..LANES {
+                    if v[l] > threshold {
+                        state.top.push(Candidate { score: v[l], raw: s[l], row: col0 + (j0 + l) as u32 });
+                        threshold = state.top.threshold();
+                    }
+                }
+            }
+            j0 += LANES;
+        }
+        for j in full..n {
+            let v = scores[j] - h[j];
+            if COUNT {
+                greater += (v > target) as u32;
+                equal += (v == target) as u32;
+            }
+            if v > threshold {
+                state.top.push(Candidate { score: v, raw: scores[j], row: col0 + j as u32 });
+                threshold = state.top.threshold();
+            }
+        }
+        state.greater += greater as u64;
+        state.equal += equal as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pseudo_random(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    #[test]
+    fn column_lse_matches_direct_sum_across_tile_edges() {
+        let dim = 5;
+        let (nr, nc) = (TILE_ROWS + 3, TILE_COLS + 17);
+        let a = pseudo_random(nr * dim, 1);
+        let b = pseudo_random(nc * dim, 2);
+        let betas = [1.0f32, 20.0];
+        let mut states = vec![LogSumExp::default(); nc * 2];
+        column_log_sum_exp(Rows::new(&a, dim), Rows::new(&b, dim), &betas, &mut states);
+        for j in [0, 1, TILE_COLS - 1, TILE_COLS, nc - 1] {
+            for (bi, &beta) in betas.iter().enumerate() {
+                let mut direct = LogSumExp::default();
+                for i in 0..nr {
+                    let s: f64 = (0..dim).map(|d| a[i * dim + d] as f64 * b[j * dim + d] as f64).sum();
+                    direct.push(beta as f64 * s);
+                }
+                let got = states[j * 2 + bi].value();
+                assert!((got - direct.value()).abs() < 1e-5, "col {j} β {beta}: {got} vs {}", direct.value());
+            }
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! The similarity tile: S = A·Bᵀ for row-major embedding blocks, by the `gemm`
+//! crate (AVX-512 kernels chosen at run time through its `x86-v4` feature).
+//!
+//! Before touching this, run `cargo bench --no-default-features --bench kernel`
+//! and compare `gemm_tile` against `naive_tile` and the machine peak in DESIGN.md.
+
+/// Writes `out[i * ld_out + j] = ⟨a_i, b_j⟩` for the `m` rows of `a` and the
+/// `n` rows of `b`, both row-major with `dim` columns. Single-threaded: the
+/// passes parallelise over tiles, which keeps results independent of the thread
+/// count.
+///
+/// # Panics
+/// When a slice is shorter than its shape says (`a.len() < m * dim`,
+/// `b.len() < n * dim`, `out.len() < (m - 1) * ld_out + n`) or `ld_out < n`.
+pub fn similarity_tile(out: &mut [f32], ld_out: usize, a: &[f32], m: usize, b: &[f32], n: usize, dim: usize) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(ld_out >= n, "output stride {ld_out} is smaller than the tile width {n}");
+    assert!(a.len() >= m * dim && b.len() >= n * dim, "input slices shorter than their shapes");
+    assert!(out.len() >= (m - 1) * ld_out + n, "output slice shorter than its shape");
+    if dim == 0 {
+        for i in 0..m {
+            out[i * ld_out..i * ld_out + n].fill(0.0);
+        }
+        return;
+    }
+    // SAFETY: the asserts above guarantee that every index the strides describe
+    // lies inside the slices; `out` is exclusively borrowed.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            dim,
+            out.as_mut_ptr(),
+            1,             // dst column stride
+            ld_out as isize, // dst row stride
+            false,         // do not read dst
+            a.as_ptr(),
+            1,             // lhs column stride (over dim)
+            dim as isize,  // lhs row stride
+            b.as_ptr(),
+            dim as isize,  // rhs column stride: column j of Bᵀ is row j of B
+            1,             // rhs row stride (over dim)
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// The textbook triple loop, kept as the baseline the benchmark compares with
+/// and as a reference in tests. Never used on the hot path.
+pub fn naive_similarity_tile(out: &mut [f32], ld_out: usize, a: &[f32], m: usize, b: &[f32], n: usize, dim: usize) {
+    for i in 0..m {
+        let ai = &a[i * dim..(i + 1) * dim];
+        for j in 0..n {
+            let bj = &b[j * dim..(j + 1) * dim];
+            out[i * ld_out + j] = ai.iter().zip(bj).map(|(x, y)| x * y).sum();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_naive_product_with_padding() {
+        let (m, n, dim, ld) = (7, 5, 13, 9);
+        let a: Vec<f32> = (0..m * dim).map(|i| ((i * 37 % 11) as f32 - 5.0) / 7.0).collect();
+        let b: Vec<f32> = (0..n * dim).map(|i| ((i * 53 % 13) as f32 - 6.0) / 5.0).collect();
+        let mut fast = vec![f32::NAN; m * ld];
+        let mut slow = vec![f32::NAN; m * ld];
+        similarity_tile(&mut fast, ld, &a, m, &b, n, dim);
+        naive_similarity_tile(&mut slow, ld, &a, m, &b, n, dim);
+        for i in 0..m {
+            for j in 0..n {
+                let (x, y) = (fast[i * ld + j], slow[i * ld + j]);
+                assert!((x - y).abs() < 1e-5, "({i},{j}): {x} vs {y}");
+            }
+            // Padding beyond the tile width is left alone.
+            assert!(fast[i * ld + n..(i + 1) * ld].iter().all(|v| v.is_nan()));
+        }
+    }
+}

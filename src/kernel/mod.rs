@@ -1,0 +1,18 @@
+//! Pure, synchronous, Arrow-free compute: the similarity tile (GEMM), the
+//! vectorised exp, bounded top-k, streaming log-sum-exp, and the fused tile
+//! drivers of pass 1 and pass 2.
+
+mod dispatch;
+pub mod exp;
+pub mod fused;
+pub mod gemm;
+pub mod lse;
+pub mod topk;
+
+pub use dispatch::has_avx512;
+pub use fused::{
+    column_log_sum_exp, search_block, tile_workspace_bytes, Positives, QueryState, Rows, TILE_COLS,
+    TILE_ROWS,
+};
+pub use lse::LogSumExp;
+pub use topk::{Candidate, TopK};

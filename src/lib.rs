@@ -1,0 +1,59 @@
+//! # hubnorm: hubness reduction for embedding retrieval, as a streaming data job
+//!
+//! Dual-encoder retrieval ranks a gallery by the inner product of embeddings;
+//! in high dimensions a few gallery items ("hubs") are the nearest neighbour of
+//! very many queries. Querybank normalisation re-scores with statistics from a
+//! bank of training-split queries. hubnorm computes them out of core over
+//! Parquet:
+//!
+//! ```text
+//! gallery.parquet ─┐
+//! bank.parquet ────┴─► pass 1: bank statistics ──► gallery_stats.parquet
+//!                       (bank × gallery tiles,       (gallery_id, h(g), mergeable state)
+//!                        mergeable per-item state)
+//! queries.parquet ─┐
+//! gallery + stats ─┴─► pass 2: query top-k ───────► results.parquet + summary.json
+//!                       (query × gallery tiles,      (method, query_id, rank, gallery_id,
+//!                        s − h(g) fused in the kernel) score, raw_score)
+//! ```
+//!
+//! Modules follow the data flow: [`source`] reads embedding tables into
+//! blocks, [`kernel`] computes similarity tiles and their epilogues, [`bank`]
+//! is pass 1, [`query`] is pass 2, [`report`] the hubness and quality figures,
+//! [`sink`] the atomic Parquet writers, and [`pipeline`] wires them together.
+//!
+//! ```no_run
+//! use hubnorm::options::{Beta, MethodSpec, PassOptions};
+//! use hubnorm::pipeline::{run, RunJob};
+//!
+//! let job = RunJob {
+//!     queries: "queries.parquet".into(),
+//!     gallery: "gallery/".into(),
+//!     bank: "bank/*.parquet".into(),
+//!     methods: vec![MethodSpec::InvertedSoftmax { beta: Beta(20.0) }],
+//!     k: 10,
+//!     out_dir: "out".into(),
+//!     overwrite: false,
+//!     options: PassOptions::default(),
+//! };
+//! let summary = run(&job, &hubnorm::progress::Silent)?;
+//! println!("{}", summary.methods[1].k_occurrence_skewness);
+//! # Ok::<(), hubnorm::error::HubnormError>(())
+//! ```
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
+pub mod bank;
+pub mod cache;
+pub mod error;
+pub mod ids;
+pub mod kernel;
+pub mod options;
+pub mod pipeline;
+pub mod plan;
+pub mod progress;
+pub mod query;
+pub mod report;
+pub mod sink;
+pub mod source;
+
+pub use error::{HubnormError, Result};

@@ -1,0 +1,133 @@
+//! Block sizes from the memory limit (DESIGN.md, decision 3).
+//!
+//! Each pass holds an *outer* block (whose per-row state lives in memory) and
+//! streams an *inner* table past it. When the whole inner table fits in half
+//! of what is left after fixed costs, it is read once and cached; otherwise
+//! outer and inner blocks share the budget and the inner table is re-read for
+//! every outer block. Block sizes are multiples of the tile shape, so results
+//! do not depend on the limit.
+
+use crate::error::{HubnormError, Result};
+use crate::kernel::tile_workspace_bytes;
+use crate::options::human_bytes;
+
+/// Allocator slack and small buffers not tracked row by row.
+pub const FIXED_OVERHEAD_BYTES: usize = 2 << 20;
+/// Largest Parquet record batch read at once.
+const MAX_BATCH_ROWS: usize = 4096;
+const MIN_BATCH_ROWS: usize = 64;
+
+/// What a pass needs to know to size its blocks.
+#[derive(Debug, Clone)]
+pub struct PlanRequest {
+    pub budget: usize,
+    pub threads: usize,
+    /// Embedding dimension.
+    pub dim: usize,
+    /// Memory held for the whole run whatever the blocks (id index, corrections, counts).
+    pub resident_bytes: usize,
+    /// Bytes per row of the outer block (embedding and state).
+    pub outer_row_bytes: usize,
+    /// Bytes per row of the inner block.
+    pub inner_row_bytes: usize,
+    pub outer_total_rows: usize,
+    pub inner_total_rows: usize,
+    /// Outer and inner block sizes must be multiples of these.
+    pub outer_align: usize,
+    pub inner_align: usize,
+}
+
+/// The block sizes a pass uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockPlan {
+    pub outer_rows: usize,
+    pub inner_rows: usize,
+    /// Whether the inner table is read once and kept in memory.
+    pub cache_inner: bool,
+    /// Rows per Parquet record batch.
+    pub batch_rows: usize,
+}
+
+fn round_down(x: usize, align: usize) -> usize {
+    x / align * align
+}
+
+fn round_up(x: usize, align: usize) -> usize {
+    x.div_ceil(align) * align
+}
+
+impl PlanRequest {
+    /// Chooses block sizes, or explains how much memory would be needed.
+    pub fn plan(&self) -> Result<BlockPlan> {
+        let row_bytes = self.dim.max(1) * 4;
+        let batch_rows = (self.budget / 32 / row_bytes).clamp(MIN_BATCH_ROWS, MAX_BATCH_ROWS);
+        // A decoded batch, its repetition/definition levels and one page buffer.
+        let reader_bytes = 4 * batch_rows * row_bytes + (1 << 20);
+        let fixed = FIXED_OVERHEAD_BYTES + reader_bytes + self.threads.max(1) * tile_workspace_bytes() + self.resident_bytes;
+        let minimum = fixed + self.outer_align * self.outer_row_bytes + self.inner_align * self.inner_row_bytes;
+        if self.budget < minimum {
+            return Err(HubnormError::Budget(format!(
+                "--memory-limit {} is below the {} this job needs at least ({} of it held for the whole run: ids, corrections, counts); raise the limit",
+                human_bytes(self.budget as u64),
+                human_bytes(minimum as u64),
+                human_bytes(self.resident_bytes as u64),
+            )));
+        }
+        let available = self.budget - fixed;
+        let outer_needed = round_up(self.outer_total_rows.max(1), self.outer_align);
+        let inner_needed = round_up(self.inner_total_rows.max(1), self.inner_align);
+        let inner_bytes = inner_needed * self.inner_row_bytes;
+        let (outer_rows, inner_rows, cache_inner) = if inner_bytes <= available / 2 {
+            let outer = round_down((available - inner_bytes) / self.outer_row_bytes.max(1), self.outer_align);
+            (outer, inner_needed, true)
+        } else {
+            let outer = round_down(available / 2 / self.outer_row_bytes.max(1), self.outer_align);
+            let inner = round_down(available / 2 / self.inner_row_bytes.max(1), self.inner_align);
+            (outer, inner, false)
+        };
+        Ok(BlockPlan {
+            outer_rows: outer_rows.clamp(self.outer_align, outer_needed),
+            inner_rows: inner_rows.clamp(self.inner_align, inner_needed),
+            cache_inner,
+            batch_rows,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(budget: usize) -> PlanRequest {
+        PlanRequest {
+            budget,
+            threads: 2,
+            dim: 128,
+            resident_bytes: 1 << 20,
+            outer_row_bytes: 600,
+            inner_row_bytes: 512,
+            outer_total_rows: 1_000_000,
+            inner_total_rows: 1_000_000,
+            outer_align: 256,
+            inner_align: 1024,
+        }
+    }
+
+    #[test]
+    fn blocks_fit_the_budget_and_are_aligned() {
+        for budget in [16 << 20, 64 << 20, 1 << 30] {
+            let p = request(budget).plan().unwrap();
+            assert_eq!(p.outer_rows % 256, 0);
+            assert_eq!(p.inner_rows % 1024, 0);
+            assert!(p.outer_rows * 600 + p.inner_rows * 512 < budget, "{p:?}");
+        }
+        assert!(request(1 << 30).plan().unwrap().cache_inner);
+        assert!(!request(64 << 20).plan().unwrap().cache_inner);
+    }
+
+    #[test]
+    fn too_small_a_budget_is_refused_with_the_size_needed() {
+        let err = request(2 << 20).plan().unwrap_err().to_string();
+        assert!(err.contains("needs at least"), "{err}");
+    }
+}

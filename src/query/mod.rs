@@ -1,0 +1,9 @@
+//! Pass 2: blocked top-k search with each method's correction fused into the
+//! kernel, plus the full-gallery rank of each query's ground truth.
+
+pub mod method;
+pub mod pass;
+pub mod targets;
+
+pub use method::ScoringMethod;
+pub use pass::{search, QueryBlockResult, SearchRequest};

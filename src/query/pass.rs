@@ -1,0 +1,107 @@
+//! Pass 2 driver: for each query block that fits the budget, stream the
+//! gallery (cached when it fits) and keep k candidates per query and method.
+
+use arrow::array::ArrayRef;
+
+use crate::bank::pass::dimension_error;
+use crate::cache::TableBlocks;
+use crate::error::{HubnormError, Result};
+use crate::ids::IdIndex;
+use crate::kernel::{search_block, QueryState, Rows, TILE_COLS, TILE_ROWS};
+use crate::plan::PlanRequest;
+use crate::progress::{Progress, RowProgress};
+use crate::query::targets::{resolve_targets, target_scores};
+use crate::query::ScoringMethod;
+use crate::source::EmbeddingTable;
+
+/// What pass 2 needs besides the tables.
+pub struct SearchRequest<'a> {
+    pub queries: &'a EmbeddingTable,
+    pub gallery: &'a EmbeddingTable,
+    /// The gallery's ids (for ground truth lookups).
+    pub gallery_index: &'a IdIndex,
+    pub methods: &'a [ScoringMethod],
+    /// Candidates kept per query and method.
+    pub k: usize,
+    pub budget: usize,
+    /// Memory the caller holds for the whole pass (index, corrections, counts).
+    pub resident_bytes: usize,
+}
+
+/// The finished results of one query block.
+#[derive(Debug)]
+pub struct QueryBlockResult<'a> {
+    /// Global row of the block's first query.
+    pub first_row: u64,
+    pub query_ids: &'a ArrayRef,
+    /// `rows × methods` states, row-major (one row per query).
+    pub states: &'a [QueryState],
+    pub methods: usize,
+}
+
+/// Runs pass 2 and hands each query block's results to `on_block` in order.
+pub fn search(
+    request: &SearchRequest<'_>,
+    progress: &dyn Progress,
+    mut on_block: impl FnMut(QueryBlockResult<'_>) -> Result<()>,
+) -> Result<()> {
+    let SearchRequest { queries, gallery, gallery_index, methods, k, .. } = *request;
+    if queries.dim != gallery.dim {
+        return Err(dimension_error(queries, gallery));
+    }
+    if methods.iter().any(|m| m.corrections.len() as u64 != gallery.rows) {
+        return Err(HubnormError::Internal("one correction per gallery item expected".into()));
+    }
+    let dim = gallery.dim;
+    let nm = methods.len();
+    let state_bytes = std::mem::size_of::<QueryState>() + k * std::mem::size_of::<crate::kernel::Candidate>();
+    let plan = PlanRequest {
+        budget: request.budget,
+        threads: rayon::current_num_threads(),
+        dim,
+        resident_bytes: request.resident_bytes,
+        // Embedding, id, target lists, and per method the state plus the
+        // output rows built from it (~48 bytes per result row).
+        outer_row_bytes: dim * 4 + 48 + nm * (state_bytes + k * 48),
+        inner_row_bytes: dim * 4 + 32,
+        outer_total_rows: queries.rows as usize,
+        inner_total_rows: gallery.rows as usize,
+        outer_align: TILE_ROWS,
+        inner_align: TILE_COLS,
+    }
+    .plan()?;
+    let mut gallery_blocks = TableBlocks::new(gallery, plan.inner_rows, plan.batch_rows, plan.cache_inner)?;
+    let corrections: Vec<&[f32]> = methods.iter().map(|m| m.corrections.as_slice()).collect();
+    let mut rows_done = RowProgress::start(progress, "pass 2: queries", queries.rows, gallery.rows);
+    let query_table = queries.with_batch_rows(plan.batch_rows);
+    let mut query_blocks = query_table.blocks(plan.outer_rows);
+    while let Some(block) = query_blocks.next_block()? {
+        let positives = resolve_targets(&block, queries, gallery_index)?;
+        let targets = target_scores(&block, &positives, &mut gallery_blocks, methods)?;
+        let mut states: Vec<QueryState> = targets.iter().map(|&t| QueryState::new(k, t)).collect();
+        gallery_blocks.for_each(|g_block| {
+            let block_corrections: Vec<&[f32]> = corrections
+                .iter()
+                .map(|h| &h[g_block.first_row as usize..g_block.first_row as usize + g_block.rows])
+                .collect();
+            search_block(
+                Rows::new(&block.data, dim),
+                Rows::new(&g_block.data, dim),
+                g_block.first_row as u32,
+                &block_corrections,
+                &positives,
+                &mut states,
+            );
+            rows_done.advance(block.rows, g_block.rows);
+            Ok(())
+        })?;
+        on_block(QueryBlockResult {
+            first_row: block.first_row,
+            query_ids: &block.ids,
+            states: &states,
+            methods: nm,
+        })?;
+    }
+    rows_done.finish();
+    Ok(())
+}

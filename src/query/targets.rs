@@ -1,0 +1,115 @@
+//! Ground truth: resolving `target_id` values to gallery rows, and the score
+//! of the best positive under each method.
+
+use arrow::array::{Array, ArrayRef, AsArray};
+use arrow::datatypes::DataType;
+
+use crate::cache::TableBlocks;
+use crate::error::Result;
+use crate::ids::{id_at, IdIndex};
+use crate::kernel::Positives;
+use crate::query::ScoringMethod;
+use crate::source::{EmbeddingBlock, EmbeddingTable};
+
+/// Gallery rows of each query's ground truth in `block` (empty lists when the
+/// table has no target column). An id missing from the gallery is an input
+/// error naming the query file, row and column.
+pub fn resolve_targets(block: &EmbeddingBlock, queries: &EmbeddingTable, index: &IdIndex) -> Result<Positives> {
+    let Some(targets) = &block.targets else {
+        return Ok(Positives::none(block.rows));
+    };
+    let column = &queries.options().target_column;
+    let id_type = index.ids().data_type().clone();
+    let lookup = |values: &ArrayRef, row: usize| -> Result<Vec<u32>> {
+        let values = cast_ids(values, &id_type)?;
+        let mut rows = Vec::with_capacity(values.len());
+        for i in 0..values.len() {
+            let global = block.first_row + row as u64;
+            if values.is_null(i) {
+                return Err(queries.row_error(global, column, "null or unconvertible target id"));
+            }
+            let id = id_at(values.as_ref(), i);
+            match index.find(id) {
+                Some(g) => rows.push(g),
+                None => return Err(queries.row_error(global, column, format!("target {id} is not in the gallery"))),
+            }
+        }
+        if rows.is_empty() {
+            return Err(queries.row_error(block.first_row + row as u64, column, "empty list of targets"));
+        }
+        Ok(rows)
+    };
+    let mut lists = Vec::with_capacity(block.rows);
+    match targets.data_type() {
+        DataType::List(_) | DataType::LargeList(_) => {
+            for row in 0..block.rows {
+                if targets.is_null(row) {
+                    return Err(queries.row_error(block.first_row + row as u64, column, "null target list"));
+                }
+                let values = match targets.data_type() {
+                    DataType::List(_) => targets.as_list::<i32>().value(row),
+                    _ => targets.as_list::<i64>().value(row),
+                };
+                lists.push(lookup(&values, row)?);
+            }
+        }
+        _ => {
+            let all = cast_ids(targets, &id_type)?;
+            for row in 0..block.rows {
+                lists.push(lookup(&all.slice(row, 1), row)?);
+            }
+        }
+    }
+    Ok(Positives::from_lists(lists))
+}
+
+/// Ids cast to the gallery's id type (unconvertible values become null).
+fn cast_ids(values: &ArrayRef, id_type: &DataType) -> Result<ArrayRef> {
+    if values.data_type() == id_type {
+        Ok(values.clone())
+    } else {
+        Ok(arrow::compute::cast(values, id_type)?)
+    }
+}
+
+/// For each query of `block` and each method, the score of its best-scored
+/// positive (None without ground truth). The gallery streams past the block
+/// once, and only positive rows are used; the scores are computed as the
+/// kernel computes them (f32 similarity, minus the f32 correction).
+pub fn target_scores(
+    block: &EmbeddingBlock,
+    positives: &Positives,
+    gallery: &mut TableBlocks,
+    methods: &[ScoringMethod],
+) -> Result<Vec<Option<f32>>> {
+    let nm = methods.len();
+    let mut best: Vec<Option<f32>> = vec![None; block.rows * nm];
+    // (gallery row, query) pairs in gallery order.
+    let mut wanted: Vec<(u32, u32)> = (0..block.rows)
+        .flat_map(|q| positives.of(q).iter().map(move |&g| (g, q as u32)))
+        .collect();
+    if wanted.is_empty() {
+        return Ok(best);
+    }
+    wanted.sort_unstable();
+    let dim = block.dim;
+    let mut next = 0;
+    gallery.for_each(|g_block| {
+        let end = g_block.first_row + g_block.rows as u64;
+        while next < wanted.len() && (wanted[next].0 as u64) < end {
+            let (g, q) = (wanted[next].0 as usize, wanted[next].1 as usize);
+            let local = g - g_block.first_row as usize;
+            let gv = &g_block.data[local * dim..(local + 1) * dim];
+            let qv = &block.data[q * dim..(q + 1) * dim];
+            let s = qv.iter().zip(gv).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() as f32;
+            for (m, method) in methods.iter().enumerate() {
+                let v = s - method.corrections[g];
+                let slot = &mut best[q * nm + m];
+                *slot = Some(slot.map_or(v, |b: f32| b.max(v)));
+            }
+            next += 1;
+        }
+        Ok(())
+    })?;
+    Ok(best)
+}

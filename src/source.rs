@@ -1,0 +1,670 @@
+//! Embedding tables: Parquet files, directories of parts, or globs, read in
+//! record batches into contiguous row-major f32 blocks, validated on the way.
+//!
+//! Accepted layouts: an id column of Utf8, LargeUtf8, Utf8View or an integer
+//! type (ids come out as Utf8 or Int64), and an embedding column that is a
+//! FixedSizeList, List or LargeList of Float16, Float32 or Float64. Every
+//! problem is reported with the file, the row within that file and the column.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, GenericListArray, OffsetSizeTrait};
+use arrow::datatypes::{DataType, Float16Type, Float32Type, Float64Type};
+use arrow::record_batch::RecordBatch;
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::ProjectionMask;
+
+use crate::error::{HubnormError, Result};
+use crate::options::ReadOptions;
+
+/// One Parquet part of a table.
+#[derive(Debug, Clone)]
+pub struct TablePart {
+    pub path: PathBuf,
+    /// Rows in this part (from the Parquet footer).
+    pub rows: u64,
+    /// Global row index of this part's first row.
+    pub first_row: u64,
+}
+
+/// The kind of ids a table has, after normalisation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdKind {
+    Int64,
+    Utf8,
+}
+
+impl IdKind {
+    pub fn data_type(self) -> DataType {
+        match self {
+            IdKind::Int64 => DataType::Int64,
+            IdKind::Utf8 => DataType::Utf8,
+        }
+    }
+
+    fn of(data_type: &DataType) -> Option<IdKind> {
+        match data_type {
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => Some(IdKind::Utf8),
+            DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32 => Some(IdKind::Int64),
+            _ => None,
+        }
+    }
+}
+
+/// An embedding table: its parts, dimension and column layout. Opening reads
+/// only the footers (and, for List embeddings, one row to learn the dimension).
+#[derive(Debug, Clone)]
+pub struct EmbeddingTable {
+    /// What this table is to the job ("gallery", "queries", "bank", ...), for messages.
+    pub role: String,
+    /// The path, directory or glob the user gave.
+    pub spec: String,
+    pub parts: Vec<TablePart>,
+    pub dim: usize,
+    pub rows: u64,
+    pub id_kind: IdKind,
+    /// Whether the table has the ground-truth column (queries only).
+    pub has_targets: bool,
+    options: ReadOptions,
+}
+
+/// A block of consecutive rows of a table.
+#[derive(Debug, Clone)]
+pub struct EmbeddingBlock {
+    /// Global row index of the first row.
+    pub first_row: u64,
+    pub rows: usize,
+    pub dim: usize,
+    /// Row-major `rows × dim` embeddings (normalised when the options say so).
+    pub data: Vec<f32>,
+    /// The ids, as Utf8 or Int64.
+    pub ids: ArrayRef,
+    /// The ground-truth column as read (scalar or list of ids), when requested.
+    pub targets: Option<ArrayRef>,
+}
+
+impl EmbeddingBlock {
+    /// A view of the embeddings as an `rows × dim` matrix.
+    pub fn view(&self) -> ndarray::ArrayView2<'_, f32> {
+        ndarray::ArrayView2::from_shape((self.rows, self.dim), &self.data).expect("block shape")
+    }
+
+    /// Bytes held by this block.
+    pub fn memory_bytes(&self) -> usize {
+        self.data.capacity() * 4
+            + self.ids.get_array_memory_size()
+            + self.targets.as_ref().map_or(0, |t| t.get_array_memory_size())
+    }
+}
+
+/// Expands a path, directory or glob into the Parquet files it names, sorted.
+pub fn expand_spec(spec: &str) -> Result<Vec<PathBuf>> {
+    let path = Path::new(spec);
+    let mut files = Vec::new();
+    if path.is_dir() {
+        collect_parquet_files(path, &mut files)?;
+        if files.is_empty() {
+            return Err(HubnormError::input(path, None, None, "directory holds no .parquet files"));
+        }
+    } else if path.is_file() {
+        files.push(path.to_path_buf());
+    } else if spec.contains(['*', '?', '[']) {
+        let paths = glob::glob(spec).map_err(|e| HubnormError::Usage(format!("bad glob '{spec}': {e}")))?;
+        for entry in paths {
+            let p = entry.map_err(|e| {
+                let path = e.path().to_path_buf();
+                HubnormError::io(path, e.into())
+            })?;
+            if p.is_file() {
+                files.push(p);
+            }
+        }
+        if files.is_empty() {
+            return Err(HubnormError::input(spec, None, None, "no file matches this glob"));
+        }
+    } else {
+        return Err(HubnormError::input(spec, None, None, "no such file or directory"));
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Parquet files under `dir`, recursively (Hive-style partitions), skipping
+/// hidden and `_`-prefixed entries such as `_SUCCESS`.
+fn collect_parquet_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let entries = std::fs::read_dir(dir).map_err(|e| HubnormError::io(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| HubnormError::io(dir, e))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') || name.starts_with('_') {
+            continue;
+        }
+        let p = entry.path();
+        if p.is_dir() {
+            collect_parquet_files(&p, out)?;
+        } else if name.ends_with(".parquet") || name.ends_with(".parq") {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// Column positions of one part, checked against the expected layout.
+#[derive(Debug, Clone, Copy)]
+struct Columns {
+    id: usize,
+    embedding: usize,
+    target: Option<usize>,
+}
+
+impl EmbeddingTable {
+    /// Opens a table and checks its schema. `want_targets` reads the
+    /// ground-truth column when the table has it.
+    pub fn open(role: &str, spec: &str, options: &ReadOptions, want_targets: bool) -> Result<Self> {
+        let files = expand_spec(spec)?;
+        let mut parts = Vec::with_capacity(files.len());
+        let mut rows = 0u64;
+        let mut id_kind = None;
+        let mut dim = None;
+        let mut has_targets = None;
+        for path in files {
+            let builder = open_builder(&path)?;
+            let schema = builder.schema().clone();
+            let part_rows = builder.metadata().file_metadata().num_rows() as u64;
+            let columns = locate_columns(&path, &schema, options, want_targets)?;
+            let kind = IdKind::of(schema.field(columns.id).data_type()).expect("checked by locate_columns");
+            if let Some(previous) = id_kind {
+                if previous != kind {
+                    return Err(HubnormError::input(
+                        &path,
+                        None,
+                        Some(&options.id_column),
+                        format!("id type {kind:?} differs from {previous:?} in the other parts of the {role}"),
+                    ));
+                }
+            }
+            id_kind = Some(kind);
+            if let Some(previous) = has_targets {
+                if previous != columns.target.is_some() {
+                    return Err(HubnormError::input(
+                        &path,
+                        None,
+                        Some(&options.target_column),
+                        "only some parts of the table have this column",
+                    ));
+                }
+            }
+            has_targets = Some(columns.target.is_some());
+            if let DataType::FixedSizeList(_, n) = schema.field(columns.embedding).data_type() {
+                check_dim(&path, 0, &options.embedding_column, *n as usize, &mut dim)?;
+            }
+            parts.push(TablePart {
+                path,
+                rows: part_rows,
+                first_row: rows,
+            });
+            rows += part_rows;
+        }
+        if rows == 0 {
+            return Err(HubnormError::input(
+                &parts[0].path,
+                None,
+                None,
+                format!("the {role} table is empty (0 rows in {} file(s))", parts.len()),
+            ));
+        }
+        let mut table = EmbeddingTable {
+            role: role.to_owned(),
+            spec: spec.to_owned(),
+            parts,
+            dim: dim.unwrap_or(0),
+            rows,
+            id_kind: id_kind.expect("at least one part"),
+            has_targets: has_targets.unwrap_or(false),
+            options: options.clone(),
+        };
+        if dim.is_none() {
+            table.dim = table.peek_list_dimension()?;
+        }
+        Ok(table)
+    }
+
+    /// The read options this table was opened with.
+    pub fn options(&self) -> &ReadOptions {
+        &self.options
+    }
+
+    /// The part holding global row `row`, and the row's index within it.
+    pub fn locate(&self, row: u64) -> (&Path, u64) {
+        let i = self.parts.partition_point(|p| p.first_row + p.rows <= row);
+        let part = &self.parts[i.min(self.parts.len() - 1)];
+        (&part.path, row - part.first_row)
+    }
+
+    /// An input error about global row `row`.
+    pub fn row_error(&self, row: u64, column: &str, message: impl Into<String>) -> HubnormError {
+        let (path, local) = self.locate(row);
+        HubnormError::input(path, Some(local), Some(column), message)
+    }
+
+    /// Reads blocks of at most `block_rows` rows, in table order.
+    pub fn blocks(&self, block_rows: usize) -> BlockReader<'_> {
+        BlockReader::new(self, block_rows.max(1), false)
+    }
+
+    /// Reads only the id column of the whole table (no embedding is decoded).
+    pub fn read_all_ids(&self) -> Result<ArrayRef> {
+        let mut reader = BlockReader::new(self, self.options.batch_rows.max(1), true);
+        let mut pieces = Vec::new();
+        while let Some(block) = reader.next_block()? {
+            pieces.push(block.ids);
+        }
+        let refs: Vec<&dyn Array> = pieces.iter().map(|a| a.as_ref()).collect();
+        Ok(arrow::compute::concat(&refs)?)
+    }
+
+    fn peek_list_dimension(&self) -> Result<usize> {
+        let mut reader = BlockReader::new(self, 1, false);
+        reader.peek_dimension = true;
+        let block = reader.next_block()?;
+        Ok(block.map_or(0, |b| b.dim))
+    }
+}
+
+fn check_dim(path: &Path, row: u64, column: &str, found: usize, dim: &mut Option<usize>) -> Result<()> {
+    match *dim {
+        Some(d) if d != found => Err(HubnormError::input(
+            path,
+            Some(row),
+            Some(column),
+            format!("embedding has dimension {found}, but earlier rows have {d}"),
+        )),
+        _ => {
+            *dim = Some(found);
+            Ok(())
+        }
+    }
+}
+
+fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+    let file = File::open(path).map_err(|e| HubnormError::io(path, e))?;
+    ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| HubnormError::input(path, None, None, format!("not a readable Parquet file: {e}")))
+}
+
+fn locate_columns(
+    path: &Path,
+    schema: &arrow::datatypes::Schema,
+    options: &ReadOptions,
+    want_targets: bool,
+) -> Result<Columns> {
+    let find = |name: &str| -> Result<usize> {
+        schema.index_of(name).map_err(|_| {
+            let names: Vec<_> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            HubnormError::input(
+                path,
+                None,
+                Some(name),
+                format!("missing column (the file has: {})", names.join(", ")),
+            )
+        })
+    };
+    let id = find(&options.id_column)?;
+    if IdKind::of(schema.field(id).data_type()).is_none() {
+        return Err(HubnormError::input(
+            path,
+            None,
+            Some(&options.id_column),
+            format!("id column has type {}; expected Utf8, LargeUtf8 or Int64", schema.field(id).data_type()),
+        ));
+    }
+    let embedding = find(&options.embedding_column)?;
+    let element = match schema.field(embedding).data_type() {
+        DataType::FixedSizeList(f, _) | DataType::List(f) | DataType::LargeList(f) => Some(f.data_type().clone()),
+        _ => None,
+    };
+    if !matches!(element, Some(DataType::Float16 | DataType::Float32 | DataType::Float64)) {
+        return Err(HubnormError::input(
+            path,
+            None,
+            Some(&options.embedding_column),
+            format!(
+                "embedding column has type {}; expected FixedSizeList or List of Float16, Float32 or Float64",
+                schema.field(embedding).data_type()
+            ),
+        ));
+    }
+    let target = if want_targets { schema.index_of(&options.target_column).ok() } else { None };
+    if let Some(t) = target {
+        let ok = match schema.field(t).data_type() {
+            DataType::List(f) | DataType::LargeList(f) => IdKind::of(f.data_type()).is_some(),
+            other => IdKind::of(other).is_some(),
+        };
+        if !ok {
+            return Err(HubnormError::input(
+                path,
+                None,
+                Some(&options.target_column),
+                format!(
+                    "ground-truth column has type {}; expected an id or a list of ids",
+                    schema.field(t).data_type()
+                ),
+            ));
+        }
+    }
+    Ok(Columns { id, embedding, target })
+}
+
+/// Reads a table block by block. Rows are validated, converted to f32 and
+/// (optionally) normalised as they are copied into the block's buffer.
+pub struct BlockReader<'a> {
+    table: &'a EmbeddingTable,
+    block_rows: usize,
+    ids_only: bool,
+    /// Stop after learning the dimension of a List column (used by `open`).
+    peek_dimension: bool,
+    next_part: usize,
+    current: Option<PartReader>,
+    next_global_row: u64,
+}
+
+struct PartReader {
+    path: PathBuf,
+    reader: ParquetRecordBatchReader,
+    columns: Columns,
+    /// Batch being consumed and how far.
+    pending: Option<(RecordBatch, usize)>,
+    /// Row within the part of the pending batch's first row.
+    batch_first_row: u64,
+}
+
+impl<'a> BlockReader<'a> {
+    fn new(table: &'a EmbeddingTable, block_rows: usize, ids_only: bool) -> Self {
+        BlockReader {
+            table,
+            block_rows,
+            ids_only,
+            peek_dimension: false,
+            next_part: 0,
+            current: None,
+            next_global_row: 0,
+        }
+    }
+
+    fn open_part(&mut self) -> Result<bool> {
+        let table = self.table;
+        let Some(part) = table.parts.get(self.next_part) else {
+            return Ok(false);
+        };
+        self.next_part += 1;
+        let builder = open_builder(&part.path)?;
+        let columns = locate_columns(&part.path, builder.schema(), &table.options, table.has_targets)?;
+        let mut roots = vec![columns.id];
+        if !self.ids_only {
+            roots.push(columns.embedding);
+            roots.extend(columns.target);
+        }
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
+        // The projected batch keeps the file's column order.
+        roots.sort_unstable();
+        let position = |c: usize| roots.iter().position(|&r| r == c).expect("projected");
+        let projected = Columns {
+            id: position(columns.id),
+            embedding: if self.ids_only { usize::MAX } else { position(columns.embedding) },
+            target: if self.ids_only { None } else { columns.target.map(position) },
+        };
+        let batch_rows = if self.peek_dimension { 1 } else { table.options.batch_rows.min(self.block_rows).max(1) };
+        let reader = builder
+            .with_projection(mask)
+            .with_batch_size(batch_rows)
+            .build()
+            .map_err(|e| HubnormError::input(&part.path, None, None, format!("cannot read: {e}")))?;
+        self.current = Some(PartReader {
+            path: part.path.clone(),
+            reader,
+            columns: projected,
+            pending: None,
+            batch_first_row: 0,
+        });
+        Ok(true)
+    }
+
+    /// The next block, or `None` at the end of the table.
+    pub fn next_block(&mut self) -> Result<Option<EmbeddingBlock>> {
+        let dim = self.table.dim;
+        let mut data = Vec::with_capacity(if self.ids_only { 0 } else { self.block_rows * dim });
+        let mut ids: Vec<ArrayRef> = Vec::new();
+        let mut targets: Vec<ArrayRef> = Vec::new();
+        let mut rows = 0usize;
+        let first_row = self.next_global_row;
+        let mut block_dim = if self.peek_dimension { None } else { Some(dim) };
+        while rows < self.block_rows {
+            if self.current.is_none() && !self.open_part()? {
+                break;
+            }
+            let part = self.current.as_mut().expect("opened above");
+            if part.pending.is_none() {
+                match part.reader.next() {
+                    Some(Ok(batch)) => part.pending = Some((batch, 0)),
+                    Some(Err(e)) => {
+                        return Err(HubnormError::input(
+                            &part.path,
+                            Some(part.batch_first_row),
+                            None,
+                            format!("cannot decode Parquet data: {e}"),
+                        ))
+                    }
+                    None => {
+                        self.current = None;
+                        continue;
+                    }
+                }
+            }
+            let (batch, offset) = part.pending.as_ref().expect("set above");
+            let take = (batch.num_rows() - offset).min(self.block_rows - rows);
+            let slice = batch.slice(*offset, take);
+            let slice_first_row = part.batch_first_row + *offset as u64;
+            let opts = &self.table.options;
+            let id = slice.column(part.columns.id);
+            check_ids(id, &part.path, slice_first_row, &opts.id_column)?;
+            ids.push(normalise_ids(id)?);
+            if !self.ids_only {
+                let embedding = slice.column(part.columns.embedding);
+                append_embeddings(
+                    embedding,
+                    &part.path,
+                    slice_first_row,
+                    &opts.embedding_column,
+                    &mut block_dim,
+                    opts.normalize,
+                    &mut data,
+                )?;
+                if let Some(t) = part.columns.target {
+                    targets.push(slice.column(t).clone());
+                }
+            }
+            rows += take;
+            let new_offset = offset + take;
+            if new_offset == batch.num_rows() {
+                part.batch_first_row += batch.num_rows() as u64;
+                part.pending = None;
+            } else {
+                part.pending.as_mut().expect("pending").1 = new_offset;
+            }
+            if self.peek_dimension {
+                break;
+            }
+        }
+        if rows == 0 {
+            return Ok(None);
+        }
+        self.next_global_row += rows as u64;
+        let concat = |pieces: &[ArrayRef]| -> Result<ArrayRef> {
+            if pieces.len() == 1 {
+                return Ok(pieces[0].clone());
+            }
+            let refs: Vec<&dyn Array> = pieces.iter().map(|a| a.as_ref()).collect();
+            Ok(arrow::compute::concat(&refs)?)
+        };
+        Ok(Some(EmbeddingBlock {
+            first_row,
+            rows,
+            dim: block_dim.unwrap_or(dim),
+            data,
+            ids: concat(&ids)?,
+            targets: if targets.is_empty() { None } else { Some(concat(&targets)?) },
+        }))
+    }
+}
+
+impl Iterator for BlockReader<'_> {
+    type Item = Result<EmbeddingBlock>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_block().transpose()
+    }
+}
+
+fn check_ids(ids: &ArrayRef, path: &Path, first_row: u64, column: &str) -> Result<()> {
+    if ids.null_count() > 0 {
+        let i = (0..ids.len()).find(|&i| ids.is_null(i)).expect("a null exists");
+        return Err(HubnormError::input(path, Some(first_row + i as u64), Some(column), "null id"));
+    }
+    Ok(())
+}
+
+/// Ids as Utf8 or Int64, whatever string or integer type the file used.
+pub fn normalise_ids(ids: &ArrayRef) -> Result<ArrayRef> {
+    let target = IdKind::of(ids.data_type())
+        .ok_or_else(|| HubnormError::Internal(format!("unexpected id type {}", ids.data_type())))?
+        .data_type();
+    if ids.data_type() == &target {
+        Ok(ids.clone())
+    } else {
+        Ok(arrow::compute::cast(ids, &target)?)
+    }
+}
+
+/// Validates an embedding column slice and appends it, converted to f32, to
+/// `out`; normalises each appended row when asked.
+fn append_embeddings(
+    column: &ArrayRef,
+    path: &Path,
+    first_row: u64,
+    name: &str,
+    dim: &mut Option<usize>,
+    normalize: bool,
+    out: &mut Vec<f32>,
+) -> Result<()> {
+    let err = |row: usize, message: String| HubnormError::input(path, Some(first_row + row as u64), Some(name), message);
+    if column.null_count() > 0 {
+        let i = (0..column.len()).find(|&i| column.is_null(i)).expect("a null exists");
+        return Err(err(i, "null embedding".into()));
+    }
+    let start = out.len();
+    let values: &ArrayRef = match column.data_type() {
+        DataType::FixedSizeList(_, n) => {
+            let n = *n as usize;
+            if let Some(d) = *dim {
+                if d != n {
+                    return Err(err(0, format!("embedding has dimension {n}, expected {d}")));
+                }
+            }
+            *dim = Some(n);
+            let fsl: &FixedSizeListArray = column.as_fixed_size_list();
+            fsl.values()
+        }
+        DataType::List(_) => return append_list(column.as_list::<i32>(), path, first_row, name, dim, normalize, out),
+        DataType::LargeList(_) => {
+            return append_list(column.as_list::<i64>(), path, first_row, name, dim, normalize, out)
+        }
+        other => return Err(err(0, format!("unsupported embedding type {other}"))),
+    };
+    let d = dim.expect("set above");
+    append_values(values, 0, values.len(), out).map_err(|i| err(i / d.max(1), "null value inside the embedding".into()))?;
+    finish_rows(&mut out[start..], d, normalize).map_err(|(row, msg)| err(row, msg))
+}
+
+fn append_list<O: OffsetSizeTrait>(
+    list: &GenericListArray<O>,
+    path: &Path,
+    first_row: u64,
+    name: &str,
+    dim: &mut Option<usize>,
+    normalize: bool,
+    out: &mut Vec<f32>,
+) -> Result<()> {
+    let err = |row: usize, message: String| HubnormError::input(path, Some(first_row + row as u64), Some(name), message);
+    let offsets = list.value_offsets();
+    for i in 0..list.len() {
+        let len = (offsets[i + 1] - offsets[i]).as_usize();
+        match *dim {
+            None => *dim = Some(len),
+            Some(d) if d != len => {
+                return Err(err(i, format!("ragged embedding: {len} values, expected {d}")));
+            }
+            _ => {}
+        }
+    }
+    let d = dim.unwrap_or(0);
+    let start = out.len();
+    let (lo, hi) = (offsets[0].as_usize(), offsets[list.len()].as_usize());
+    append_values(list.values(), lo, hi, out).map_err(|i| err(i / d.max(1), "null value inside the embedding".into()))?;
+    finish_rows(&mut out[start..], d, normalize).map_err(|(row, msg)| err(row, msg))
+}
+
+/// Appends `values[lo..hi]` as f32. On a null value, returns its index relative to `lo`.
+fn append_values(values: &ArrayRef, lo: usize, hi: usize, out: &mut Vec<f32>) -> std::result::Result<(), usize> {
+    if values.null_count() > 0 {
+        if let Some(i) = (lo..hi).find(|&i| values.is_null(i)) {
+            return Err(i - lo);
+        }
+    }
+    match values.data_type() {
+        DataType::Float32 => out.extend_from_slice(&values.as_primitive::<Float32Type>().values()[lo..hi]),
+        DataType::Float64 => out.extend(values.as_primitive::<Float64Type>().values()[lo..hi].iter().map(|&v| v as f32)),
+        DataType::Float16 => out.extend(values.as_primitive::<Float16Type>().values()[lo..hi].iter().map(|v| v.to_f32())),
+        other => unreachable!("element type {other} was checked when the table was opened"),
+    }
+    Ok(())
+}
+
+/// Checks that every value is finite and, when asked, L2-normalises each row
+/// (norm accumulated in f64). Errors carry the row within `rows`.
+fn finish_rows(rows: &mut [f32], dim: usize, normalize: bool) -> std::result::Result<(), (usize, String)> {
+    if dim == 0 {
+        return Ok(());
+    }
+    for (r, row) in rows.chunks_exact_mut(dim).enumerate() {
+        if !row.iter().all(|v| v.is_finite()) {
+            let j = row.iter().position(|v| !v.is_finite()).expect("non-finite exists");
+            return Err((r, format!("value {} at position {j} is not finite (as f32)", row[j])));
+        }
+        if normalize {
+            let norm = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
+            if norm == 0.0 {
+                return Err((r, "zero vector cannot be L2-normalised (use --no-normalize for raw dot products)".into()));
+            }
+            let inv = (1.0 / norm) as f32;
+            row.iter_mut().for_each(|v| *v *= inv);
+        }
+    }
+    Ok(())
+}
+
+
+impl EmbeddingTable {
+    /// The same table, read in record batches of `batch_rows` rows.
+    pub fn with_batch_rows(&self, batch_rows: usize) -> EmbeddingTable {
+        let mut table = self.clone();
+        table.options.batch_rows = batch_rows.max(1);
+        table
+    }
+}

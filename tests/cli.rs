@@ -1,0 +1,2 @@
+//! End-to-end tests of the `hubnorm` binary.
+mod common;

@@ -1,0 +1,319 @@
+//! Shared test helpers: Parquet tables in every accepted layout, reading
+//! results back, and a dense f64 reference implementation of the spec
+//! (METHODS.md `none` and `is`, REPORTS.md rank and skewness), written
+//! independently of the library.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, FixedSizeListArray, Float16Array, Float32Array, Float64Array, Int64Array,
+    LargeListArray, ListArray, RecordBatch, StringArray,
+};
+use arrow::buffer::{OffsetBuffer, ScalarBuffer};
+use arrow::datatypes::{DataType, Field, Float32Type, Int32Type, Schema};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use parquet::file::properties::WriterProperties;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// How the embedding column is stored.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Layout {
+    FixedF32,
+    FixedF16,
+    FixedF64,
+    ListF32,
+    LargeListF64,
+}
+
+/// An in-memory embedding table.
+#[derive(Debug, Clone)]
+pub struct Table {
+    pub ids: Vec<String>,
+    pub dim: usize,
+    pub data: Vec<f32>,
+    /// Ground truth (gallery ids), one per row, when present.
+    pub targets: Option<Vec<String>>,
+}
+
+impl Table {
+    pub fn rows(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.dim..(i + 1) * self.dim]
+    }
+
+    /// Rows `range` as a new table.
+    pub fn slice(&self, start: usize, end: usize) -> Table {
+        Table {
+            ids: self.ids[start..end].to_vec(),
+            dim: self.dim,
+            data: self.data[start * self.dim..end * self.dim].to_vec(),
+            targets: self.targets.as_ref().map(|t| t[start..end].to_vec()),
+        }
+    }
+}
+
+/// Random vectors with a shared offset (a "cone", as real embeddings are),
+/// which makes some items hubs. Ids are `{prefix}{i}`.
+pub fn random_table(rng: &mut StdRng, prefix: &str, rows: usize, dim: usize) -> Table {
+    let offset: Vec<f32> = (0..dim).map(|d| if d % 3 == 0 { 0.6 } else { 0.0 }).collect();
+    let data = (0..rows * dim).map(|i| rng.random_range(-1.0f32..1.0) + offset[i % dim]).collect();
+    Table {
+        ids: (0..rows).map(|i| format!("{prefix}{i}")).collect(),
+        dim,
+        data,
+        targets: None,
+    }
+}
+
+pub fn rng(seed: u64) -> StdRng {
+    eprintln!("random seed: {seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+/// Queries whose target is a random gallery item, placed near it.
+pub fn queries_near(rng: &mut StdRng, gallery: &Table, rows: usize, noise: f32) -> Table {
+    let dim = gallery.dim;
+    let mut data = Vec::with_capacity(rows * dim);
+    let mut targets = Vec::with_capacity(rows);
+    for _ in 0..rows {
+        let t = rng.random_range(0..gallery.rows());
+        targets.push(gallery.ids[t].clone());
+        data.extend(gallery.row(t).iter().map(|v| v + noise * rng.random_range(-1.0f32..1.0)));
+    }
+    Table {
+        ids: (0..rows).map(|i| format!("q{i}")).collect(),
+        dim,
+        data,
+        targets: Some(targets),
+    }
+}
+
+fn embedding_array(table: &Table, layout: Layout) -> ArrayRef {
+    let n = table.rows();
+    let d = table.dim as i32;
+    let item = |t: DataType| Arc::new(Field::new("item", t, true));
+    match layout {
+        Layout::FixedF32 => Arc::new(
+            FixedSizeListArray::try_new(item(DataType::Float32), d, Arc::new(Float32Array::from(table.data.clone())), None)
+                .unwrap(),
+        ),
+        Layout::FixedF16 => Arc::new(
+            FixedSizeListArray::try_new(
+                item(DataType::Float16),
+                d,
+                Arc::new(Float16Array::from_iter_values(table.data.iter().map(|&v| arrow::datatypes::f16::from_f32(v)))),
+                None,
+            )
+            .unwrap(),
+        ),
+        Layout::FixedF64 => Arc::new(
+            FixedSizeListArray::try_new(
+                item(DataType::Float64),
+                d,
+                Arc::new(Float64Array::from_iter_values(table.data.iter().map(|&v| v as f64))),
+                None,
+            )
+            .unwrap(),
+        ),
+        Layout::ListF32 => Arc::new(
+            ListArray::try_new(
+                item(DataType::Float32),
+                OffsetBuffer::new(ScalarBuffer::from((0..=n as i32).map(|i| i * d).collect::<Vec<_>>())),
+                Arc::new(Float32Array::from(table.data.clone())),
+                None,
+            )
+            .unwrap(),
+        ),
+        Layout::LargeListF64 => Arc::new(
+            LargeListArray::try_new(
+                item(DataType::Float64),
+                OffsetBuffer::new(ScalarBuffer::from((0..=n as i64).map(|i| i * d as i64).collect::<Vec<_>>())),
+                Arc::new(Float64Array::from_iter_values(table.data.iter().map(|&v| v as f64))),
+                None,
+            )
+            .unwrap(),
+        ),
+    }
+}
+
+/// Writes `table` with string ids (or Int64 ids when `int_ids`).
+pub fn write_table(path: &Path, table: &Table, layout: Layout, int_ids: bool) {
+    let ids: ArrayRef = if int_ids {
+        Arc::new(Int64Array::from_iter_values(
+            table.ids.iter().map(|s| s.trim_start_matches(|c: char| !c.is_ascii_digit()).parse::<i64>().unwrap()),
+        ))
+    } else {
+        Arc::new(StringArray::from(table.ids.clone()))
+    };
+    let mut columns = vec![("id", ids), ("embedding", embedding_array(table, layout))];
+    if let Some(t) = &table.targets {
+        let targets: ArrayRef = if int_ids {
+            Arc::new(Int64Array::from_iter_values(
+                t.iter().map(|s| s.trim_start_matches(|c: char| !c.is_ascii_digit()).parse::<i64>().unwrap()),
+            ))
+        } else {
+            Arc::new(StringArray::from(t.clone()))
+        };
+        columns.push(("target_id", targets));
+    }
+    write_columns(path, columns);
+}
+
+/// Writes arbitrary columns (nullable fields) to one Parquet file.
+pub fn write_columns(path: &Path, columns: Vec<(&str, ArrayRef)>) {
+    let fields: Vec<Field> = columns.iter().map(|(n, a)| Field::new(*n, a.data_type().clone(), true)).collect();
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(schema.clone(), columns.into_iter().map(|(_, a)| a).collect()).unwrap();
+    let props = WriterProperties::builder().set_max_row_group_row_count(Some(700)).build();
+    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), schema, Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+/// One row of results.parquet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResultRow {
+    pub method: String,
+    pub query_id: String,
+    pub rank: i32,
+    pub gallery_id: String,
+    pub score: f32,
+    pub raw_score: f32,
+}
+
+fn string_at(a: &dyn Array, i: usize) -> String {
+    match a.data_type() {
+        DataType::Utf8 => a.as_string::<i32>().value(i).to_owned(),
+        DataType::Int64 => a.as_primitive::<arrow::datatypes::Int64Type>().value(i).to_string(),
+        other => panic!("unexpected id type {other}"),
+    }
+}
+
+/// Reads every row of a results file.
+pub fn read_results(path: &Path) -> Vec<ResultRow> {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap()).unwrap().build().unwrap();
+    let mut out = Vec::new();
+    for batch in reader {
+        let b = batch.unwrap();
+        for i in 0..b.num_rows() {
+            out.push(ResultRow {
+                method: b.column(0).as_string::<i32>().value(i).to_owned(),
+                query_id: string_at(b.column(1).as_ref(), i),
+                rank: b.column(2).as_primitive::<Int32Type>().value(i),
+                gallery_id: string_at(b.column(3).as_ref(), i),
+                score: b.column(4).as_primitive::<Float32Type>().value(i),
+                raw_score: b.column(5).as_primitive::<Float32Type>().value(i),
+            });
+        }
+    }
+    out
+}
+
+/// The key-value metadata of a Parquet file.
+pub fn parquet_metadata(path: &Path) -> Vec<(String, String)> {
+    let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap()).unwrap();
+    builder
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .map(|kv| kv.iter().map(|k| (k.key.clone(), k.value.clone().unwrap_or_default())).collect())
+        .unwrap_or_default()
+}
+
+// ------------------------------------------------------------------ reference
+
+/// Rows in f64, L2-normalised when `normalize`.
+pub fn to_f64(table: &Table, normalize: bool) -> Vec<Vec<f64>> {
+    (0..table.rows())
+        .map(|i| {
+            let row: Vec<f64> = table.row(i).iter().map(|&v| v as f64).collect();
+            if normalize {
+                let norm = row.iter().map(|v| v * v).sum::<f64>().sqrt();
+                row.iter().map(|v| v / norm).collect()
+            } else {
+                row
+            }
+        })
+        .collect()
+}
+
+pub fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// h(g) = (1/β) · log Σ_b exp(β s(b, g)), with max subtraction.
+pub fn reference_is_corrections(bank: &[Vec<f64>], gallery: &[Vec<f64>], beta: f64) -> Vec<f64> {
+    gallery
+        .iter()
+        .map(|g| {
+            let xs: Vec<f64> = bank.iter().map(|b| beta * dot(b, g)).collect();
+            let m = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            (m + xs.iter().map(|x| (x - m).exp()).sum::<f64>().ln()) / beta
+        })
+        .collect()
+}
+
+/// Full score matrix s(q, g) − h(g).
+pub fn reference_scores(queries: &[Vec<f64>], gallery: &[Vec<f64>], h: &[f64]) -> Vec<Vec<f64>> {
+    queries.iter().map(|q| gallery.iter().zip(h).map(|(g, hg)| dot(q, g) - hg).collect()).collect()
+}
+
+/// Indices of the k best scores, ties broken by the smaller index.
+pub fn reference_topk(scores: &[f64], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..scores.len()).collect();
+    idx.sort_by(|&a, &b| scores[b].partial_cmp(&scores[a]).unwrap().then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+/// REPORTS.md rank: 1 + items strictly above the positive + half the ties.
+pub fn reference_rank(scores: &[f64], positive: usize) -> f64 {
+    let t = scores[positive];
+    let greater = scores.iter().filter(|&&s| s > t).count();
+    let ties = scores.iter().enumerate().filter(|&(j, &s)| j != positive && s == t).count();
+    1.0 + greater as f64 + 0.5 * ties as f64
+}
+
+/// Biased skewness of the k-occurrence counts.
+pub fn reference_skewness(counts: &[f64]) -> f64 {
+    let n = counts.len() as f64;
+    let mean = counts.iter().sum::<f64>() / n;
+    let m2 = counts.iter().map(|c| (c - mean).powi(2)).sum::<f64>() / n;
+    let m3 = counts.iter().map(|c| (c - mean).powi(3)).sum::<f64>() / n;
+    if m2 == 0.0 {
+        0.0
+    } else {
+        m3 / m2.powf(1.5)
+    }
+}
+
+/// Checks one query's result list against the reference scores: every score
+/// within `tol`, and the order identical except where the reference itself
+/// has a near-tie (|Δ| ≤ 1e-6), where f32 rounding may legitimately swap.
+pub fn assert_ranking_matches(ours: &[(usize, f32)], reference_row: &[f64], k: usize, tol: f64, context: &str) {
+    let expected = reference_topk(reference_row, k);
+    assert_eq!(ours.len(), expected.len(), "{context}: list length");
+    for (r, (&(got, score), &want)) in ours.iter().zip(&expected).enumerate() {
+        let ref_score = reference_row[got];
+        assert!(
+            (score as f64 - ref_score).abs() <= tol,
+            "{context}: rank {r}: score {score} vs reference {ref_score} for gallery row {got}"
+        );
+        if got != want {
+            assert!(
+                (reference_row[got] - reference_row[want]).abs() <= 1e-6,
+                "{context}: rank {r}: got gallery row {got} ({}) but reference has {want} ({})",
+                reference_row[got],
+                reference_row[want]
+            );
+        }
+    }
+}
