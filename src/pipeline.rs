@@ -388,9 +388,11 @@ impl<'a> ResultsCollector<'a> {
         let rows = block.query_ids.len();
         let (mut method, mut query, mut rank, mut gallery, mut score, mut raw) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (m, scoring) in self.methods.iter().enumerate() {
-            let name = scoring.spec.kind().name();
-            for q in 0..rows {
+        // Query-major order (query, method, rank): the file's row order then
+        // does not depend on the block sizes the memory limit chose.
+        for q in 0..rows {
+            for (m, scoring) in self.methods.iter().enumerate() {
+                let name = scoring.spec.kind().name();
                 let state = &block.states[q * nm + m];
                 let list = state.top.sorted();
                 self.occurrence[m].add_list(list.iter().map(|c| c.row));

@@ -109,7 +109,7 @@ fn embedding_array(table: &Table, layout: Layout) -> ArrayRef {
             FixedSizeListArray::try_new(
                 item(DataType::Float16),
                 d,
-                Arc::new(Float16Array::from_iter_values(table.data.iter().map(|&v| arrow::datatypes::f16::from_f32(v)))),
+                Arc::new(Float16Array::from_iter_values(table.data.iter().map(|&v| <arrow::datatypes::Float16Type as arrow::datatypes::ArrowPrimitiveType>::Native::from_f32(v)))),
                 None,
             )
             .unwrap(),

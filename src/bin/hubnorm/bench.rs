@@ -1,2 +1,222 @@
-pub fn bench(_a: BenchArgs) -> hubnorm::Result<()> { Ok(()) }
-#[derive(Debug, clap::Args)] pub struct BenchArgs {}
+//! `hubnorm bench`: throughput of the kernel and of both passes on generated
+//! data, in GFLOP/s (2·rows·cols·dim per second), medians of several runs.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::{FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema};
+use clap::Args;
+use hubnorm::kernel::{
+    column_log_sum_exp, gemm::similarity_tile, has_avx512, search_block, LogSumExp, Positives, QueryState, Rows,
+    TILE_COLS, TILE_ROWS,
+};
+use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions};
+use hubnorm::pipeline::{self, RunJob};
+use hubnorm::{HubnormError, Result};
+use rayon::prelude::*;
+
+/// Measured 2-core AVX-512 FMA peak of the project's machine (DESIGN.md).
+const PEAK_GFLOPS: f64 = 418.0;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Embedding dimensions to measure.
+    #[arg(long, value_delimiter = ',', default_value = "384,512")]
+    pub dims: Vec<usize>,
+    /// Rows of the query (and bank) block in the kernel benchmarks.
+    #[arg(long, default_value_t = 4096)]
+    pub rows: usize,
+    /// Columns (gallery items) of the kernel benchmarks.
+    #[arg(long, default_value_t = 16384)]
+    pub cols: usize,
+    /// Queries, gallery items and bank rows of the end-to-end passes.
+    #[arg(long, default_value_t = 20000)]
+    pub pass_rows: usize,
+    /// Repetitions; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// Worker threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Skip the end-to-end passes (kernel only).
+    #[arg(long)]
+    pub kernel_only: bool,
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    xs[xs.len() / 2]
+}
+
+/// Times `f` `repeats` times; returns the median seconds and all samples.
+fn time(repeats: usize, mut f: impl FnMut()) -> (f64, Vec<f64>) {
+    f(); // warm-up: page faults, pool start, CPU frequency
+    let samples: Vec<f64> = (0..repeats.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    (median(samples.clone()), samples)
+}
+
+fn random_rows(rows: usize, dim: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut data: Vec<f32> = (0..rows * dim)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect();
+    for row in data.chunks_exact_mut(dim) {
+        let n = row.iter().map(|v| v * v).sum::<f32>().sqrt();
+        row.iter_mut().for_each(|v| *v /= n);
+    }
+    data
+}
+
+fn report(name: &str, dim: usize, flops: f64, (secs, samples): (f64, Vec<f64>)) {
+    let gflops = flops / secs / 1e9;
+    let spread: Vec<String> = samples.iter().map(|s| format!("{:.3}", s)).collect();
+    println!(
+        "{name:<34} d={dim:<4} {:>8.1} GFLOP/s  {:>5.1}% of peak  median {:.3}s  [{}]",
+        gflops,
+        100.0 * gflops / PEAK_GFLOPS,
+        secs,
+        spread.join(" ")
+    );
+}
+
+/// The GEMM tiles alone, with the same tiling and parallelism as the passes.
+fn gemm_only(a: &[f32], b: &[f32], m: usize, n: usize, dim: usize) -> f32 {
+    a.par_chunks(TILE_ROWS * dim)
+        .map(|strip| {
+            let rows = strip.len() / dim;
+            let mut tile = vec![0f32; rows * TILE_COLS];
+            let mut checksum = 0f32;
+            for c0 in (0..n).step_by(TILE_COLS) {
+                let nc = TILE_COLS.min(n - c0);
+                similarity_tile(&mut tile, nc, strip, rows, &b[c0 * dim..(c0 + nc) * dim], nc, dim);
+                checksum += tile[0];
+            }
+            checksum
+        })
+        .sum::<f32>()
+        + m as f32 * 0.0
+}
+
+fn write_bench_table(path: &Path, rows: usize, dim: usize, seed: u64) -> Result<()> {
+    let data = random_rows(rows, dim, seed);
+    let item = Arc::new(Field::new("item", DataType::Float32, false));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("embedding", DataType::FixedSizeList(item.clone(), dim as i32), false),
+    ]));
+    let emb = FixedSizeListArray::try_new(item, dim as i32, Arc::new(Float32Array::from(data)), None)?;
+    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from_iter_values(0..rows as i64)), Arc::new(emb)])?;
+    let file = std::fs::File::create(path).map_err(|e| HubnormError::Io { path: path.into(), source: e })?;
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, schema, None)
+        .map_err(|e| HubnormError::Parquet { path: path.into(), source: e })?;
+    w.write(&batch).and_then(|_| w.close().map(|_| ())).map_err(|e| HubnormError::Parquet { path: path.into(), source: e })?;
+    Ok(())
+}
+
+pub fn bench(args: BenchArgs) -> Result<()> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .build()
+        .map_err(|e| HubnormError::Internal(e.to_string()))?;
+    println!(
+        "threads {}, AVX-512 epilogues {}, peak reference {PEAK_GFLOPS} GFLOP/s (2 cores, DESIGN.md)",
+        pool.current_num_threads(),
+        if has_avx512() { "on" } else { "off" }
+    );
+    for &dim in &args.dims {
+        let (m, n) = (args.rows, args.cols);
+        let a = random_rows(m, dim, 1);
+        let b = random_rows(n, dim, 2);
+        let flops = 2.0 * m as f64 * n as f64 * dim as f64;
+        pool.install(|| {
+            report("gemm tiles only", dim, flops, time(args.repeats, || {
+                std::hint::black_box(gemm_only(&a, &b, m, n, dim));
+            }));
+            let corrections = vec![0.01f32; n];
+            for k in [10, 100] {
+                report(&format!("fused tile + top-{k} (search)"), dim, flops, time(args.repeats, || {
+                    let mut states: Vec<QueryState> = (0..m).map(|_| QueryState::new(k, None)).collect();
+                    search_block(Rows::new(&a, dim), Rows::new(&b, dim), 0, &[&corrections], &Positives::none(m), &mut states);
+                    std::hint::black_box(&states);
+                }));
+            }
+            report("fused tile + log-sum-exp (stats)", dim, flops, time(args.repeats, || {
+                let mut states = vec![LogSumExp::default(); n];
+                column_log_sum_exp(Rows::new(&a, dim), Rows::new(&b, dim), &[20.0], &mut states);
+                std::hint::black_box(&states);
+            }));
+        });
+        if args.kernel_only {
+            continue;
+        }
+        let dir = tempfile_dir()?;
+        let rows = args.pass_rows;
+        for (name, seed) in [("queries", 3), ("gallery", 4), ("bank", 5)] {
+            write_bench_table(&dir.join(format!("{name}.parquet")), rows, dim, seed)?;
+        }
+        let flops = 2.0 * rows as f64 * rows as f64 * dim as f64;
+        let job = |out: &str| RunJob {
+            queries: dir.join("queries.parquet").display().to_string(),
+            gallery: dir.join("gallery.parquet").display().to_string(),
+            bank: dir.join("bank.parquet").display().to_string(),
+            methods: vec![MethodSpec::InvertedSoftmax { beta: Beta(20.0) }],
+            k: 10,
+            out_dir: dir.join(out),
+            overwrite: true,
+            options: PassOptions { memory: MemoryBudget::DEFAULT, threads: args.threads, ..PassOptions::default() },
+        };
+        let stats = pipeline::StatsJob {
+            gallery: job("x").gallery,
+            bank: job("x").bank,
+            methods: job("x").methods,
+            out: dir.join("stats.parquet"),
+            overwrite: true,
+            options: job("x").options,
+        };
+        let mut failure = None;
+        report(&format!("pass 1 end to end ({rows}²)"), dim, flops, time(args.repeats, || {
+            if let Err(e) = pipeline::run_stats(&stats, &hubnorm::progress::Silent) {
+                failure = Some(e);
+            }
+        }));
+        let search = pipeline::SearchJob {
+            queries: job("x").queries,
+            gallery: job("x").gallery,
+            stats: Some(dir.join("stats.parquet")),
+            methods: job("x").methods,
+            k: 10,
+            out: dir.join("results.parquet"),
+            overwrite: true,
+            options: job("x").options,
+        };
+        report(&format!("pass 2 end to end ({rows}², top-10)"), dim, flops, time(args.repeats, || {
+            if let Err(e) = pipeline::run_search(&search, &hubnorm::progress::Silent) {
+                failure = Some(e);
+            }
+        }));
+        let _ = std::fs::remove_dir_all(&dir);
+        if let Some(e) = failure {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+fn tempfile_dir() -> Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("hubnorm-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| HubnormError::Io { path: dir.clone(), source: e })?;
+    Ok(dir)
+}
