@@ -11,8 +11,9 @@ use crate::error::{HubnormError, Result};
 use crate::kernel::tile_workspace_bytes;
 use crate::options::human_bytes;
 
-/// Allocator slack and small buffers not tracked row by row.
-pub const FIXED_OVERHEAD_BYTES: usize = 2 << 20;
+/// Buffers not tracked row by row: the Parquet writer's row-group buffer
+/// ([`crate::sink::WRITER_BUFFER_BYTES`]) and allocator slack.
+pub const FIXED_OVERHEAD_BYTES: usize = crate::sink::WRITER_BUFFER_BYTES + (1 << 20);
 /// Largest Parquet record batch read at once.
 const MAX_BATCH_ROWS: usize = 4096;
 const MIN_BATCH_ROWS: usize = 64;
@@ -63,7 +64,7 @@ impl PlanRequest {
         let batch_rows = (self.budget / 32 / row_bytes).clamp(MIN_BATCH_ROWS, MAX_BATCH_ROWS);
         // A decoded batch, its repetition/definition levels and one page buffer.
         let reader_bytes = 4 * batch_rows * row_bytes + (1 << 20);
-        let fixed = FIXED_OVERHEAD_BYTES + reader_bytes + self.threads.max(1) * tile_workspace_bytes() + self.resident_bytes;
+        let fixed = FIXED_OVERHEAD_BYTES + reader_bytes + self.threads.max(1) * tile_workspace_bytes(self.dim) + self.resident_bytes;
         let minimum = fixed + self.outer_align * self.outer_row_bytes + self.inner_align * self.inner_row_bytes;
         if self.budget < minimum {
             return Err(HubnormError::Budget(format!(

@@ -69,6 +69,10 @@ impl Drop for AtomicFile {
     }
 }
 
+/// Encoded bytes a writer buffers before it flushes a row group (counted in
+/// the plan's fixed overhead).
+pub const WRITER_BUFFER_BYTES: usize = 1 << 20;
+
 /// Writes record batches to a Parquet file atomically, with the run's
 /// options recorded in the key-value metadata.
 pub struct ParquetSink {
@@ -97,7 +101,7 @@ impl ParquetSink {
             .write(batch)
             .map_err(|e| HubnormError::parquet(self.file.destination(), e))?;
         // Flush full row groups early so buffered rows stay bounded.
-        if self.writer.in_progress_size() > 8 << 20 {
+        if self.writer.in_progress_size() > WRITER_BUFFER_BYTES {
             self.writer.flush().map_err(|e| HubnormError::parquet(self.file.destination(), e))?;
         }
         Ok(())

@@ -29,9 +29,30 @@ pub const TILE_COLS: usize = 1024;
 /// Lanes processed together by the epilogues (one AVX-512 register of f32).
 const LANES: usize = 16;
 
-/// Scratch memory one worker thread needs for a tile.
-pub const fn tile_workspace_bytes() -> usize {
-    TILE_ROWS * TILE_COLS * std::mem::size_of::<f32>() + TILE_COLS * 16
+/// Per-thread cache buffer the `gemm` crate keeps for packing (its L2 slab,
+/// the size of the L2 cache: 1 MiB here); 2 MiB covers common CPUs.
+const GEMM_THREAD_SLAB_BYTES: usize = 2 << 20;
+/// Upper bound of the depth `gemm` packs at once (measured: 384 at d = 768).
+const GEMM_MAX_DEPTH: usize = 512;
+
+const fn min(a: usize, b: usize) -> usize {
+    if a < b {
+        a
+    } else {
+        b
+    }
+}
+
+/// Scratch memory one worker thread needs at dimension `dim`: the tile, the
+/// per-strip state copies, and the GEMM's buffers (the packed operands,
+/// `(TILE_ROWS + TILE_COLS) × kc` floats with a depth kc that `gemm` caps
+/// below 512, and its per-thread slab).
+/// The memory plan counts this once per thread; `tests/memory.rs` checks the
+/// GEMM really allocates no more.
+pub const fn tile_workspace_bytes(dim: usize) -> usize {
+    let f32_bytes = std::mem::size_of::<f32>();
+    TILE_ROWS * TILE_COLS * f32_bytes + TILE_COLS * 64 + (TILE_ROWS + TILE_COLS) * min(dim, GEMM_MAX_DEPTH) * f32_bytes
+        + GEMM_THREAD_SLAB_BYTES
 }
 
 /// A borrowed row-major block of embeddings.

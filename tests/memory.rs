@@ -1,0 +1,115 @@
+//! Peak heap stays under `--memory-limit` plus a fixed overhead while the
+//! gallery and the bank are each several times larger than the limit.
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::*;
+use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions};
+use hubnorm::pipeline::{self, RunJob};
+use hubnorm::progress::Silent;
+
+/// Counts live heap bytes and their peak.
+struct Tracking;
+
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Tracking {
+    unsafe fn alloc(&self, layout: AllocLayout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let now = CURRENT.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: AllocLayout) {
+        unsafe { System.dealloc(ptr, layout) };
+        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: AllocLayout, new_size: usize) -> *mut u8 {
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            if new_size > layout.size() {
+                let now = CURRENT.fetch_add(new_size - layout.size(), Ordering::Relaxed) + new_size - layout.size();
+                PEAK.fetch_max(now, Ordering::Relaxed);
+            } else {
+                CURRENT.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
+            }
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Tracking = Tracking;
+
+/// The counters are process-wide: tests in this file take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Heap the run may use beyond the limit: what the plan does not count row by
+/// row (Parquet footers and page indexes, rayon's job queues, Arrow schema
+/// objects, the summary). Stated in the README.
+const FIXED_OVERHEAD: usize = 4 << 20;
+
+#[test]
+fn peak_heap_follows_the_memory_limit_not_the_input_size() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let limit: usize = 32 << 20;
+    let dim = 768;
+    let mut r = rng(31);
+    // 32,000 × 768 f32 = 98 MB each: 2.9 × the limit.
+    let gallery = random_table(&mut r, "g", 32_000, dim);
+    let bank = random_table(&mut r, "b", 32_000, dim);
+    let queries = queries_near(&mut r, &gallery, 3_000, 0.5);
+    write_table(&dir.path().join("gallery.parquet"), &gallery, Layout::FixedF32, false);
+    write_table(&dir.path().join("bank.parquet"), &bank, Layout::FixedF32, false);
+    write_table(&dir.path().join("queries.parquet"), &queries, Layout::FixedF32, false);
+    drop((gallery, bank, queries));
+    let job = RunJob {
+        queries: dir.path().join("queries.parquet").display().to_string(),
+        gallery: dir.path().join("gallery.parquet").display().to_string(),
+        bank: dir.path().join("bank.parquet").display().to_string(),
+        methods: vec![MethodSpec::InvertedSoftmax { beta: Beta(20.0) }],
+        k: 10,
+        out_dir: dir.path().join("out"),
+        overwrite: false,
+        options: PassOptions { memory: MemoryBudget(limit), threads: 2, ..PassOptions::default() },
+    };
+    let before = CURRENT.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    let summary = pipeline::run(&job, &Silent).unwrap();
+    let peak = PEAK.load(Ordering::Relaxed) - before;
+    eprintln!("peak heap {:.1} MiB for a {:.1} MiB limit", peak as f64 / (1 << 20) as f64, limit as f64 / (1 << 20) as f64);
+    assert_eq!(summary.queries, 3_000);
+    assert!(summary.methods[1].quality.as_ref().unwrap().r1 > 0.5, "the run did real work");
+    assert!(peak <= limit + FIXED_OVERHEAD, "peak heap {peak} exceeds limit {limit} + overhead {FIXED_OVERHEAD}");
+    // The inputs did not fit: the bound is not trivially met.
+    assert!(std::fs::metadata(dir.path().join("gallery.parquet")).unwrap().len() as usize > 2 * limit);
+}
+
+/// The plan counts `tile_workspace_bytes(dim)` per thread; the GEMM's own
+/// allocations (packing buffers, its per-thread slab) must fit inside it.
+#[test]
+fn gemm_workspace_estimate_covers_its_allocations() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    use hubnorm::kernel::{gemm::similarity_tile, tile_workspace_bytes, TILE_COLS, TILE_ROWS};
+    for dim in [16, 384, 768, 1536] {
+        let a = vec![0.5f32; TILE_ROWS * dim];
+        let b = vec![0.25f32; TILE_COLS * dim];
+        let mut out = vec![0f32; TILE_ROWS * TILE_COLS];
+        // Run on a fresh thread so its first-use slab is counted too.
+        let before = CURRENT.load(Ordering::Relaxed);
+        PEAK.store(before, Ordering::Relaxed);
+        std::thread::scope(|s| {
+            s.spawn(|| similarity_tile(&mut out, TILE_COLS, &a, TILE_ROWS, &b, TILE_COLS, dim));
+        });
+        let used = PEAK.load(Ordering::Relaxed) - before;
+        let tile = TILE_ROWS * TILE_COLS * 4;
+        eprintln!("dim {dim}: gemm allocated {used} bytes; estimate {}", tile_workspace_bytes(dim) - tile);
+        assert!(used + tile <= tile_workspace_bytes(dim), "dim {dim}: {used} bytes");
+    }
+}
