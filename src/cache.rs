@@ -13,7 +13,12 @@ pub struct TableBlocks {
 
 impl TableBlocks {
     /// Reads the table into memory now when `cache` is true.
-    pub fn new(table: &EmbeddingTable, block_rows: usize, batch_rows: usize, cache: bool) -> Result<Self> {
+    pub fn new(
+        table: &EmbeddingTable,
+        block_rows: usize,
+        batch_rows: usize,
+        cache: bool,
+    ) -> Result<Self> {
         let table = table.with_batch_rows(batch_rows);
         let cached = if cache {
             Some(table.blocks(block_rows).collect::<Result<Vec<_>>>()?)

@@ -54,7 +54,11 @@ impl IdIndex {
         }
         let ids = table.read_all_ids()?;
         let mut order: Vec<u32> = (0..ids.len() as u32).collect();
-        order.sort_by(|&a, &b| id_at(&ids, a as usize).cmp(&id_at(&ids, b as usize)).then(a.cmp(&b)));
+        order.sort_by(|&a, &b| {
+            id_at(&ids, a as usize)
+                .cmp(&id_at(&ids, b as usize))
+                .then(a.cmp(&b))
+        });
         for w in order.windows(2) {
             let (a, b) = (w[0] as usize, w[1] as usize);
             if id_at(&ids, a) == id_at(&ids, b) {

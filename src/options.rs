@@ -258,7 +258,10 @@ mod tests {
 
     #[test]
     fn parses_method_names() {
-        assert_eq!("is".parse::<MethodKind>().unwrap(), MethodKind::InvertedSoftmax);
+        assert_eq!(
+            "is".parse::<MethodKind>().unwrap(),
+            MethodKind::InvertedSoftmax
+        );
         assert_eq!("none".parse::<MethodKind>().unwrap(), MethodKind::None);
         let err = "bogus".parse::<MethodKind>().unwrap_err().to_string();
         assert!(err.contains("available: none, is"), "{err}");

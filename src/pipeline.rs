@@ -4,7 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, AsArray, Float32Array, Float64Array, Int32Array, RecordBatch, StringArray, UInt32Array};
+use arrow::array::{
+    ArrayRef, AsArray, Float32Array, Float64Array, Int32Array, RecordBatch, StringArray,
+    UInt32Array,
+};
 use arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::Serialize;
@@ -94,7 +97,12 @@ fn with_threads<T: Send>(threads: usize, f: impl FnOnce() -> Result<T> + Send) -
     pool.install(f)
 }
 
-fn open_table(role: &str, spec: &str, options: &PassOptions, targets: bool) -> Result<EmbeddingTable> {
+fn open_table(
+    role: &str,
+    spec: &str,
+    options: &PassOptions,
+    targets: bool,
+) -> Result<EmbeddingTable> {
     EmbeddingTable::open(role, spec, &options.read, targets)
 }
 
@@ -123,14 +131,20 @@ fn methods_json(methods: &[MethodSpec]) -> String {
 }
 
 fn parameters_json(m: &MethodSpec) -> serde_json::Map<String, serde_json::Value> {
-    m.parameters().into_iter().map(|(k, v)| (k.to_owned(), serde_json::json!(v))).collect()
+    m.parameters()
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), serde_json::json!(v)))
+        .collect()
 }
 
 fn common_metadata(kind: &str, options: &PassOptions) -> Vec<(String, String)> {
     vec![
         ("hubnorm.version".into(), env!("CARGO_PKG_VERSION").into()),
         ("hubnorm.output".into(), kind.into()),
-        ("hubnorm.normalize".into(), options.read.normalize.to_string()),
+        (
+            "hubnorm.normalize".into(),
+            options.read.normalize.to_string(),
+        ),
     ]
 }
 
@@ -147,7 +161,11 @@ fn table_metadata(role: &str, table: &EmbeddingTable) -> Vec<(String, String)> {
 /// Columns of `gallery_stats.parquet` for one inverted-softmax statistic.
 fn stats_columns(method: &InvertedSoftmax) -> [String; 3] {
     let prefix = MethodSpec::InvertedSoftmax { beta: method.beta }.column_prefix();
-    [format!("{prefix}_correction"), format!("{prefix}_lse_max"), format!("{prefix}_lse_sum")]
+    [
+        format!("{prefix}_correction"),
+        format!("{prefix}_lse_max"),
+        format!("{prefix}_lse_sum"),
+    ]
 }
 
 /// Schema of `gallery_stats.parquet`: `gallery_id`, then per statistic its
@@ -162,15 +180,25 @@ pub fn stats_schema(id_kind: IdKind, methods: &[InvertedSoftmax]) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-fn stats_batch(schema: &SchemaRef, chunk: &StatsChunk<'_>, methods: &[InvertedSoftmax]) -> Result<RecordBatch> {
+fn stats_batch(
+    schema: &SchemaRef,
+    chunk: &StatsChunk<'_>,
+    methods: &[InvertedSoftmax],
+) -> Result<RecordBatch> {
     let nb = methods.len();
     let rows = chunk.ids.len();
     let mut columns: Vec<ArrayRef> = vec![chunk.ids.clone()];
     for (b, m) in methods.iter().enumerate() {
         let state = |i: usize| &chunk.states[i * nb + b];
-        columns.push(Arc::new(Float64Array::from_iter_values((0..rows).map(|i| m.correction(state(i))))));
-        columns.push(Arc::new(Float64Array::from_iter_values((0..rows).map(|i| state(i).max))));
-        columns.push(Arc::new(Float64Array::from_iter_values((0..rows).map(|i| state(i).sum))));
+        columns.push(Arc::new(Float64Array::from_iter_values(
+            (0..rows).map(|i| m.correction(state(i))),
+        )));
+        columns.push(Arc::new(Float64Array::from_iter_values(
+            (0..rows).map(|i| state(i).max),
+        )));
+        columns.push(Arc::new(Float64Array::from_iter_values(
+            (0..rows).map(|i| state(i).sum),
+        )));
     }
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }
@@ -190,7 +218,15 @@ fn write_stats(
     let statistics = bank_methods(methods);
     let schema = stats_schema(gallery.id_kind, &statistics);
     let mut metadata = common_metadata("gallery_stats", options);
-    metadata.push(("hubnorm.methods".into(), methods_json(&statistics.iter().map(|m| MethodSpec::InvertedSoftmax { beta: m.beta }).collect::<Vec<_>>())));
+    metadata.push((
+        "hubnorm.methods".into(),
+        methods_json(
+            &statistics
+                .iter()
+                .map(|m| MethodSpec::InvertedSoftmax { beta: m.beta })
+                .collect::<Vec<_>>(),
+        ),
+    ));
     metadata.extend(table_metadata("gallery", gallery));
     metadata.extend(table_metadata("bank", bank));
     let mut sink = ParquetSink::create(out, schema.clone(), metadata, overwrite)?;
@@ -202,17 +238,30 @@ fn write_stats(
         })
         .collect();
     let betas: Vec<f32> = statistics.iter().map(|m| m.beta.0 as f32).collect();
-    let resident = index.memory_bytes() + scoring.iter().map(ScoringMethod::memory_bytes).sum::<usize>();
-    compute_bank_statistics(gallery, bank, &betas, options.memory.bytes(), resident, progress, |chunk| {
-        let nb = statistics.len();
-        for (b, m) in statistics.iter().enumerate() {
-            let h = &mut scoring[b].corrections;
-            for i in 0..chunk.ids.len() {
-                h[chunk.first_row as usize + i] = m.correction(&chunk.states[i * nb + b]) as f32;
+    let resident = index.memory_bytes()
+        + scoring
+            .iter()
+            .map(ScoringMethod::memory_bytes)
+            .sum::<usize>();
+    compute_bank_statistics(
+        gallery,
+        bank,
+        &betas,
+        options.memory.bytes(),
+        resident,
+        progress,
+        |chunk| {
+            let nb = statistics.len();
+            for (b, m) in statistics.iter().enumerate() {
+                let h = &mut scoring[b].corrections;
+                for i in 0..chunk.ids.len() {
+                    h[chunk.first_row as usize + i] =
+                        m.correction(&chunk.states[i * nb + b]) as f32;
+                }
             }
-        }
-        sink.write(&stats_batch(&schema, &chunk, &statistics)?)
-    })?;
+            sink.write(&stats_batch(&schema, &chunk, &statistics)?)
+        },
+    )?;
     Ok((sink.close_uncommitted()?, scoring))
 }
 
@@ -220,7 +269,10 @@ fn check_positive_betas(methods: &[MethodSpec]) -> Result<()> {
     for m in methods {
         if let MethodSpec::InvertedSoftmax { beta } = m {
             if !(beta.0 > 0.0 && beta.0.is_finite()) {
-                return Err(HubnormError::Usage(format!("--beta must be a positive number, got {}", beta.0)));
+                return Err(HubnormError::Usage(format!(
+                    "--beta must be a positive number, got {}",
+                    beta.0
+                )));
             }
         }
     }
@@ -231,13 +283,25 @@ fn check_positive_betas(methods: &[MethodSpec]) -> Result<()> {
 pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<PathBuf> {
     check_positive_betas(&job.methods)?;
     if !job.overwrite && job.out.exists() {
-        return Err(HubnormError::Usage(format!("{} already exists (pass --overwrite to replace it)", job.out.display())));
+        return Err(HubnormError::Usage(format!(
+            "{} already exists (pass --overwrite to replace it)",
+            job.out.display()
+        )));
     }
     with_threads(job.options.threads, || {
         let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
         let bank = open_table("bank", &job.bank, &job.options, false)?;
         let index = IdIndex::build(&gallery)?;
-        let (file, _) = write_stats(&gallery, &bank, &index, &job.methods, &job.out, job.overwrite, &job.options, progress)?;
+        let (file, _) = write_stats(
+            &gallery,
+            &bank,
+            &index,
+            &job.methods,
+            &job.out,
+            job.overwrite,
+            &job.options,
+            progress,
+        )?;
         file.commit()
     })
 }
@@ -251,8 +315,13 @@ pub fn stats_file_methods(path: &Path) -> Result<Vec<MethodSpec>> {
     let mut found = Vec::new();
     for field in schema.fields() {
         if let Some(prefix) = field.name().strip_suffix("_correction") {
-            if let Some(beta) = prefix.strip_prefix("is_beta").and_then(|b| b.parse::<f64>().ok()) {
-                found.push(MethodSpec::InvertedSoftmax { beta: crate::options::Beta(beta) });
+            if let Some(beta) = prefix
+                .strip_prefix("is_beta")
+                .and_then(|b| b.parse::<f64>().ok())
+            {
+                found.push(MethodSpec::InvertedSoftmax {
+                    beta: crate::options::Beta(beta),
+                });
             }
         }
     }
@@ -261,13 +330,23 @@ pub fn stats_file_methods(path: &Path) -> Result<Vec<MethodSpec>> {
 
 fn open_stats(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<std::fs::File>> {
     let file = std::fs::File::open(path).map_err(|e| HubnormError::io(path, e))?;
-    ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| HubnormError::input(path, None, None, format!("not a readable Parquet file: {e}")))
+    ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
+        HubnormError::input(
+            path,
+            None,
+            None,
+            format!("not a readable Parquet file: {e}"),
+        )
+    })
 }
 
 /// Reads the corrections of `methods` from a stats file, aligned to the
 /// gallery's rows through its ids. Every gallery item must have exactly one row.
-pub fn load_corrections(path: &Path, index: &IdIndex, methods: &[MethodSpec]) -> Result<Vec<ScoringMethod>> {
+pub fn load_corrections(
+    path: &Path,
+    index: &IdIndex,
+    methods: &[MethodSpec],
+) -> Result<Vec<ScoringMethod>> {
     let builder = open_stats(path)?;
     let schema = builder.schema().clone();
     let id_col = schema
@@ -289,7 +368,10 @@ pub fn load_corrections(path: &Path, index: &IdIndex, methods: &[MethodSpec]) ->
                 path,
                 None,
                 Some(&name),
-                format!("the stats file has no statistic for this method and parameters (it has: {})", available.join("; ")),
+                format!(
+                    "the stats file has no statistic for this method and parameters (it has: {})",
+                    available.join("; ")
+                ),
             )
         })?;
         wanted.push((m, col));
@@ -297,7 +379,10 @@ pub fn load_corrections(path: &Path, index: &IdIndex, methods: &[MethodSpec]) ->
     let n = index.len();
     let mut out: Vec<ScoringMethod> = methods
         .iter()
-        .map(|m| ScoringMethod { spec: *m, corrections: vec![0.0; n] })
+        .map(|m| ScoringMethod {
+            spec: *m,
+            corrections: vec![0.0; n],
+        })
         .collect();
     let mut seen = vec![false; n];
     let id_type = index.ids().data_type().clone();
@@ -306,30 +391,68 @@ pub fn load_corrections(path: &Path, index: &IdIndex, methods: &[MethodSpec]) ->
         .map_err(|e| HubnormError::input(path, None, None, format!("cannot read: {e}")))?;
     let mut file_row = 0u64;
     for batch in reader {
-        let batch = batch.map_err(|e| HubnormError::input(path, Some(file_row), None, format!("cannot decode: {e}")))?;
+        let batch = batch.map_err(|e| {
+            HubnormError::input(path, Some(file_row), None, format!("cannot decode: {e}"))
+        })?;
         let ids = crate::source::normalise_ids(batch.column(id_col))?;
-        let ids = if ids.data_type() == &id_type { ids } else { arrow::compute::cast(&ids, &id_type)? };
+        let ids = if ids.data_type() == &id_type {
+            ids
+        } else {
+            arrow::compute::cast(&ids, &id_type)?
+        };
         for i in 0..batch.num_rows() {
             let row = file_row + i as u64;
             if ids.is_null(i) {
-                return Err(HubnormError::input(path, Some(row), Some("gallery_id"), "null or unconvertible id"));
+                return Err(HubnormError::input(
+                    path,
+                    Some(row),
+                    Some("gallery_id"),
+                    "null or unconvertible id",
+                ));
             }
             let id = id_at(ids.as_ref(), i);
             let g = index.find(id).ok_or_else(|| {
-                HubnormError::input(path, Some(row), Some("gallery_id"), format!("id {id} is not in the gallery (stats from another gallery?)"))
+                HubnormError::input(
+                    path,
+                    Some(row),
+                    Some("gallery_id"),
+                    format!("id {id} is not in the gallery (stats from another gallery?)"),
+                )
             })? as usize;
             if std::mem::replace(&mut seen[g], true) {
-                return Err(HubnormError::input(path, Some(row), Some("gallery_id"), format!("duplicate id {id}")));
+                return Err(HubnormError::input(
+                    path,
+                    Some(row),
+                    Some("gallery_id"),
+                    format!("duplicate id {id}"),
+                ));
             }
             for (m, &(_, col)) in wanted.iter().enumerate() {
-                let values = batch.column(col).as_primitive_opt::<Float64Type>().ok_or_else(|| {
-                    HubnormError::input(path, None, Some(schema.field(col).name()), "expected Float64")
-                })?;
+                let values = batch
+                    .column(col)
+                    .as_primitive_opt::<Float64Type>()
+                    .ok_or_else(|| {
+                        HubnormError::input(
+                            path,
+                            None,
+                            Some(schema.field(col).name()),
+                            "expected Float64",
+                        )
+                    })?;
                 let v = values.value(i);
                 if !v.is_finite() {
-                    return Err(HubnormError::input(path, Some(row), Some(schema.field(col).name()), "correction is not finite"));
+                    return Err(HubnormError::input(
+                        path,
+                        Some(row),
+                        Some(schema.field(col).name()),
+                        "correction is not finite",
+                    ));
                 }
-                let target = out.iter_mut().filter(|s| s.spec.kind() != MethodKind::None).nth(m).expect("same order");
+                let target = out
+                    .iter_mut()
+                    .filter(|s| s.spec.kind() != MethodKind::None)
+                    .nth(m)
+                    .expect("same order");
                 target.corrections[g] = v as f32;
             }
         }
@@ -340,7 +463,10 @@ pub fn load_corrections(path: &Path, index: &IdIndex, methods: &[MethodSpec]) ->
             path,
             None,
             Some("gallery_id"),
-            format!("gallery item {} has no statistics in this file (stats from another gallery?)", id_at(index.ids().as_ref(), g)),
+            format!(
+                "gallery item {} has no statistics in this file (stats from another gallery?)",
+                id_at(index.ids().as_ref(), g)
+            ),
         ));
     }
     Ok(out)
@@ -371,23 +497,40 @@ struct ResultsCollector<'a> {
 }
 
 impl<'a> ResultsCollector<'a> {
-    fn new(schema: SchemaRef, methods: &'a [ScoringMethod], gallery_ids: &'a ArrayRef, k: usize) -> Self {
+    fn new(
+        schema: SchemaRef,
+        methods: &'a [ScoringMethod],
+        gallery_ids: &'a ArrayRef,
+        k: usize,
+    ) -> Self {
         let n = gallery_ids.len();
         ResultsCollector {
             schema,
             methods,
             gallery_ids,
             k,
-            occurrence: methods.iter().map(|_| KOccurrence::new(SKEWNESS_K, n)).collect(),
-            quality: methods.iter().map(|_| RetrievalMetrics::default()).collect(),
+            occurrence: methods
+                .iter()
+                .map(|_| KOccurrence::new(SKEWNESS_K, n))
+                .collect(),
+            quality: methods
+                .iter()
+                .map(|_| RetrievalMetrics::default())
+                .collect(),
         }
     }
 
     fn batch(&mut self, block: &QueryBlockResult<'_>) -> Result<RecordBatch> {
         let nm = block.methods;
         let rows = block.query_ids.len();
-        let (mut method, mut query, mut rank, mut gallery, mut score, mut raw) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut method, mut query, mut rank, mut gallery, mut score, mut raw) = (
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
         // Query-major order (query, method, rank): the file's row order then
         // does not depend on the block sizes the memory limit chose.
         for q in 0..rows {
@@ -409,7 +552,9 @@ impl<'a> ResultsCollector<'a> {
                 }
             }
         }
-        let take = |ids: &ArrayRef, rows: Vec<u32>| arrow::compute::take(ids.as_ref(), &UInt32Array::from(rows), None);
+        let take = |ids: &ArrayRef, rows: Vec<u32>| {
+            arrow::compute::take(ids.as_ref(), &UInt32Array::from(rows), None)
+        };
         let columns: Vec<ArrayRef> = vec![
             Arc::new(StringArray::from(method)),
             take(block.query_ids, query)?,
@@ -451,14 +596,20 @@ fn write_results(
 ) -> Result<(AtomicFile, Vec<MethodSummary>)> {
     let schema = results_schema(queries.id_kind, gallery.id_kind);
     metadata.extend(common_metadata("results", options));
-    metadata.push(("hubnorm.methods".into(), methods_json(&methods.iter().map(|m| m.spec).collect::<Vec<_>>())));
+    metadata.push((
+        "hubnorm.methods".into(),
+        methods_json(&methods.iter().map(|m| m.spec).collect::<Vec<_>>()),
+    ));
     metadata.push(("hubnorm.k".into(), k.to_string()));
     metadata.extend(table_metadata("queries", queries));
     metadata.extend(table_metadata("gallery", gallery));
     let mut sink = ParquetSink::create(out, schema.clone(), metadata, overwrite)?;
     let mut collector = ResultsCollector::new(schema, methods, index.ids(), k);
     let resident = index.memory_bytes()
-        + methods.iter().map(ScoringMethod::memory_bytes).sum::<usize>()
+        + methods
+            .iter()
+            .map(ScoringMethod::memory_bytes)
+            .sum::<usize>()
         + methods.len() * index.len() * 4;
     let request = SearchRequest {
         queries,
@@ -469,7 +620,9 @@ fn write_results(
         budget: options.memory.bytes(),
         resident_bytes: resident,
     };
-    search(&request, progress, |block| sink.write(&collector.batch(&block)?))?;
+    search(&request, progress, |block| {
+        sink.write(&collector.batch(&block)?)
+    })?;
     Ok((sink.close_uncommitted()?, collector.summaries()))
 }
 
@@ -484,7 +637,10 @@ fn check_k(k: usize) -> Result<()> {
 pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary> {
     check_k(job.k)?;
     if !job.overwrite && job.out.exists() {
-        return Err(HubnormError::Usage(format!("{} already exists (pass --overwrite to replace it)", job.out.display())));
+        return Err(HubnormError::Usage(format!(
+            "{} already exists (pass --overwrite to replace it)",
+            job.out.display()
+        )));
     }
     with_threads(job.options.threads, || {
         let queries = open_table("queries", &job.queries, &job.options, true)?;
@@ -493,15 +649,33 @@ pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary
         let needs_stats = job.methods.iter().any(|m| m.kind().needs_bank());
         let methods = match (&job.stats, needs_stats) {
             (Some(path), _) => load_corrections(path, &index, &job.methods)?,
-            (None, false) => job.methods.iter().map(|_| ScoringMethod::baseline(index.len())).collect(),
-            (None, true) => return Err(HubnormError::Usage("--stats FILE is needed for every method but 'none'".into())),
+            (None, false) => job
+                .methods
+                .iter()
+                .map(|_| ScoringMethod::baseline(index.len()))
+                .collect(),
+            (None, true) => {
+                return Err(HubnormError::Usage(
+                    "--stats FILE is needed for every method but 'none'".into(),
+                ))
+            }
         };
         let mut metadata = Vec::new();
         if let Some(stats) = &job.stats {
             metadata.push(("hubnorm.stats.path".into(), stats.display().to_string()));
         }
-        let (file, summaries) =
-            write_results(&queries, &gallery, &index, &methods, job.k, &job.out, job.overwrite, &job.options, metadata, progress)?;
+        let (file, summaries) = write_results(
+            &queries,
+            &gallery,
+            &index,
+            &methods,
+            job.k,
+            &job.out,
+            job.overwrite,
+            &job.options,
+            metadata,
+            progress,
+        )?;
         file.commit()?;
         Ok(RunSummary {
             queries: queries.rows,
@@ -526,7 +700,10 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
     for name in RUN_OUTPUTS {
         let path = job.out_dir.join(name);
         if path.exists() && !job.overwrite {
-            return Err(HubnormError::Usage(format!("{} already exists (pass --overwrite to replace it)", path.display())));
+            return Err(HubnormError::Usage(format!(
+                "{} already exists (pass --overwrite to replace it)",
+                path.display()
+            )));
         }
     }
     with_threads(job.options.threads, || {
@@ -540,7 +717,12 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
         }
         let index = IdIndex::build(&gallery)?;
         let mut methods = vec![MethodSpec::None];
-        methods.extend(job.methods.iter().filter(|m| m.kind() != MethodKind::None).copied());
+        methods.extend(
+            job.methods
+                .iter()
+                .filter(|m| m.kind() != MethodKind::None)
+                .copied(),
+        );
         let (stats_file, corrected) = write_stats(
             &gallery,
             &bank,
@@ -575,8 +757,10 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
             normalize: job.options.read.normalize,
             methods: summaries,
         };
-        let json = serde_json::to_string_pretty(&summary).map_err(|e| HubnormError::Internal(e.to_string()))?;
-        let summary_file = write_text_atomically(&job.out_dir.join("summary.json"), &json, job.overwrite)?;
+        let json = serde_json::to_string_pretty(&summary)
+            .map_err(|e| HubnormError::Internal(e.to_string()))?;
+        let summary_file =
+            write_text_atomically(&job.out_dir.join("summary.json"), &json, job.overwrite)?;
         stats_file.commit()?;
         results_file.commit()?;
         summary_file.commit()?;

@@ -64,8 +64,13 @@ impl PlanRequest {
         let batch_rows = (self.budget / 32 / row_bytes).clamp(MIN_BATCH_ROWS, MAX_BATCH_ROWS);
         // A decoded batch, its repetition/definition levels and one page buffer.
         let reader_bytes = 4 * batch_rows * row_bytes + (1 << 20);
-        let fixed = FIXED_OVERHEAD_BYTES + reader_bytes + self.threads.max(1) * tile_workspace_bytes(self.dim) + self.resident_bytes;
-        let minimum = fixed + self.outer_align * self.outer_row_bytes + self.inner_align * self.inner_row_bytes;
+        let fixed = FIXED_OVERHEAD_BYTES
+            + reader_bytes
+            + self.threads.max(1) * tile_workspace_bytes(self.dim)
+            + self.resident_bytes;
+        let minimum = fixed
+            + self.outer_align * self.outer_row_bytes
+            + self.inner_align * self.inner_row_bytes;
         if self.budget < minimum {
             return Err(HubnormError::Budget(format!(
                 "--memory-limit {} is below the {} this job needs at least ({} of it held for the whole run: ids, corrections, counts); raise the limit",
@@ -79,11 +84,20 @@ impl PlanRequest {
         let inner_needed = round_up(self.inner_total_rows.max(1), self.inner_align);
         let inner_bytes = inner_needed * self.inner_row_bytes;
         let (outer_rows, inner_rows, cache_inner) = if inner_bytes <= available / 2 {
-            let outer = round_down((available - inner_bytes) / self.outer_row_bytes.max(1), self.outer_align);
+            let outer = round_down(
+                (available - inner_bytes) / self.outer_row_bytes.max(1),
+                self.outer_align,
+            );
             (outer, inner_needed, true)
         } else {
-            let outer = round_down(available / 2 / self.outer_row_bytes.max(1), self.outer_align);
-            let inner = round_down(available / 2 / self.inner_row_bytes.max(1), self.inner_align);
+            let outer = round_down(
+                available / 2 / self.outer_row_bytes.max(1),
+                self.outer_align,
+            );
+            let inner = round_down(
+                available / 2 / self.inner_row_bytes.max(1),
+                self.inner_align,
+            );
             (outer, inner, false)
         };
         Ok(BlockPlan {
@@ -116,14 +130,14 @@ mod tests {
 
     #[test]
     fn blocks_fit_the_budget_and_are_aligned() {
-        for budget in [16 << 20, 64 << 20, 1 << 30] {
+        for budget in [48 << 20, 128 << 20, 1 << 30] {
             let p = request(budget).plan().unwrap();
             assert_eq!(p.outer_rows % 256, 0);
             assert_eq!(p.inner_rows % 1024, 0);
             assert!(p.outer_rows * 600 + p.inner_rows * 512 < budget, "{p:?}");
         }
         assert!(request(1 << 30).plan().unwrap().cache_inner);
-        assert!(!request(64 << 20).plan().unwrap().cache_inner);
+        assert!(!request(128 << 20).plan().unwrap().cache_inner);
     }
 
     #[test]

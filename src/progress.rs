@@ -35,7 +35,12 @@ pub struct RowProgress<'a> {
 
 impl<'a> RowProgress<'a> {
     /// Starts `phase` with `outer_total` rows, each needing `inner_total` pairs.
-    pub fn start(progress: &'a dyn Progress, phase: &str, outer_total: u64, inner_total: u64) -> Self {
+    pub fn start(
+        progress: &'a dyn Progress,
+        phase: &str,
+        outer_total: u64,
+        inner_total: u64,
+    ) -> Self {
         progress.start(phase, outer_total);
         RowProgress {
             progress,

@@ -34,9 +34,15 @@ impl AtomicFile {
                 destination.display()
             )));
         }
-        let dir = destination.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        let dir = destination
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(|e| HubnormError::io(dir, e))?;
-        let name = destination.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = destination
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let temporary = dir.join(format!(".{name}.tmp-{}", std::process::id()));
         let file = File::create(&temporary).map_err(|e| HubnormError::io(&temporary, e))?;
         Ok((
@@ -51,7 +57,8 @@ impl AtomicFile {
 
     /// Moves the finished file to its destination.
     pub fn commit(mut self) -> Result<PathBuf> {
-        std::fs::rename(&self.temporary, &self.destination).map_err(|e| HubnormError::io(&self.destination, e))?;
+        std::fs::rename(&self.temporary, &self.destination)
+            .map_err(|e| HubnormError::io(&self.destination, e))?;
         self.committed = true;
         Ok(self.destination.clone())
     }
@@ -82,14 +89,26 @@ pub struct ParquetSink {
 
 impl ParquetSink {
     /// Opens a sink. `metadata` pairs are stored in the footer (`hubnorm.*` keys).
-    pub fn create(destination: &Path, schema: SchemaRef, metadata: Vec<(String, String)>, overwrite: bool) -> Result<Self> {
+    pub fn create(
+        destination: &Path,
+        schema: SchemaRef,
+        metadata: Vec<(String, String)>,
+        overwrite: bool,
+    ) -> Result<Self> {
         let (file, handle) = AtomicFile::create(destination, overwrite)?;
         let props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).expect("valid level")))
+            .set_compression(Compression::ZSTD(
+                ZstdLevel::try_new(1).expect("valid level"),
+            ))
             // Bounded row groups keep the writer's buffer small (memory limit).
             .set_max_row_group_row_count(Some(65_536))
             .set_statistics_enabled(EnabledStatistics::Chunk)
-            .set_key_value_metadata(Some(metadata.into_iter().map(|(k, v)| KeyValue::new(k, v)).collect()))
+            .set_key_value_metadata(Some(
+                metadata
+                    .into_iter()
+                    .map(|(k, v)| KeyValue::new(k, v))
+                    .collect(),
+            ))
             .build();
         let writer = ArrowWriter::try_new(handle, schema, Some(props))
             .map_err(|e| HubnormError::parquet(file.destination(), e))?;
@@ -102,7 +121,9 @@ impl ParquetSink {
             .map_err(|e| HubnormError::parquet(self.file.destination(), e))?;
         // Flush full row groups early so buffered rows stay bounded.
         if self.writer.in_progress_size() > WRITER_BUFFER_BYTES {
-            self.writer.flush().map_err(|e| HubnormError::parquet(self.file.destination(), e))?;
+            self.writer
+                .flush()
+                .map_err(|e| HubnormError::parquet(self.file.destination(), e))?;
         }
         Ok(())
     }
@@ -110,7 +131,9 @@ impl ParquetSink {
     /// Writes the footer and renames the file into place.
     pub fn finish(self) -> Result<PathBuf> {
         let ParquetSink { file, writer } = self;
-        writer.close().map_err(|e| HubnormError::parquet(file.destination(), e))?;
+        writer
+            .close()
+            .map_err(|e| HubnormError::parquet(file.destination(), e))?;
         file.commit()
     }
 
@@ -118,13 +141,19 @@ impl ParquetSink {
     /// other outputs of the same run.
     pub fn close_uncommitted(self) -> Result<AtomicFile> {
         let ParquetSink { file, writer } = self;
-        writer.close().map_err(|e| HubnormError::parquet(file.destination(), e))?;
+        writer
+            .close()
+            .map_err(|e| HubnormError::parquet(file.destination(), e))?;
         Ok(file)
     }
 }
 
 /// Writes a small text file (JSON) atomically.
-pub fn write_text_atomically(destination: &Path, text: &str, overwrite: bool) -> Result<AtomicFile> {
+pub fn write_text_atomically(
+    destination: &Path,
+    text: &str,
+    overwrite: bool,
+) -> Result<AtomicFile> {
     use std::io::Write;
     let (file, mut handle) = AtomicFile::create(destination, overwrite)?;
     handle

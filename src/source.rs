@@ -9,7 +9,9 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, GenericListArray, OffsetSizeTrait};
+use arrow::array::{
+    Array, ArrayRef, AsArray, FixedSizeListArray, GenericListArray, OffsetSizeTrait,
+};
 use arrow::datatypes::{DataType, Float16Type, Float32Type, Float64Type};
 use arrow::record_batch::RecordBatch;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
@@ -100,7 +102,10 @@ impl EmbeddingBlock {
     pub fn memory_bytes(&self) -> usize {
         self.data.capacity() * 4
             + self.ids.get_array_memory_size()
-            + self.targets.as_ref().map_or(0, |t| t.get_array_memory_size())
+            + self
+                .targets
+                .as_ref()
+                .map_or(0, |t| t.get_array_memory_size())
     }
 }
 
@@ -111,12 +116,18 @@ pub fn expand_spec(spec: &str) -> Result<Vec<PathBuf>> {
     if path.is_dir() {
         collect_parquet_files(path, &mut files)?;
         if files.is_empty() {
-            return Err(HubnormError::input(path, None, None, "directory holds no .parquet files"));
+            return Err(HubnormError::input(
+                path,
+                None,
+                None,
+                "directory holds no .parquet files",
+            ));
         }
     } else if path.is_file() {
         files.push(path.to_path_buf());
     } else if spec.contains(['*', '?', '[']) {
-        let paths = glob::glob(spec).map_err(|e| HubnormError::Usage(format!("bad glob '{spec}': {e}")))?;
+        let paths =
+            glob::glob(spec).map_err(|e| HubnormError::Usage(format!("bad glob '{spec}': {e}")))?;
         for entry in paths {
             let p = entry.map_err(|e| {
                 let path = e.path().to_path_buf();
@@ -127,10 +138,20 @@ pub fn expand_spec(spec: &str) -> Result<Vec<PathBuf>> {
             }
         }
         if files.is_empty() {
-            return Err(HubnormError::input(spec, None, None, "no file matches this glob"));
+            return Err(HubnormError::input(
+                spec,
+                None,
+                None,
+                "no file matches this glob",
+            ));
         }
     } else {
-        return Err(HubnormError::input(spec, None, None, "no such file or directory"));
+        return Err(HubnormError::input(
+            spec,
+            None,
+            None,
+            "no such file or directory",
+        ));
     }
     files.sort();
     Ok(files)
@@ -180,7 +201,8 @@ impl EmbeddingTable {
             let schema = builder.schema().clone();
             let part_rows = builder.metadata().file_metadata().num_rows() as u64;
             let columns = locate_columns(&path, &schema, options, want_targets)?;
-            let kind = IdKind::of(schema.field(columns.id).data_type()).expect("checked by locate_columns");
+            let kind = IdKind::of(schema.field(columns.id).data_type())
+                .expect("checked by locate_columns");
             if let Some(previous) = id_kind {
                 if previous != kind {
                     return Err(HubnormError::input(
@@ -218,7 +240,10 @@ impl EmbeddingTable {
                 &parts[0].path,
                 None,
                 None,
-                format!("the {role} table is empty (0 rows in {} file(s))", parts.len()),
+                format!(
+                    "the {role} table is empty (0 rows in {} file(s))",
+                    parts.len()
+                ),
             ));
         }
         let mut table = EmbeddingTable {
@@ -279,7 +304,13 @@ impl EmbeddingTable {
     }
 }
 
-fn check_dim(path: &Path, row: u64, column: &str, found: usize, dim: &mut Option<usize>) -> Result<()> {
+fn check_dim(
+    path: &Path,
+    row: u64,
+    column: &str,
+    found: usize,
+    dim: &mut Option<usize>,
+) -> Result<()> {
     match *dim {
         Some(d) if d != found => Err(HubnormError::input(
             path,
@@ -296,8 +327,14 @@ fn check_dim(path: &Path, row: u64, column: &str, found: usize, dim: &mut Option
 
 fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
     let file = File::open(path).map_err(|e| HubnormError::io(path, e))?;
-    ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| HubnormError::input(path, None, None, format!("not a readable Parquet file: {e}")))
+    ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
+        HubnormError::input(
+            path,
+            None,
+            None,
+            format!("not a readable Parquet file: {e}"),
+        )
+    })
 }
 
 fn locate_columns(
@@ -323,15 +360,23 @@ fn locate_columns(
             path,
             None,
             Some(&options.id_column),
-            format!("id column has type {}; expected Utf8, LargeUtf8 or Int64", schema.field(id).data_type()),
+            format!(
+                "id column has type {}; expected Utf8, LargeUtf8 or Int64",
+                schema.field(id).data_type()
+            ),
         ));
     }
     let embedding = find(&options.embedding_column)?;
     let element = match schema.field(embedding).data_type() {
-        DataType::FixedSizeList(f, _) | DataType::List(f) | DataType::LargeList(f) => Some(f.data_type().clone()),
+        DataType::FixedSizeList(f, _) | DataType::List(f) | DataType::LargeList(f) => {
+            Some(f.data_type().clone())
+        }
         _ => None,
     };
-    if !matches!(element, Some(DataType::Float16 | DataType::Float32 | DataType::Float64)) {
+    if !matches!(
+        element,
+        Some(DataType::Float16 | DataType::Float32 | DataType::Float64)
+    ) {
         return Err(HubnormError::input(
             path,
             None,
@@ -342,7 +387,11 @@ fn locate_columns(
             ),
         ));
     }
-    let target = if want_targets { schema.index_of(&options.target_column).ok() } else { None };
+    let target = if want_targets {
+        schema.index_of(&options.target_column).ok()
+    } else {
+        None
+    };
     if let Some(t) = target {
         let ok = match schema.field(t).data_type() {
             DataType::List(f) | DataType::LargeList(f) => IdKind::of(f.data_type()).is_some(),
@@ -360,7 +409,11 @@ fn locate_columns(
             ));
         }
     }
-    Ok(Columns { id, embedding, target })
+    Ok(Columns {
+        id,
+        embedding,
+        target,
+    })
 }
 
 /// Reads a table block by block. Rows are validated, converted to f32 and
@@ -406,7 +459,12 @@ impl<'a> BlockReader<'a> {
         };
         self.next_part += 1;
         let builder = open_builder(&part.path)?;
-        let columns = locate_columns(&part.path, builder.schema(), &table.options, table.has_targets)?;
+        let columns = locate_columns(
+            &part.path,
+            builder.schema(),
+            &table.options,
+            table.has_targets,
+        )?;
         let mut roots = vec![columns.id];
         if !self.ids_only {
             roots.push(columns.embedding);
@@ -418,15 +476,29 @@ impl<'a> BlockReader<'a> {
         let position = |c: usize| roots.iter().position(|&r| r == c).expect("projected");
         let projected = Columns {
             id: position(columns.id),
-            embedding: if self.ids_only { usize::MAX } else { position(columns.embedding) },
-            target: if self.ids_only { None } else { columns.target.map(position) },
+            embedding: if self.ids_only {
+                usize::MAX
+            } else {
+                position(columns.embedding)
+            },
+            target: if self.ids_only {
+                None
+            } else {
+                columns.target.map(position)
+            },
         };
-        let batch_rows = if self.peek_dimension { 1 } else { table.options.batch_rows.min(self.block_rows).max(1) };
+        let batch_rows = if self.peek_dimension {
+            1
+        } else {
+            table.options.batch_rows.min(self.block_rows).max(1)
+        };
         let reader = builder
             .with_projection(mask)
             .with_batch_size(batch_rows)
             .build()
-            .map_err(|e| HubnormError::input(&part.path, None, None, format!("cannot read: {e}")))?;
+            .map_err(|e| {
+                HubnormError::input(&part.path, None, None, format!("cannot read: {e}"))
+            })?;
         self.current = Some(PartReader {
             path: part.path.clone(),
             reader,
@@ -440,7 +512,11 @@ impl<'a> BlockReader<'a> {
     /// The next block, or `None` at the end of the table.
     pub fn next_block(&mut self) -> Result<Option<EmbeddingBlock>> {
         let dim = self.table.dim;
-        let mut data = Vec::with_capacity(if self.ids_only { 0 } else { self.block_rows * dim });
+        let mut data = Vec::with_capacity(if self.ids_only {
+            0
+        } else {
+            self.block_rows * dim
+        });
         let mut ids: Vec<ArrayRef> = Vec::new();
         let mut targets: Vec<ArrayRef> = Vec::new();
         let mut rows = 0usize;
@@ -520,7 +596,11 @@ impl<'a> BlockReader<'a> {
             dim: block_dim.unwrap_or(dim),
             data,
             ids: concat(&ids)?,
-            targets: if targets.is_empty() { None } else { Some(concat(&targets)?) },
+            targets: if targets.is_empty() {
+                None
+            } else {
+                Some(concat(&targets)?)
+            },
         }))
     }
 }
@@ -534,8 +614,15 @@ impl Iterator for BlockReader<'_> {
 
 fn check_ids(ids: &ArrayRef, path: &Path, first_row: u64, column: &str) -> Result<()> {
     if ids.null_count() > 0 {
-        let i = (0..ids.len()).find(|&i| ids.is_null(i)).expect("a null exists");
-        return Err(HubnormError::input(path, Some(first_row + i as u64), Some(column), "null id"));
+        let i = (0..ids.len())
+            .find(|&i| ids.is_null(i))
+            .expect("a null exists");
+        return Err(HubnormError::input(
+            path,
+            Some(first_row + i as u64),
+            Some(column),
+            "null id",
+        ));
     }
     Ok(())
 }
@@ -563,9 +650,13 @@ fn append_embeddings(
     normalize: bool,
     out: &mut Vec<f32>,
 ) -> Result<()> {
-    let err = |row: usize, message: String| HubnormError::input(path, Some(first_row + row as u64), Some(name), message);
+    let err = |row: usize, message: String| {
+        HubnormError::input(path, Some(first_row + row as u64), Some(name), message)
+    };
     if column.null_count() > 0 {
-        let i = (0..column.len()).find(|&i| column.is_null(i)).expect("a null exists");
+        let i = (0..column.len())
+            .find(|&i| column.is_null(i))
+            .expect("a null exists");
         return Err(err(i, "null embedding".into()));
     }
     let start = out.len();
@@ -581,14 +672,33 @@ fn append_embeddings(
             let fsl: &FixedSizeListArray = column.as_fixed_size_list();
             fsl.values()
         }
-        DataType::List(_) => return append_list(column.as_list::<i32>(), path, first_row, name, dim, normalize, out),
+        DataType::List(_) => {
+            return append_list(
+                column.as_list::<i32>(),
+                path,
+                first_row,
+                name,
+                dim,
+                normalize,
+                out,
+            )
+        }
         DataType::LargeList(_) => {
-            return append_list(column.as_list::<i64>(), path, first_row, name, dim, normalize, out)
+            return append_list(
+                column.as_list::<i64>(),
+                path,
+                first_row,
+                name,
+                dim,
+                normalize,
+                out,
+            )
         }
         other => return Err(err(0, format!("unsupported embedding type {other}"))),
     };
     let d = dim.expect("set above");
-    append_values(values, 0, values.len(), out).map_err(|i| err(i / d.max(1), "null value inside the embedding".into()))?;
+    append_values(values, 0, values.len(), out)
+        .map_err(|i| err(i / d.max(1), "null value inside the embedding".into()))?;
     finish_rows(&mut out[start..], d, normalize).map_err(|(row, msg)| err(row, msg))
 }
 
@@ -601,14 +711,19 @@ fn append_list<O: OffsetSizeTrait>(
     normalize: bool,
     out: &mut Vec<f32>,
 ) -> Result<()> {
-    let err = |row: usize, message: String| HubnormError::input(path, Some(first_row + row as u64), Some(name), message);
+    let err = |row: usize, message: String| {
+        HubnormError::input(path, Some(first_row + row as u64), Some(name), message)
+    };
     let offsets = list.value_offsets();
     for i in 0..list.len() {
         let len = (offsets[i + 1] - offsets[i]).as_usize();
         match *dim {
             None => *dim = Some(len),
             Some(d) if d != len => {
-                return Err(err(i, format!("ragged embedding: {len} values, expected {d}")));
+                return Err(err(
+                    i,
+                    format!("ragged embedding: {len} values, expected {d}"),
+                ));
             }
             _ => {}
         }
@@ -616,21 +731,37 @@ fn append_list<O: OffsetSizeTrait>(
     let d = dim.unwrap_or(0);
     let start = out.len();
     let (lo, hi) = (offsets[0].as_usize(), offsets[list.len()].as_usize());
-    append_values(list.values(), lo, hi, out).map_err(|i| err(i / d.max(1), "null value inside the embedding".into()))?;
+    append_values(list.values(), lo, hi, out)
+        .map_err(|i| err(i / d.max(1), "null value inside the embedding".into()))?;
     finish_rows(&mut out[start..], d, normalize).map_err(|(row, msg)| err(row, msg))
 }
 
 /// Appends `values[lo..hi]` as f32. On a null value, returns its index relative to `lo`.
-fn append_values(values: &ArrayRef, lo: usize, hi: usize, out: &mut Vec<f32>) -> std::result::Result<(), usize> {
+fn append_values(
+    values: &ArrayRef,
+    lo: usize,
+    hi: usize,
+    out: &mut Vec<f32>,
+) -> std::result::Result<(), usize> {
     if values.null_count() > 0 {
         if let Some(i) = (lo..hi).find(|&i| values.is_null(i)) {
             return Err(i - lo);
         }
     }
     match values.data_type() {
-        DataType::Float32 => out.extend_from_slice(&values.as_primitive::<Float32Type>().values()[lo..hi]),
-        DataType::Float64 => out.extend(values.as_primitive::<Float64Type>().values()[lo..hi].iter().map(|&v| v as f32)),
-        DataType::Float16 => out.extend(values.as_primitive::<Float16Type>().values()[lo..hi].iter().map(|v| v.to_f32())),
+        DataType::Float32 => {
+            out.extend_from_slice(&values.as_primitive::<Float32Type>().values()[lo..hi])
+        }
+        DataType::Float64 => out.extend(
+            values.as_primitive::<Float64Type>().values()[lo..hi]
+                .iter()
+                .map(|&v| v as f32),
+        ),
+        DataType::Float16 => out.extend(
+            values.as_primitive::<Float16Type>().values()[lo..hi]
+                .iter()
+                .map(|v| v.to_f32()),
+        ),
         other => unreachable!("element type {other} was checked when the table was opened"),
     }
     Ok(())
@@ -638,19 +769,33 @@ fn append_values(values: &ArrayRef, lo: usize, hi: usize, out: &mut Vec<f32>) ->
 
 /// Checks that every value is finite and, when asked, L2-normalises each row
 /// (norm accumulated in f64). Errors carry the row within `rows`.
-fn finish_rows(rows: &mut [f32], dim: usize, normalize: bool) -> std::result::Result<(), (usize, String)> {
+fn finish_rows(
+    rows: &mut [f32],
+    dim: usize,
+    normalize: bool,
+) -> std::result::Result<(), (usize, String)> {
     if dim == 0 {
         return Ok(());
     }
     for (r, row) in rows.chunks_exact_mut(dim).enumerate() {
         if !row.iter().all(|v| v.is_finite()) {
-            let j = row.iter().position(|v| !v.is_finite()).expect("non-finite exists");
-            return Err((r, format!("value {} at position {j} is not finite (as f32)", row[j])));
+            let j = row
+                .iter()
+                .position(|v| !v.is_finite())
+                .expect("non-finite exists");
+            return Err((
+                r,
+                format!("value {} at position {j} is not finite (as f32)", row[j]),
+            ));
         }
         if normalize {
             let norm = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
             if norm == 0.0 {
-                return Err((r, "zero vector cannot be L2-normalised (use --no-normalize for raw dot products)".into()));
+                return Err((
+                    r,
+                    "zero vector cannot be L2-normalised (use --no-normalize for raw dot products)"
+                        .into(),
+                ));
             }
             let inv = (1.0 / norm) as f32;
             row.iter_mut().for_each(|v| *v *= inv);
@@ -658,7 +803,6 @@ fn finish_rows(rows: &mut [f32], dim: usize, normalize: bool) -> std::result::Re
     }
     Ok(())
 }
-
 
 impl EmbeddingTable {
     /// The same table, read in record batches of `batch_rows` rows.

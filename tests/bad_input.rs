@@ -13,8 +13,14 @@ use arrow::datatypes::{DataType, Field};
 use common::*;
 
 fn hubnorm(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_hubnorm")).args(args).output().unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(env!("CARGO_BIN_EXE_hubnorm"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// A valid small case; tests replace one table with a bad one.
@@ -23,8 +29,18 @@ fn valid_case(dir: &Path) {
     let gallery = random_table(&mut r, "g", 40, 4);
     let queries = queries_near(&mut r, &gallery, 10, 0.1);
     let bank = random_table(&mut r, "b", 30, 4);
-    write_table(&dir.join("queries.parquet"), &queries, Layout::FixedF32, false);
-    write_table(&dir.join("gallery.parquet"), &gallery, Layout::FixedF32, false);
+    write_table(
+        &dir.join("queries.parquet"),
+        &queries,
+        Layout::FixedF32,
+        false,
+    );
+    write_table(
+        &dir.join("gallery.parquet"),
+        &gallery,
+        Layout::FixedF32,
+        false,
+    );
     write_table(&dir.join("bank.parquet"), &bank, Layout::FixedF32, false);
 }
 
@@ -34,24 +50,45 @@ fn assert_refused(dir: &Path, file: &str, row: Option<u64>, column: Option<&str>
     let p = |n: &str| dir.join(n).display().to_string();
     let out = dir.join("out");
     let (code, stderr) = hubnorm(&[
-        "run", "--queries", &p("queries.parquet"), "--gallery", &p("gallery.parquet"), "--bank", &p("bank.parquet"),
-        "--out", &out.display().to_string(), "--quiet",
+        "run",
+        "--queries",
+        &p("queries.parquet"),
+        "--gallery",
+        &p("gallery.parquet"),
+        "--bank",
+        &p("bank.parquet"),
+        "--out",
+        &out.display().to_string(),
+        "--quiet",
     ]);
     assert_eq!(code, 2, "exit code for {phrase}: {stderr}");
-    assert!(stderr.contains(file), "message names the file {file}: {stderr}");
+    assert!(
+        stderr.contains(file),
+        "message names the file {file}: {stderr}"
+    );
     if let Some(row) = row {
-        assert!(stderr.contains(&format!("row {row}")), "message names row {row}: {stderr}");
+        assert!(
+            stderr.contains(&format!("row {row}")),
+            "message names row {row}: {stderr}"
+        );
     }
     if let Some(column) = column {
-        assert!(stderr.contains(&format!("column '{column}'")), "message names column {column}: {stderr}");
+        assert!(
+            stderr.contains(&format!("column '{column}'")),
+            "message names column {column}: {stderr}"
+        );
     }
     assert!(stderr.contains(phrase), "message says '{phrase}': {stderr}");
-    let left: Vec<_> = std::fs::read_dir(&out).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
     assert!(left.is_empty(), "no output left behind: {left:?}");
 }
 
 fn ids(n: usize, prefix: &str) -> ArrayRef {
-    Arc::new(StringArray::from((0..n).map(|i| format!("{prefix}{i}")).collect::<Vec<_>>()))
+    Arc::new(StringArray::from(
+        (0..n).map(|i| format!("{prefix}{i}")).collect::<Vec<_>>(),
+    ))
 }
 
 fn fixed(values: Vec<f32>, dim: i32, nulls: Option<Vec<bool>>) -> ArrayRef {
@@ -67,7 +104,10 @@ fn fixed(values: Vec<f32>, dim: i32, nulls: Option<Vec<bool>>) -> ArrayRef {
 }
 
 fn gallery_with(dir: &Path, embedding: ArrayRef, rows: usize) {
-    write_columns(&dir.join("gallery.parquet"), vec![("id", ids(rows, "g")), ("embedding", embedding)]);
+    write_columns(
+        &dir.join("gallery.parquet"),
+        vec![("id", ids(rows, "g")), ("embedding", embedding)],
+    );
 }
 
 #[test]
@@ -77,14 +117,22 @@ fn null_embedding() {
     let mut valid = vec![true; 40];
     valid[17] = false;
     gallery_with(dir.path(), fixed(vec![0.5; 160], 4, Some(valid)), 40);
-    assert_refused(dir.path(), "gallery.parquet", Some(17), Some("embedding"), "null embedding");
+    assert_refused(
+        dir.path(),
+        "gallery.parquet",
+        Some(17),
+        Some("embedding"),
+        "null embedding",
+    );
 }
 
 #[test]
 fn null_value_inside_an_embedding() {
     let dir = tempfile::tempdir().unwrap();
     valid_case(dir.path());
-    let values: Vec<Option<f32>> = (0..160).map(|i| if i == 4 * 9 + 2 { None } else { Some(0.5) }).collect();
+    let values: Vec<Option<f32>> = (0..160)
+        .map(|i| if i == 4 * 9 + 2 { None } else { Some(0.5) })
+        .collect();
     let emb: ArrayRef = Arc::new(
         FixedSizeListArray::try_new(
             Arc::new(Field::new("item", DataType::Float32, true)),
@@ -95,7 +143,13 @@ fn null_value_inside_an_embedding() {
         .unwrap(),
     );
     gallery_with(dir.path(), emb, 40);
-    assert_refused(dir.path(), "gallery.parquet", Some(9), Some("embedding"), "null value");
+    assert_refused(
+        dir.path(),
+        "gallery.parquet",
+        Some(9),
+        Some("embedding"),
+        "null value",
+    );
 }
 
 #[test]
@@ -118,7 +172,13 @@ fn ragged_list_embedding() {
         .unwrap(),
     );
     gallery_with(dir.path(), emb, 40);
-    assert_refused(dir.path(), "gallery.parquet", Some(23), Some("embedding"), "ragged embedding");
+    assert_refused(
+        dir.path(),
+        "gallery.parquet",
+        Some(23),
+        Some("embedding"),
+        "ragged embedding",
+    );
 }
 
 #[test]
@@ -126,8 +186,19 @@ fn dimension_differs_between_tables() {
     let dir = tempfile::tempdir().unwrap();
     valid_case(dir.path());
     let mut r = rng(22);
-    write_table(&dir.path().join("bank.parquet"), &random_table(&mut r, "b", 30, 5), Layout::FixedF32, false);
-    assert_refused(dir.path(), "bank.parquet", Some(0), Some("embedding"), "dimension 5");
+    write_table(
+        &dir.path().join("bank.parquet"),
+        &random_table(&mut r, "b", 30, 5),
+        Layout::FixedF32,
+        false,
+    );
+    assert_refused(
+        dir.path(),
+        "bank.parquet",
+        Some(0),
+        Some("embedding"),
+        "dimension 5",
+    );
 }
 
 #[test]
@@ -140,11 +211,27 @@ fn dimension_differs_between_parts_of_a_table() {
     let mut r = rng(23);
     let mut g = random_table(&mut r, "g", 40, 4);
     g.targets = None;
-    write_table(&parts.join("part-0.parquet"), &g.slice(0, 20), Layout::FixedF32, false);
+    write_table(
+        &parts.join("part-0.parquet"),
+        &g.slice(0, 20),
+        Layout::FixedF32,
+        false,
+    );
     let mut wide = random_table(&mut r, "h", 20, 6);
     wide.targets = None;
-    write_table(&parts.join("part-1.parquet"), &wide, Layout::FixedF32, false);
-    assert_refused(dir.path(), "part-1.parquet", Some(0), Some("embedding"), "dimension 6");
+    write_table(
+        &parts.join("part-1.parquet"),
+        &wide,
+        Layout::FixedF32,
+        false,
+    );
+    assert_refused(
+        dir.path(),
+        "part-1.parquet",
+        Some(0),
+        Some("embedding"),
+        "dimension 6",
+    );
 }
 
 #[test]
@@ -155,7 +242,13 @@ fn nan_and_infinite_values() {
         let mut values = vec![0.5f32; 160];
         values[4 * 31 + 1] = bad;
         gallery_with(dir.path(), fixed(values, 4, None), 40);
-        assert_refused(dir.path(), "gallery.parquet", Some(31), Some("embedding"), phrase);
+        assert_refused(
+            dir.path(),
+            "gallery.parquet",
+            Some(31),
+            Some("embedding"),
+            phrase,
+        );
     }
 }
 
@@ -166,7 +259,13 @@ fn zero_vector_when_normalising() {
     let mut values = vec![0.5f32; 160];
     values[4 * 5..4 * 6].fill(0.0);
     gallery_with(dir.path(), fixed(values, 4, None), 40);
-    assert_refused(dir.path(), "gallery.parquet", Some(5), Some("embedding"), "zero vector");
+    assert_refused(
+        dir.path(),
+        "gallery.parquet",
+        Some(5),
+        Some("embedding"),
+        "zero vector",
+    );
 }
 
 #[test]
@@ -177,28 +276,51 @@ fn duplicate_gallery_ids() {
     names[33] = "g7".into();
     write_columns(
         &dir.path().join("gallery.parquet"),
-        vec![("id", Arc::new(StringArray::from(names)) as ArrayRef), ("embedding", fixed(vec![0.5; 160], 4, None))],
+        vec![
+            ("id", Arc::new(StringArray::from(names)) as ArrayRef),
+            ("embedding", fixed(vec![0.5; 160], 4, None)),
+        ],
     );
-    assert_refused(dir.path(), "gallery.parquet", Some(33), Some("id"), "duplicate id 'g7'");
+    assert_refused(
+        dir.path(),
+        "gallery.parquet",
+        Some(33),
+        Some("id"),
+        "duplicate id 'g7'",
+    );
 }
 
 #[test]
 fn null_id() {
     let dir = tempfile::tempdir().unwrap();
     valid_case(dir.path());
-    let names: Vec<Option<String>> = (0..40).map(|i| (i != 12).then(|| format!("g{i}"))).collect();
+    let names: Vec<Option<String>> = (0..40)
+        .map(|i| (i != 12).then(|| format!("g{i}")))
+        .collect();
     write_columns(
         &dir.path().join("gallery.parquet"),
-        vec![("id", Arc::new(StringArray::from(names)) as ArrayRef), ("embedding", fixed(vec![0.5; 160], 4, None))],
+        vec![
+            ("id", Arc::new(StringArray::from(names)) as ArrayRef),
+            ("embedding", fixed(vec![0.5; 160], 4, None)),
+        ],
     );
-    assert_refused(dir.path(), "gallery.parquet", Some(12), Some("id"), "null id");
+    assert_refused(
+        dir.path(),
+        "gallery.parquet",
+        Some(12),
+        Some("id"),
+        "null id",
+    );
 }
 
 #[test]
 fn empty_table() {
     let dir = tempfile::tempdir().unwrap();
     valid_case(dir.path());
-    write_columns(&dir.path().join("bank.parquet"), vec![("id", ids(0, "b")), ("embedding", fixed(vec![], 4, None))]);
+    write_columns(
+        &dir.path().join("bank.parquet"),
+        vec![("id", ids(0, "b")), ("embedding", fixed(vec![], 4, None))],
+    );
     assert_refused(dir.path(), "bank.parquet", None, None, "empty");
 }
 
@@ -206,24 +328,53 @@ fn empty_table() {
 fn missing_column() {
     let dir = tempfile::tempdir().unwrap();
     valid_case(dir.path());
-    write_columns(&dir.path().join("queries.parquet"), vec![("id", ids(40, "q")), ("vector", fixed(vec![0.5; 160], 4, None))]);
-    assert_refused(dir.path(), "queries.parquet", None, Some("embedding"), "missing column");
+    write_columns(
+        &dir.path().join("queries.parquet"),
+        vec![
+            ("id", ids(40, "q")),
+            ("vector", fixed(vec![0.5; 160], 4, None)),
+        ],
+    );
+    assert_refused(
+        dir.path(),
+        "queries.parquet",
+        None,
+        Some("embedding"),
+        "missing column",
+    );
 }
 
 #[test]
 fn target_not_in_gallery() {
     let dir = tempfile::tempdir().unwrap();
     valid_case(dir.path());
-    let targets: Vec<String> = (0..10).map(|i| if i == 6 { "nowhere".into() } else { format!("g{i}") }).collect();
+    let targets: Vec<String> = (0..10)
+        .map(|i| {
+            if i == 6 {
+                "nowhere".into()
+            } else {
+                format!("g{i}")
+            }
+        })
+        .collect();
     write_columns(
         &dir.path().join("queries.parquet"),
         vec![
             ("id", ids(10, "q")),
             ("embedding", fixed(vec![0.5; 40], 4, None)),
-            ("target_id", Arc::new(StringArray::from(targets)) as ArrayRef),
+            (
+                "target_id",
+                Arc::new(StringArray::from(targets)) as ArrayRef,
+            ),
         ],
     );
-    assert_refused(dir.path(), "queries.parquet", Some(6), Some("target_id"), "not in the gallery");
+    assert_refused(
+        dir.path(),
+        "queries.parquet",
+        Some(6),
+        Some("target_id"),
+        "not in the gallery",
+    );
 }
 
 #[test]
@@ -231,7 +382,13 @@ fn missing_file_and_unreadable_file() {
     let dir = tempfile::tempdir().unwrap();
     valid_case(dir.path());
     std::fs::write(dir.path().join("gallery.parquet"), b"this is not parquet").unwrap();
-    assert_refused(dir.path(), "gallery.parquet", None, None, "not a readable Parquet file");
+    assert_refused(
+        dir.path(),
+        "gallery.parquet",
+        None,
+        None,
+        "not a readable Parquet file",
+    );
     std::fs::remove_file(dir.path().join("gallery.parquet")).unwrap();
     assert_refused(dir.path(), "gallery.parquet", None, None, "no such file");
 }
@@ -244,23 +401,50 @@ fn existing_outputs_are_kept_without_overwrite() {
     let out = dir.path().join("out");
     std::fs::create_dir(&out).unwrap();
     std::fs::write(out.join("results.parquet"), b"precious").unwrap();
-    let args = ["run", "--queries", &p("queries.parquet"), "--gallery", &p("gallery.parquet"), "--bank", &p("bank.parquet"), "--out", &p("out"), "--quiet"];
+    let args = [
+        "run",
+        "--queries",
+        &p("queries.parquet"),
+        "--gallery",
+        &p("gallery.parquet"),
+        "--bank",
+        &p("bank.parquet"),
+        "--out",
+        &p("out"),
+        "--quiet",
+    ];
     let (code, stderr) = hubnorm(&args);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("--overwrite"), "{stderr}");
-    assert_eq!(std::fs::read(out.join("results.parquet")).unwrap(), b"precious");
+    assert_eq!(
+        std::fs::read(out.join("results.parquet")).unwrap(),
+        b"precious"
+    );
     let mut with_overwrite = args.to_vec();
     with_overwrite.push("--overwrite");
     let (code, stderr) = hubnorm(&with_overwrite);
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(read_results(&out.join("results.parquet")).len(), 2 * 10 * 10);
+    assert_eq!(
+        read_results(&out.join("results.parquet")).len(),
+        2 * 10 * 10
+    );
 }
 
 #[test]
 fn usage_errors_exit_with_2() {
     let (code, _) = hubnorm(&["run", "--queries", "q.parquet"]);
     assert_eq!(code, 2);
-    let (code, stderr) = hubnorm(&["stats", "--gallery", "g", "--bank", "b", "--out", "x", "--method", "bogus"]);
+    let (code, stderr) = hubnorm(&[
+        "stats",
+        "--gallery",
+        "g",
+        "--bank",
+        "b",
+        "--out",
+        "x",
+        "--method",
+        "bogus",
+    ]);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("unknown method 'bogus'"), "{stderr}");
 }

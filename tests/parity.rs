@@ -25,12 +25,26 @@ fn case(seed: u64, nq: usize, ng: usize, nb: usize, dim: usize) -> Case {
     let gallery = random_table(&mut r, "g", ng, dim);
     let queries = queries_near(&mut r, &gallery, nq, 0.8);
     let bank = random_table(&mut r, "b", nb, dim);
-    Case { queries, gallery, bank }
+    Case {
+        queries,
+        gallery,
+        bank,
+    }
 }
 
 fn write_case(dir: &Path, c: &Case) {
-    write_table(&dir.join("queries.parquet"), &c.queries, Layout::FixedF32, false);
-    write_table(&dir.join("gallery.parquet"), &c.gallery, Layout::FixedF32, false);
+    write_table(
+        &dir.join("queries.parquet"),
+        &c.queries,
+        Layout::FixedF32,
+        false,
+    );
+    write_table(
+        &dir.join("gallery.parquet"),
+        &c.gallery,
+        Layout::FixedF32,
+        false,
+    );
     write_table(&dir.join("bank.parquet"), &c.bank, Layout::FixedF32, false);
 }
 
@@ -43,7 +57,11 @@ fn run_job(dir: &Path, out: &str, k: usize, memory: MemoryBudget, threads: usize
         k,
         out_dir: dir.join(out),
         overwrite: false,
-        options: PassOptions { memory, threads, ..PassOptions::default() },
+        options: PassOptions {
+            memory,
+            threads,
+            ..PassOptions::default()
+        },
     }
 }
 
@@ -66,12 +84,33 @@ fn check_against_reference(c: &Case, out_dir: &Path, summary: &RunSummary, k: us
                 .filter(|r| r.method == method && &r.query_id == qid)
                 .map(|r| (gallery_row(&r.gallery_id), r.score))
                 .collect();
-            let ranks: Vec<i32> = results.iter().filter(|r| r.method == method && &r.query_id == qid).map(|r| r.rank).collect();
-            assert_eq!(ranks, (1..=ours.len() as i32).collect::<Vec<_>>(), "ranks are 1..k");
-            assert_ranking_matches(&ours, &scores[qi], k.min(g.len()), 1e-5, &format!("{method} query {qid}"));
-            for r in results.iter().filter(|r| r.method == method && &r.query_id == qid) {
+            let ranks: Vec<i32> = results
+                .iter()
+                .filter(|r| r.method == method && &r.query_id == qid)
+                .map(|r| r.rank)
+                .collect();
+            assert_eq!(
+                ranks,
+                (1..=ours.len() as i32).collect::<Vec<_>>(),
+                "ranks are 1..k"
+            );
+            assert_ranking_matches(
+                &ours,
+                &scores[qi],
+                k.min(g.len()),
+                1e-5,
+                &format!("{method} query {qid}"),
+            );
+            for r in results
+                .iter()
+                .filter(|r| r.method == method && &r.query_id == qid)
+            {
                 let raw = dot(&q[qi], &g[gallery_row(&r.gallery_id)]);
-                assert!((r.raw_score as f64 - raw).abs() < 1e-5, "raw score {} vs {raw}", r.raw_score);
+                assert!(
+                    (r.raw_score as f64 - raw).abs() < 1e-5,
+                    "raw score {} vs {raw}",
+                    r.raw_score
+                );
             }
             for gi in reference_topk(&scores[qi], 10) {
                 counts[gi] += 1.0;
@@ -87,10 +126,18 @@ fn check_against_reference(c: &Case, out_dir: &Path, summary: &RunSummary, k: us
         let quality = s.quality.as_ref().expect("queries have targets");
         let n = c.queries.rows() as f64;
         for (got, want) in [quality.r1, quality.r5, quality.r10].into_iter().zip(hits) {
-            assert!((got - want as f64 / n).abs() < 1e-12, "{method}: recall {got} vs {}", want as f64 / n);
+            assert!(
+                (got - want as f64 / n).abs() < 1e-12,
+                "{method}: recall {got} vs {}",
+                want as f64 / n
+            );
         }
         let skew = reference_skewness(&counts);
-        assert!((s.k_occurrence_skewness - skew).abs() < 1e-9, "{method}: skewness {} vs {skew}", s.k_occurrence_skewness);
+        assert!(
+            (s.k_occurrence_skewness - skew).abs() < 1e-9,
+            "{method}: skewness {} vs {skew}",
+            s.k_occurrence_skewness
+        );
     }
 }
 
@@ -98,7 +145,11 @@ fn run_and_check(seed: u64, nq: usize, ng: usize, nb: usize, dim: usize, k: usiz
     let dir = tempfile::tempdir().unwrap();
     let c = case(seed, nq, ng, nb, dim);
     write_case(dir.path(), &c);
-    let summary = pipeline::run(&run_job(dir.path(), "out", k, MemoryBudget::DEFAULT, 0), &Silent).unwrap();
+    let summary = pipeline::run(
+        &run_job(dir.path(), "out", k, MemoryBudget::DEFAULT, 0),
+        &Silent,
+    )
+    .unwrap();
     check_against_reference(&c, &dir.path().join("out"), &summary, k);
 }
 
@@ -124,21 +175,38 @@ fn results_of(dir: &Path, out: &str) -> Vec<ResultRow> {
 #[test]
 fn results_do_not_depend_on_memory_limit_or_threads() {
     let dir = tempfile::tempdir().unwrap();
-    // dim 64: the gallery (5000 rows) and bank (3000) do not fit 7 MiB whole,
-    // so pass 1 runs several gallery chunks and re-reads the bank, and pass 2
-    // several query blocks that each stream the gallery.
-    let c = case(7, 700, 5000, 3000, 64, );
+    // dim 64: with a 16 MiB limit and one thread, pass 1 runs three gallery
+    // chunks, and pass 2 two query blocks that each stream three gallery blocks.
+    let c = case(7, 700, 5000, 3000, 64);
     write_case(dir.path(), &c);
-    let big = pipeline::run(&run_job(dir.path(), "big", 10, MemoryBudget::DEFAULT, 2), &Silent).unwrap();
-    let small = pipeline::run(&run_job(dir.path(), "small", 10, "7MiB".parse().unwrap(), 2), &Silent).unwrap();
-    let one_thread = pipeline::run(&run_job(dir.path(), "one", 10, "7MiB".parse().unwrap(), 1), &Silent).unwrap();
-    assert_eq!(big, small);
-    assert_eq!(big, one_thread);
-    let reference = results_of(dir.path(), "big");
-    let small_rows = results_of(dir.path(), "small");
-    let diffs: Vec<_> = reference.iter().zip(&small_rows).filter(|(a, b)| a != b).take(5).collect();
-    assert!(diffs.is_empty() && reference.len() == small_rows.len(), "bit-identical with a small memory limit: {diffs:?}");
-    assert_eq!(reference, results_of(dir.path(), "one"), "bit-identical with one thread");
+    let small_limit: MemoryBudget = "16MiB".parse().unwrap();
+    let two_threads = pipeline::run(
+        &run_job(dir.path(), "two", 10, MemoryBudget::DEFAULT, 2),
+        &Silent,
+    )
+    .unwrap();
+    let one_thread = pipeline::run(
+        &run_job(dir.path(), "one", 10, MemoryBudget::DEFAULT, 1),
+        &Silent,
+    )
+    .unwrap();
+    let small = pipeline::run(&run_job(dir.path(), "small", 10, small_limit, 1), &Silent).unwrap();
+    assert_eq!(two_threads, one_thread);
+    assert_eq!(two_threads, small);
+    let reference = results_of(dir.path(), "two");
+    for other in ["one", "small"] {
+        let rows = results_of(dir.path(), other);
+        let diffs: Vec<_> = reference
+            .iter()
+            .zip(&rows)
+            .filter(|(a, b)| a != b)
+            .take(5)
+            .collect();
+        assert!(
+            diffs.is_empty() && reference.len() == rows.len(),
+            "{other} is not bit-identical: {diffs:?}"
+        );
+    }
     check_against_reference(&c, &dir.path().join("small"), &small, 10);
 }
 
@@ -147,25 +215,62 @@ fn multi_file_inputs_in_every_layout_give_the_same_results() {
     let dir = tempfile::tempdir().unwrap();
     let c = case(8, 120, 900, 600, 16);
     write_case(dir.path(), &c);
-    let single = pipeline::run(&run_job(dir.path(), "single", 10, MemoryBudget::DEFAULT, 0), &Silent).unwrap();
+    let single = pipeline::run(
+        &run_job(dir.path(), "single", 10, MemoryBudget::DEFAULT, 0),
+        &Silent,
+    )
+    .unwrap();
     // Gallery: a directory of three parts in three layouts. Bank: a glob over
     // two parts, one List<f32>, one LargeList<f64>. Queries: FixedSizeList<f64>.
     let parts = dir.path().join("gallery_parts");
     std::fs::create_dir_all(parts.join("sub")).unwrap();
-    write_table(&parts.join("a.parquet"), &c.gallery.slice(0, 300), Layout::FixedF32, false);
-    write_table(&parts.join("b.parquet"), &c.gallery.slice(300, 301), Layout::ListF32, false);
-    write_table(&parts.join("sub").join("c.parquet"), &c.gallery.slice(301, 900), Layout::FixedF64, false);
+    write_table(
+        &parts.join("a.parquet"),
+        &c.gallery.slice(0, 300),
+        Layout::FixedF32,
+        false,
+    );
+    write_table(
+        &parts.join("b.parquet"),
+        &c.gallery.slice(300, 301),
+        Layout::ListF32,
+        false,
+    );
+    write_table(
+        &parts.join("sub").join("c.parquet"),
+        &c.gallery.slice(301, 900),
+        Layout::FixedF64,
+        false,
+    );
     std::fs::write(parts.join("_SUCCESS"), b"").unwrap();
-    write_table(&dir.path().join("bank-0.parquet"), &c.bank.slice(0, 250), Layout::ListF32, false);
-    write_table(&dir.path().join("bank-1.parquet"), &c.bank.slice(250, 600), Layout::LargeListF64, false);
-    write_table(&dir.path().join("q64.parquet"), &c.queries, Layout::FixedF64, false);
+    write_table(
+        &dir.path().join("bank-0.parquet"),
+        &c.bank.slice(0, 250),
+        Layout::ListF32,
+        false,
+    );
+    write_table(
+        &dir.path().join("bank-1.parquet"),
+        &c.bank.slice(250, 600),
+        Layout::LargeListF64,
+        false,
+    );
+    write_table(
+        &dir.path().join("q64.parquet"),
+        &c.queries,
+        Layout::FixedF64,
+        false,
+    );
     let mut job = run_job(dir.path(), "multi", 10, MemoryBudget::DEFAULT, 0);
     job.gallery = parts.display().to_string();
     job.bank = dir.path().join("bank-*.parquet").display().to_string();
     job.queries = dir.path().join("q64.parquet").display().to_string();
     let multi = pipeline::run(&job, &Silent).unwrap();
     assert_eq!(single, multi);
-    assert_eq!(results_of(dir.path(), "single"), results_of(dir.path(), "multi"));
+    assert_eq!(
+        results_of(dir.path(), "single"),
+        results_of(dir.path(), "multi")
+    );
 }
 
 #[test]
@@ -178,16 +283,39 @@ fn half_precision_and_integer_ids_are_read() {
             *v = <arrow::datatypes::Float16Type as arrow::datatypes::ArrowPrimitiveType>::Native::from_f32(*v).to_f32();
         }
     }
-    write_table(&dir.path().join("queries.parquet"), &c.queries, Layout::FixedF16, true);
-    write_table(&dir.path().join("gallery.parquet"), &c.gallery, Layout::FixedF16, true);
-    write_table(&dir.path().join("bank.parquet"), &c.bank, Layout::FixedF16, true);
-    let summary = pipeline::run(&run_job(dir.path(), "out", 10, MemoryBudget::DEFAULT, 0), &Silent).unwrap();
+    write_table(
+        &dir.path().join("queries.parquet"),
+        &c.queries,
+        Layout::FixedF16,
+        true,
+    );
+    write_table(
+        &dir.path().join("gallery.parquet"),
+        &c.gallery,
+        Layout::FixedF16,
+        true,
+    );
+    write_table(
+        &dir.path().join("bank.parquet"),
+        &c.bank,
+        Layout::FixedF16,
+        true,
+    );
+    let summary = pipeline::run(
+        &run_job(dir.path(), "out", 10, MemoryBudget::DEFAULT, 0),
+        &Silent,
+    )
+    .unwrap();
     // Integer ids come back as Int64; the helper prints them as digits.
     for id in c.gallery.ids.iter_mut().chain(c.queries.ids.iter_mut()) {
-        *id = id.trim_start_matches(|ch: char| !ch.is_ascii_digit()).to_owned();
+        *id = id
+            .trim_start_matches(|ch: char| !ch.is_ascii_digit())
+            .to_owned();
     }
     for t in c.queries.targets.as_mut().unwrap() {
-        *t = t.trim_start_matches(|ch: char| !ch.is_ascii_digit()).to_owned();
+        *t = t
+            .trim_start_matches(|ch: char| !ch.is_ascii_digit())
+            .to_owned();
     }
     check_against_reference(&c, &dir.path().join("out"), &summary, 10);
 }
@@ -197,7 +325,11 @@ fn stats_then_search_equals_run_and_records_metadata() {
     let dir = tempfile::tempdir().unwrap();
     let c = case(10, 80, 400, 300, 8);
     write_case(dir.path(), &c);
-    pipeline::run(&run_job(dir.path(), "run", 10, MemoryBudget::DEFAULT, 0), &Silent).unwrap();
+    pipeline::run(
+        &run_job(dir.path(), "run", 10, MemoryBudget::DEFAULT, 0),
+        &Silent,
+    )
+    .unwrap();
     let path = |n: &str| dir.path().join(n).display().to_string();
     let stats_path: PathBuf = dir.path().join("stats.parquet");
     let methods = vec![MethodSpec::InvertedSoftmax { beta: Beta(BETA) }];
@@ -224,22 +356,41 @@ fn stats_then_search_equals_run_and_records_metadata() {
         options: PassOptions::default(),
     };
     pipeline::run_search(&search(methods.clone(), "is.parquet"), &Silent).unwrap();
-    let from_run: Vec<ResultRow> = results_of(dir.path(), "run").into_iter().filter(|r| r.method == "is").collect();
+    let from_run: Vec<ResultRow> = results_of(dir.path(), "run")
+        .into_iter()
+        .filter(|r| r.method == "is")
+        .collect();
     assert_eq!(read_results(&dir.path().join("is.parquet")), from_run);
     // The stats file matches the run's, and records what produced it.
     let meta = parquet_metadata(&stats_path);
-    let get = |k: &str| meta.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone()).unwrap_or_default();
+    let get = |k: &str| {
+        meta.iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
     assert!(get("hubnorm.methods").contains("\"beta\":20.0"), "{meta:?}");
     assert_eq!(get("hubnorm.bank.rows"), "300");
     assert_eq!(get("hubnorm.gallery.rows"), "400");
     let meta = parquet_metadata(&dir.path().join("is.parquet"));
-    let get = |k: &str| meta.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone()).unwrap_or_default();
+    let get = |k: &str| {
+        meta.iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
     assert_eq!(get("hubnorm.queries.rows"), "80");
     assert_eq!(get("hubnorm.k"), "10");
     assert!(get("hubnorm.queries.path").ends_with("queries.parquet"));
     // A β the stats file does not hold is refused with what it does hold.
-    let err = pipeline::run_search(&search(vec![MethodSpec::InvertedSoftmax { beta: Beta(5.0) }], "x.parquet"), &Silent)
-        .unwrap_err();
+    let err = pipeline::run_search(
+        &search(
+            vec![MethodSpec::InvertedSoftmax { beta: Beta(5.0) }],
+            "x.parquet",
+        ),
+        &Silent,
+    )
+    .unwrap_err();
     assert_eq!(err.exit_code(), 2);
     assert!(err.to_string().contains("is_beta5_correction"), "{err}");
 }
@@ -253,39 +404,68 @@ fn inverted_softmax_state_merges_like_one_pass() {
     let dim = 16;
     let gallery = random_table(&mut r, "g", 1500, dim);
     let bank = random_table(&mut r, "b", 700, dim);
-    let norm = |t: &Table| -> Vec<f32> { to_f64(t, true).into_iter().flatten().map(|v| v as f32).collect() };
+    let norm = |t: &Table| -> Vec<f32> {
+        to_f64(t, true)
+            .into_iter()
+            .flatten()
+            .map(|v| v as f32)
+            .collect()
+    };
     let (g, b) = (norm(&gallery), norm(&bank));
     let betas = [20.0f32, 1.0];
     let pass = |rows: std::ops::Range<usize>| {
         let mut states = vec![LogSumExp::default(); gallery.rows() * betas.len()];
-        column_log_sum_exp(Rows::new(&b[rows.start * dim..rows.end * dim], dim), Rows::new(&g, dim), &betas, &mut states);
+        column_log_sum_exp(
+            Rows::new(&b[rows.start * dim..rows.end * dim], dim),
+            Rows::new(&g, dim),
+            &betas,
+            &mut states,
+        );
         states
     };
     let whole = pass(0..700);
     let cuts = [0, 0, 1, 300, 301, 700]; // empty, single row, 299, single row, 399
     let parts: Vec<Vec<LogSumExp>> = cuts.windows(2).map(|w| pass(w[0]..w[1])).collect();
-    let orders: [Vec<usize>; 3] = [vec![0, 1, 2, 3, 4], vec![4, 3, 2, 1, 0], vec![2, 0, 4, 1, 3]];
+    let orders: [Vec<usize>; 3] = [
+        vec![0, 1, 2, 3, 4],
+        vec![4, 3, 2, 1, 0],
+        vec![2, 0, 4, 1, 3],
+    ];
     for order in orders {
         let mut merged = vec![LogSumExp::default(); whole.len()];
         for &p in &order {
-            merged.iter_mut().zip(&parts[p]).for_each(|(m, s)| m.merge(s));
+            merged
+                .iter_mut()
+                .zip(&parts[p])
+                .for_each(|(m, s)| m.merge(s));
         }
         for (m, w) in merged.iter().zip(&whole) {
             // Each block's terms are f32 exps relative to that block's own max
             // (error ≤ 3e-7 relative each), so partitions cut off the tile
             // grid agree with one pass to ~1e-7 in log space, not bitwise.
-            assert!((m.value() - w.value()).abs() < 1e-6, "order {order:?}: {} vs {}", m.value(), w.value());
+            assert!(
+                (m.value() - w.value()).abs() < 1e-6,
+                "order {order:?}: {} vs {}",
+                m.value(),
+                w.value()
+            );
         }
     }
     // Tree-shaped merging too: (p0 ⊕ p1) ⊕ (p2 ⊕ (p3 ⊕ p4)).
     let merge = |a: &[LogSumExp], b: &[LogSumExp]| -> Vec<LogSumExp> {
-        a.iter().zip(b).map(|(x, y)| {
-            let mut z = *x;
-            z.merge(y);
-            z
-        }).collect()
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| {
+                let mut z = *x;
+                z.merge(y);
+                z
+            })
+            .collect()
     };
-    let tree = merge(&merge(&parts[0], &parts[1]), &merge(&parts[2], &merge(&parts[3], &parts[4])));
+    let tree = merge(
+        &merge(&parts[0], &parts[1]),
+        &merge(&parts[2], &merge(&parts[3], &parts[4])),
+    );
     for (m, w) in tree.iter().zip(&whole) {
         assert!((m.value() - w.value()).abs() < 1e-6);
     }

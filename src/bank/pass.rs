@@ -52,8 +52,10 @@ pub fn compute_bank_statistics(
         inner_align: TILE_ROWS,
     }
     .plan()?;
-    let mut bank_blocks = TableBlocks::new(bank, plan.inner_rows, plan.batch_rows, plan.cache_inner)?;
-    let mut rows_done = RowProgress::start(progress, "pass 1: gallery items", gallery.rows, bank.rows);
+    let mut bank_blocks =
+        TableBlocks::new(bank, plan.inner_rows, plan.batch_rows, plan.cache_inner)?;
+    let mut rows_done =
+        RowProgress::start(progress, "pass 1: gallery items", gallery.rows, bank.rows);
     let gallery_chunks = gallery.with_batch_rows(plan.batch_rows);
     let mut chunks = gallery_chunks.blocks(plan.outer_rows);
     while let Some(chunk) = chunks.next_block()? {

@@ -22,10 +22,16 @@ use super::lse::LogSumExp;
 use super::topk::{Candidate, TopK};
 
 /// Rows of one similarity tile (queries or bank rows).
-pub const TILE_ROWS: usize = 256;
-/// Columns of one similarity tile (gallery items). A 256 × 1024 f32 tile is
-/// 1 MiB, the L2 cache of one core here.
-pub const TILE_COLS: usize = 1024;
+///
+/// Measured with `examples/gemm_shapes.rs` (d = 512, 2048 × 8192, two threads,
+/// one strip of tiles per task; this shared machine varies by ±30% between
+/// runs): 512 × 1024 tiles 124–168 GFLOP/s, 1024 × 1024 138–200, 512 × 2048
+/// 153–174, one large GEMM parallelised inside `gemm` 110–126. On one thread,
+/// 256-row tiles were up to 40% slower than 512-row ones. 512 rows keep two
+/// strips busy for query blocks of a few hundred rows.
+pub const TILE_ROWS: usize = 512;
+/// Columns of one similarity tile (gallery items). A 512 × 2048 f32 tile is 4 MiB.
+pub const TILE_COLS: usize = 2048;
 /// Lanes processed together by the epilogues (one AVX-512 register of f32).
 const LANES: usize = 16;
 
@@ -51,7 +57,9 @@ const fn min(a: usize, b: usize) -> usize {
 /// GEMM really allocates no more.
 pub const fn tile_workspace_bytes(dim: usize) -> usize {
     let f32_bytes = std::mem::size_of::<f32>();
-    TILE_ROWS * TILE_COLS * f32_bytes + TILE_COLS * 64 + (TILE_ROWS + TILE_COLS) * min(dim, GEMM_MAX_DEPTH) * f32_bytes
+    TILE_ROWS * TILE_COLS * f32_bytes
+        + TILE_COLS * 64
+        + (TILE_ROWS + TILE_COLS) * min(dim, GEMM_MAX_DEPTH) * f32_bytes
         + GEMM_THREAD_SLAB_BYTES
 }
 
@@ -109,8 +117,12 @@ pub fn column_log_sum_exp(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states:
 fn column_strip(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states: &mut [LogSumExp]) {
     let (nc, nb) = (cols.rows, betas.len());
     // Structure-of-arrays copies of the states, per β, so the loops vectorise.
-    let mut max: Vec<Vec<f64>> = (0..nb).map(|b| (0..nc).map(|j| states[j * nb + b].max).collect()).collect();
-    let mut sum: Vec<Vec<f64>> = (0..nb).map(|b| (0..nc).map(|j| states[j * nb + b].sum).collect()).collect();
+    let mut max: Vec<Vec<f64>> = (0..nb)
+        .map(|b| (0..nc).map(|j| states[j * nb + b].max).collect())
+        .collect();
+    let mut sum: Vec<Vec<f64>> = (0..nb)
+        .map(|b| (0..nc).map(|j| states[j * nb + b].sum).collect())
+        .collect();
     let mut tile = vec![0f32; TILE_ROWS * nc];
     let mut col_max = vec![0f32; nc];
     let mut shift = vec![0f32; nc];
@@ -118,7 +130,15 @@ fn column_strip(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states: &mut [Log
     while r0 < rows.rows {
         let r1 = (r0 + TILE_ROWS).min(rows.rows);
         let tile_rows = r1 - r0;
-        similarity_tile(&mut tile, nc, &rows.data[r0 * rows.dim..r1 * rows.dim], tile_rows, cols.data, nc, cols.dim);
+        similarity_tile(
+            &mut tile,
+            nc,
+            &rows.data[r0 * rows.dim..r1 * rows.dim],
+            tile_rows,
+            cols.data,
+            nc,
+            cols.dim,
+        );
         let tile = &tile[..tile_rows * nc];
         super::dispatch::column_max(tile, nc, &mut col_max);
         for b in 0..nb {
@@ -141,7 +161,10 @@ fn column_strip(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states: &mut [Log
     }
     for j in 0..nc {
         for b in 0..nb {
-            states[j * nb + b] = LogSumExp { max: max[b][j], sum: sum[b][j] };
+            states[j * nb + b] = LogSumExp {
+                max: max[b][j],
+                sum: sum[b][j],
+            };
         }
     }
 }
@@ -232,9 +255,20 @@ pub fn search_block(
 ) {
     let nm = corrections.len();
     assert_eq!(queries.dim, gallery.dim, "dimension mismatch");
-    assert_eq!(states.len(), queries.rows * nm, "one state per query and method");
-    assert_eq!(positives.queries(), queries.rows, "one positives list per query");
-    assert!(corrections.iter().all(|h| h.len() == gallery.rows), "one correction per gallery column");
+    assert_eq!(
+        states.len(),
+        queries.rows * nm,
+        "one state per query and method"
+    );
+    assert_eq!(
+        positives.queries(),
+        queries.rows,
+        "one positives list per query"
+    );
+    assert!(
+        corrections.iter().all(|h| h.len() == gallery.rows),
+        "one correction per gallery column"
+    );
     if nm == 0 || queries.rows == 0 || gallery.rows == 0 {
         return;
     }
@@ -273,7 +307,13 @@ pub fn search_block(
 
 /// The ground truth is not counted against itself: undo the counts of the
 /// positive columns that fall in this tile.
-fn exclude_positives(scores: &[f32], h: &[f32], col0: u32, positives: &[u32], state: &mut QueryState) {
+fn exclude_positives(
+    scores: &[f32],
+    h: &[f32],
+    col0: u32,
+    positives: &[u32],
+    state: &mut QueryState,
+) {
     if state.target.is_nan() {
         return;
     }
@@ -325,7 +365,13 @@ pub(super) mod bodies {
     }
 
     #[inline(always)]
-    fn scan<const COUNT: bool>(scores: &[f32], h: &[f32], col0: u32, state: &mut QueryState, target: f32) {
+    fn scan<const COUNT: bool>(
+        scores: &[f32],
+        h: &[f32],
+        col0: u32,
+        state: &mut QueryState,
+        target: f32,
+    ) {
         let mut threshold = state.top.threshold();
         let (mut greater, mut equal) = (0u32, 0u32);
         let n = scores.len();
@@ -347,7 +393,11 @@ pub(super) mod bodies {
             if any {
                 for l in 0..LANES {
                     if v[l] > threshold {
-                        state.top.push(Candidate { score: v[l], raw: s[l], row: col0 + (j0 + l) as u32 });
+                        state.top.push(Candidate {
+                            score: v[l],
+                            raw: s[l],
+                            row: col0 + (j0 + l) as u32,
+                        });
                         threshold = state.top.threshold();
                     }
                 }
@@ -361,7 +411,11 @@ pub(super) mod bodies {
                 equal += (v == target) as u32;
             }
             if v > threshold {
-                state.top.push(Candidate { score: v, raw: scores[j], row: col0 + j as u32 });
+                state.top.push(Candidate {
+                    score: v,
+                    raw: scores[j],
+                    row: col0 + j as u32,
+                });
                 threshold = state.top.threshold();
             }
         }
@@ -375,10 +429,14 @@ mod tests {
     use super::*;
 
     fn pseudo_random(n: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (0..n)
             .map(|_| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
             })
             .collect()
@@ -397,11 +455,17 @@ mod tests {
             for (bi, &beta) in betas.iter().enumerate() {
                 let mut direct = LogSumExp::default();
                 for i in 0..nr {
-                    let s: f64 = (0..dim).map(|d| a[i * dim + d] as f64 * b[j * dim + d] as f64).sum();
+                    let s: f64 = (0..dim)
+                        .map(|d| a[i * dim + d] as f64 * b[j * dim + d] as f64)
+                        .sum();
                     direct.push(beta as f64 * s);
                 }
                 let got = states[j * 2 + bi].value();
-                assert!((got - direct.value()).abs() < 1e-5, "col {j} β {beta}: {got} vs {}", direct.value());
+                assert!(
+                    (got - direct.value()).abs() < 1e-5,
+                    "col {j} β {beta}: {got} vs {}",
+                    direct.value()
+                );
             }
         }
     }

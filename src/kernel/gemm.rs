@@ -12,13 +12,30 @@
 /// # Panics
 /// When a slice is shorter than its shape says (`a.len() < m * dim`,
 /// `b.len() < n * dim`, `out.len() < (m - 1) * ld_out + n`) or `ld_out < n`.
-pub fn similarity_tile(out: &mut [f32], ld_out: usize, a: &[f32], m: usize, b: &[f32], n: usize, dim: usize) {
+pub fn similarity_tile(
+    out: &mut [f32],
+    ld_out: usize,
+    a: &[f32],
+    m: usize,
+    b: &[f32],
+    n: usize,
+    dim: usize,
+) {
     if m == 0 || n == 0 {
         return;
     }
-    assert!(ld_out >= n, "output stride {ld_out} is smaller than the tile width {n}");
-    assert!(a.len() >= m * dim && b.len() >= n * dim, "input slices shorter than their shapes");
-    assert!(out.len() >= (m - 1) * ld_out + n, "output slice shorter than its shape");
+    assert!(
+        ld_out >= n,
+        "output stride {ld_out} is smaller than the tile width {n}"
+    );
+    assert!(
+        a.len() >= m * dim && b.len() >= n * dim,
+        "input slices shorter than their shapes"
+    );
+    assert!(
+        out.len() >= (m - 1) * ld_out + n,
+        "output slice shorter than its shape"
+    );
     if dim == 0 {
         for i in 0..m {
             out[i * ld_out..i * ld_out + n].fill(0.0);
@@ -33,15 +50,15 @@ pub fn similarity_tile(out: &mut [f32], ld_out: usize, a: &[f32], m: usize, b: &
             n,
             dim,
             out.as_mut_ptr(),
-            1,             // dst column stride
+            1,               // dst column stride
             ld_out as isize, // dst row stride
-            false,         // do not read dst
+            false,           // do not read dst
             a.as_ptr(),
-            1,             // lhs column stride (over dim)
-            dim as isize,  // lhs row stride
+            1,            // lhs column stride (over dim)
+            dim as isize, // lhs row stride
             b.as_ptr(),
-            dim as isize,  // rhs column stride: column j of Bᵀ is row j of B
-            1,             // rhs row stride (over dim)
+            dim as isize, // rhs column stride: column j of Bᵀ is row j of B
+            1,            // rhs row stride (over dim)
             0.0,
             1.0,
             false,
@@ -54,7 +71,15 @@ pub fn similarity_tile(out: &mut [f32], ld_out: usize, a: &[f32], m: usize, b: &
 
 /// The textbook triple loop, kept as the baseline the benchmark compares with
 /// and as a reference in tests. Never used on the hot path.
-pub fn naive_similarity_tile(out: &mut [f32], ld_out: usize, a: &[f32], m: usize, b: &[f32], n: usize, dim: usize) {
+pub fn naive_similarity_tile(
+    out: &mut [f32],
+    ld_out: usize,
+    a: &[f32],
+    m: usize,
+    b: &[f32],
+    n: usize,
+    dim: usize,
+) {
     for i in 0..m {
         let ai = &a[i * dim..(i + 1) * dim];
         for j in 0..n {
@@ -71,8 +96,12 @@ mod tests {
     #[test]
     fn matches_naive_product_with_padding() {
         let (m, n, dim, ld) = (7, 5, 13, 9);
-        let a: Vec<f32> = (0..m * dim).map(|i| ((i * 37 % 11) as f32 - 5.0) / 7.0).collect();
-        let b: Vec<f32> = (0..n * dim).map(|i| ((i * 53 % 13) as f32 - 6.0) / 5.0).collect();
+        let a: Vec<f32> = (0..m * dim)
+            .map(|i| ((i * 37 % 11) as f32 - 5.0) / 7.0)
+            .collect();
+        let b: Vec<f32> = (0..n * dim)
+            .map(|i| ((i * 53 % 13) as f32 - 6.0) / 5.0)
+            .collect();
         let mut fast = vec![f32::NAN; m * ld];
         let mut slow = vec![f32::NAN; m * ld];
         similarity_tile(&mut fast, ld, &a, m, &b, n, dim);

@@ -139,14 +139,23 @@ mod tests {
         scores
             .iter()
             .enumerate()
-            .map(|(row, &score)| Candidate { score, raw: score, row: row as u32 })
+            .map(|(row, &score)| Candidate {
+                score,
+                raw: score,
+                row: row as u32,
+            })
             .collect()
     }
 
     /// Full sort with the same tie rule: the reference.
     fn reference(all: &[Candidate], k: usize) -> Vec<Candidate> {
         let mut v = all.to_vec();
-        v.sort_by(|a, b| b.score.partial_cmp(&a.score).unwrap().then(a.row.cmp(&b.row)));
+        v.sort_by(|a, b| {
+            b.score
+                .partial_cmp(&a.score)
+                .unwrap()
+                .then(a.row.cmp(&b.row))
+        });
         v.truncate(k);
         v
     }

@@ -45,16 +45,29 @@ pub fn search(
     progress: &dyn Progress,
     mut on_block: impl FnMut(QueryBlockResult<'_>) -> Result<()>,
 ) -> Result<()> {
-    let SearchRequest { queries, gallery, gallery_index, methods, k, .. } = *request;
+    let SearchRequest {
+        queries,
+        gallery,
+        gallery_index,
+        methods,
+        k,
+        ..
+    } = *request;
     if queries.dim != gallery.dim {
         return Err(dimension_error(queries, gallery));
     }
-    if methods.iter().any(|m| m.corrections.len() as u64 != gallery.rows) {
-        return Err(HubnormError::Internal("one correction per gallery item expected".into()));
+    if methods
+        .iter()
+        .any(|m| m.corrections.len() as u64 != gallery.rows)
+    {
+        return Err(HubnormError::Internal(
+            "one correction per gallery item expected".into(),
+        ));
     }
     let dim = gallery.dim;
     let nm = methods.len();
-    let state_bytes = std::mem::size_of::<QueryState>() + k * std::mem::size_of::<crate::kernel::Candidate>();
+    let state_bytes =
+        std::mem::size_of::<QueryState>() + k * std::mem::size_of::<crate::kernel::Candidate>();
     let plan = PlanRequest {
         budget: request.budget,
         threads: rayon::current_num_threads(),
@@ -70,7 +83,8 @@ pub fn search(
         inner_align: TILE_COLS,
     }
     .plan()?;
-    let mut gallery_blocks = TableBlocks::new(gallery, plan.inner_rows, plan.batch_rows, plan.cache_inner)?;
+    let mut gallery_blocks =
+        TableBlocks::new(gallery, plan.inner_rows, plan.batch_rows, plan.cache_inner)?;
     let corrections: Vec<&[f32]> = methods.iter().map(|m| m.corrections.as_slice()).collect();
     let mut rows_done = RowProgress::start(progress, "pass 2: queries", queries.rows, gallery.rows);
     let query_table = queries.with_batch_rows(plan.batch_rows);

@@ -14,7 +14,11 @@ use crate::source::{EmbeddingBlock, EmbeddingTable};
 /// Gallery rows of each query's ground truth in `block` (empty lists when the
 /// table has no target column). An id missing from the gallery is an input
 /// error naming the query file, row and column.
-pub fn resolve_targets(block: &EmbeddingBlock, queries: &EmbeddingTable, index: &IdIndex) -> Result<Positives> {
+pub fn resolve_targets(
+    block: &EmbeddingBlock,
+    queries: &EmbeddingTable,
+    index: &IdIndex,
+) -> Result<Positives> {
     let Some(targets) = &block.targets else {
         return Ok(Positives::none(block.rows));
     };
@@ -31,11 +35,21 @@ pub fn resolve_targets(block: &EmbeddingBlock, queries: &EmbeddingTable, index: 
             let id = id_at(values.as_ref(), i);
             match index.find(id) {
                 Some(g) => rows.push(g),
-                None => return Err(queries.row_error(global, column, format!("target {id} is not in the gallery"))),
+                None => {
+                    return Err(queries.row_error(
+                        global,
+                        column,
+                        format!("target {id} is not in the gallery"),
+                    ))
+                }
             }
         }
         if rows.is_empty() {
-            return Err(queries.row_error(block.first_row + row as u64, column, "empty list of targets"));
+            return Err(queries.row_error(
+                block.first_row + row as u64,
+                column,
+                "empty list of targets",
+            ));
         }
         Ok(rows)
     };
@@ -44,7 +58,11 @@ pub fn resolve_targets(block: &EmbeddingBlock, queries: &EmbeddingTable, index: 
         DataType::List(_) | DataType::LargeList(_) => {
             for row in 0..block.rows {
                 if targets.is_null(row) {
-                    return Err(queries.row_error(block.first_row + row as u64, column, "null target list"));
+                    return Err(queries.row_error(
+                        block.first_row + row as u64,
+                        column,
+                        "null target list",
+                    ));
                 }
                 let values = match targets.data_type() {
                     DataType::List(_) => targets.as_list::<i32>().value(row),
@@ -101,7 +119,11 @@ pub fn target_scores(
             let local = g - g_block.first_row as usize;
             let gv = &g_block.data[local * dim..(local + 1) * dim];
             let qv = &block.data[q * dim..(q + 1) * dim];
-            let s = qv.iter().zip(gv).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() as f32;
+            let s = qv
+                .iter()
+                .zip(gv)
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum::<f64>() as f32;
             for (m, method) in methods.iter().enumerate() {
                 let v = s - method.corrections[g];
                 let slot = &mut best[q * nm + m];

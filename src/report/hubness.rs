@@ -38,7 +38,10 @@ impl KOccurrence {
         }
         assert_eq!(self.counts.len(), other.counts.len(), "same gallery");
         self.queries += other.queries;
-        self.counts.iter_mut().zip(&other.counts).for_each(|(a, b)| *a += b);
+        self.counts
+            .iter_mut()
+            .zip(&other.counts)
+            .for_each(|(a, b)| *a += b);
     }
 
     /// Skewness of the k-occurrence distribution (biased, population moments).
@@ -50,7 +53,9 @@ impl KOccurrence {
 /// m₃ / m₂^{3/2} with population (biased) moments, as `scipy.stats.skew`.
 /// 0 for a constant distribution.
 pub fn skewness(values: impl Iterator<Item = f64> + Clone) -> f64 {
-    let (n, sum) = values.clone().fold((0f64, 0f64), |(n, s), v| (n + 1.0, s + v));
+    let (n, sum) = values
+        .clone()
+        .fold((0f64, 0f64), |(n, s), v| (n + 1.0, s + v));
     if n == 0.0 {
         return f64::NAN;
     }

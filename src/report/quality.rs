@@ -44,7 +44,10 @@ impl RetrievalMetrics {
 
     pub fn merge(&mut self, other: &RetrievalMetrics) {
         self.queries += other.queries;
-        self.hits.iter_mut().zip(other.hits).for_each(|(a, b)| *a += b);
+        self.hits
+            .iter_mut()
+            .zip(other.hits)
+            .for_each(|(a, b)| *a += b);
         self.reciprocal_rank_sum += other.reciprocal_rank_sum;
         self.rank_sum += other.rank_sum;
     }

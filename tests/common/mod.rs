@@ -9,8 +9,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, FixedSizeListArray, Float16Array, Float32Array, Float64Array, Int64Array,
-    LargeListArray, ListArray, RecordBatch, StringArray,
+    Array, ArrayRef, AsArray, FixedSizeListArray, Float16Array, Float32Array, Float64Array,
+    Int64Array, LargeListArray, ListArray, RecordBatch, StringArray,
 };
 use arrow::buffer::{OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Field, Float32Type, Int32Type, Schema};
@@ -63,8 +63,12 @@ impl Table {
 /// Random vectors with a shared offset (a "cone", as real embeddings are),
 /// which makes some items hubs. Ids are `{prefix}{i}`.
 pub fn random_table(rng: &mut StdRng, prefix: &str, rows: usize, dim: usize) -> Table {
-    let offset: Vec<f32> = (0..dim).map(|d| if d % 3 == 0 { 0.6 } else { 0.0 }).collect();
-    let data = (0..rows * dim).map(|i| rng.random_range(-1.0f32..1.0) + offset[i % dim]).collect();
+    let offset: Vec<f32> = (0..dim)
+        .map(|d| if d % 3 == 0 { 0.6 } else { 0.0 })
+        .collect();
+    let data = (0..rows * dim)
+        .map(|i| rng.random_range(-1.0f32..1.0) + offset[i % dim])
+        .collect();
     Table {
         ids: (0..rows).map(|i| format!("{prefix}{i}")).collect(),
         dim,
@@ -86,7 +90,12 @@ pub fn queries_near(rng: &mut StdRng, gallery: &Table, rows: usize, noise: f32) 
     for _ in 0..rows {
         let t = rng.random_range(0..gallery.rows());
         targets.push(gallery.ids[t].clone());
-        data.extend(gallery.row(t).iter().map(|v| v + noise * rng.random_range(-1.0f32..1.0)));
+        data.extend(
+            gallery
+                .row(t)
+                .iter()
+                .map(|v| v + noise * rng.random_range(-1.0f32..1.0)),
+        );
     }
     Table {
         ids: (0..rows).map(|i| format!("q{i}")).collect(),
@@ -147,18 +156,22 @@ fn embedding_array(table: &Table, layout: Layout) -> ArrayRef {
 /// Writes `table` with string ids (or Int64 ids when `int_ids`).
 pub fn write_table(path: &Path, table: &Table, layout: Layout, int_ids: bool) {
     let ids: ArrayRef = if int_ids {
-        Arc::new(Int64Array::from_iter_values(
-            table.ids.iter().map(|s| s.trim_start_matches(|c: char| !c.is_ascii_digit()).parse::<i64>().unwrap()),
-        ))
+        Arc::new(Int64Array::from_iter_values(table.ids.iter().map(|s| {
+            s.trim_start_matches(|c: char| !c.is_ascii_digit())
+                .parse::<i64>()
+                .unwrap()
+        })))
     } else {
         Arc::new(StringArray::from(table.ids.clone()))
     };
     let mut columns = vec![("id", ids), ("embedding", embedding_array(table, layout))];
     if let Some(t) = &table.targets {
         let targets: ArrayRef = if int_ids {
-            Arc::new(Int64Array::from_iter_values(
-                t.iter().map(|s| s.trim_start_matches(|c: char| !c.is_ascii_digit()).parse::<i64>().unwrap()),
-            ))
+            Arc::new(Int64Array::from_iter_values(t.iter().map(|s| {
+                s.trim_start_matches(|c: char| !c.is_ascii_digit())
+                    .parse::<i64>()
+                    .unwrap()
+            })))
         } else {
             Arc::new(StringArray::from(t.clone()))
         };
@@ -169,10 +182,19 @@ pub fn write_table(path: &Path, table: &Table, layout: Layout, int_ids: bool) {
 
 /// Writes arbitrary columns (nullable fields) to one Parquet file.
 pub fn write_columns(path: &Path, columns: Vec<(&str, ArrayRef)>) {
-    let fields: Vec<Field> = columns.iter().map(|(n, a)| Field::new(*n, a.data_type().clone(), true)).collect();
+    let fields: Vec<Field> = columns
+        .iter()
+        .map(|(n, a)| Field::new(*n, a.data_type().clone(), true))
+        .collect();
     let schema = Arc::new(Schema::new(fields));
-    let batch = RecordBatch::try_new(schema.clone(), columns.into_iter().map(|(_, a)| a).collect()).unwrap();
-    let props = WriterProperties::builder().set_max_row_group_row_count(Some(700)).build();
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        columns.into_iter().map(|(_, a)| a).collect(),
+    )
+    .unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(700))
+        .build();
     let mut w = ArrowWriter::try_new(File::create(path).unwrap(), schema, Some(props)).unwrap();
     w.write(&batch).unwrap();
     w.close().unwrap();
@@ -192,14 +214,20 @@ pub struct ResultRow {
 fn string_at(a: &dyn Array, i: usize) -> String {
     match a.data_type() {
         DataType::Utf8 => a.as_string::<i32>().value(i).to_owned(),
-        DataType::Int64 => a.as_primitive::<arrow::datatypes::Int64Type>().value(i).to_string(),
+        DataType::Int64 => a
+            .as_primitive::<arrow::datatypes::Int64Type>()
+            .value(i)
+            .to_string(),
         other => panic!("unexpected id type {other}"),
     }
 }
 
 /// Reads every row of a results file.
 pub fn read_results(path: &Path) -> Vec<ResultRow> {
-    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap()).unwrap().build().unwrap();
+    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
     let mut out = Vec::new();
     for batch in reader {
         let b = batch.unwrap();
@@ -224,7 +252,11 @@ pub fn parquet_metadata(path: &Path) -> Vec<(String, String)> {
         .metadata()
         .file_metadata()
         .key_value_metadata()
-        .map(|kv| kv.iter().map(|k| (k.key.clone(), k.value.clone().unwrap_or_default())).collect())
+        .map(|kv| {
+            kv.iter()
+                .map(|k| (k.key.clone(), k.value.clone().unwrap_or_default()))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -263,7 +295,16 @@ pub fn reference_is_corrections(bank: &[Vec<f64>], gallery: &[Vec<f64>], beta: f
 
 /// Full score matrix s(q, g) − h(g).
 pub fn reference_scores(queries: &[Vec<f64>], gallery: &[Vec<f64>], h: &[f64]) -> Vec<Vec<f64>> {
-    queries.iter().map(|q| gallery.iter().zip(h).map(|(g, hg)| dot(q, g) - hg).collect()).collect()
+    queries
+        .iter()
+        .map(|q| {
+            gallery
+                .iter()
+                .zip(h)
+                .map(|(g, hg)| dot(q, g) - hg)
+                .collect()
+        })
+        .collect()
 }
 
 /// Indices of the k best scores, ties broken by the smaller index.
@@ -278,7 +319,11 @@ pub fn reference_topk(scores: &[f64], k: usize) -> Vec<usize> {
 pub fn reference_rank(scores: &[f64], positive: usize) -> f64 {
     let t = scores[positive];
     let greater = scores.iter().filter(|&&s| s > t).count();
-    let ties = scores.iter().enumerate().filter(|&(j, &s)| j != positive && s == t).count();
+    let ties = scores
+        .iter()
+        .enumerate()
+        .filter(|&(j, &s)| j != positive && s == t)
+        .count();
     1.0 + greater as f64 + 0.5 * ties as f64
 }
 
@@ -298,7 +343,13 @@ pub fn reference_skewness(counts: &[f64]) -> f64 {
 /// Checks one query's result list against the reference scores: every score
 /// within `tol`, and the order identical except where the reference itself
 /// has a near-tie (|Δ| ≤ 1e-6), where f32 rounding may legitimately swap.
-pub fn assert_ranking_matches(ours: &[(usize, f32)], reference_row: &[f64], k: usize, tol: f64, context: &str) {
+pub fn assert_ranking_matches(
+    ours: &[(usize, f32)],
+    reference_row: &[f64],
+    k: usize,
+    tol: f64,
+    context: &str,
+) {
     let expected = reference_topk(reference_row, k);
     assert_eq!(ours.len(), expected.len(), "{context}: list length");
     for (r, (&(got, score), &want)) in ours.iter().zip(&expected).enumerate() {

@@ -9,16 +9,57 @@ use arrow::array::{FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use clap::Args;
 use hubnorm::kernel::{
-    column_log_sum_exp, gemm::similarity_tile, has_avx512, search_block, LogSumExp, Positives, QueryState, Rows,
-    TILE_COLS, TILE_ROWS,
+    column_log_sum_exp, gemm::similarity_tile, has_avx512, search_block, LogSumExp, Positives,
+    QueryState, Rows, TILE_COLS, TILE_ROWS,
 };
 use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions};
 use hubnorm::pipeline::{self, RunJob};
 use hubnorm::{HubnormError, Result};
 use rayon::prelude::*;
 
-/// Measured 2-core AVX-512 FMA peak of the project's machine (DESIGN.md).
-const PEAK_GFLOPS: f64 = 418.0;
+/// The 2-core AVX-512 FMA peak DESIGN.md gives for the Zen 5 machine it measured.
+const DESIGN_PEAK_GFLOPS: f64 = 418.0;
+
+/// f32 FMA throughput of this machine: 12 independent 16-lane FMA chains per
+/// thread (enough to hide the FMA latency), on every worker thread at once.
+fn measured_peak_gflops(pool: &rayon::ThreadPool) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !has_avx512() {
+            return None;
+        }
+        #[target_feature(enable = "avx512f")]
+        fn fma_chains(iterations: u64) -> f32 {
+            use std::arch::x86_64::*;
+            let x = _mm512_set1_ps(0.999_999);
+            let y = _mm512_set1_ps(1e-7);
+            let mut acc = [_mm512_set1_ps(1.0); 12];
+            for _ in 0..iterations {
+                for a in acc.iter_mut() {
+                    *a = _mm512_fmadd_ps(*a, x, y);
+                }
+            }
+            acc.iter().map(|a| _mm512_reduce_add_ps(*a)).sum()
+        }
+        let iterations = 20_000_000u64;
+        let threads = pool.current_num_threads();
+        let t = Instant::now();
+        let sum: f32 = pool.install(|| {
+            (0..threads)
+                .into_par_iter()
+                // SAFETY: AVX-512F was detected above.
+                .map(|_| unsafe { fma_chains(std::hint::black_box(iterations)) })
+                .sum()
+        });
+        std::hint::black_box(sum);
+        let flops = threads as f64 * iterations as f64 * 12.0 * 16.0 * 2.0;
+        Some(flops / t.elapsed().as_secs_f64() / 1e9)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -80,13 +121,14 @@ fn random_rows(rows: usize, dim: usize, seed: u64) -> Vec<f32> {
     data
 }
 
-fn report(name: &str, dim: usize, flops: f64, (secs, samples): (f64, Vec<f64>)) {
+fn report(peak: f64, name: &str, dim: usize, flops: f64, (secs, samples): (f64, Vec<f64>)) {
     let gflops = flops / secs / 1e9;
     let spread: Vec<String> = samples.iter().map(|s| format!("{:.3}", s)).collect();
     println!(
-        "{name:<34} d={dim:<4} {:>8.1} GFLOP/s  {:>5.1}% of peak  median {:.3}s  [{}]",
+        "{name:<36} d={dim:<4} {:>7.1} GFLOP/s  {:>5.1}% of this machine's peak  {:>5.1}% of DESIGN's  median {:.3}s  [{}]",
         gflops,
-        100.0 * gflops / PEAK_GFLOPS,
+        100.0 * gflops / peak,
+        100.0 * gflops / DESIGN_PEAK_GFLOPS,
         secs,
         spread.join(" ")
     );
@@ -101,7 +143,15 @@ fn gemm_only(a: &[f32], b: &[f32], m: usize, n: usize, dim: usize) -> f32 {
             let mut checksum = 0f32;
             for c0 in (0..n).step_by(TILE_COLS) {
                 let nc = TILE_COLS.min(n - c0);
-                similarity_tile(&mut tile, nc, strip, rows, &b[c0 * dim..(c0 + nc) * dim], nc, dim);
+                similarity_tile(
+                    &mut tile,
+                    nc,
+                    strip,
+                    rows,
+                    &b[c0 * dim..(c0 + nc) * dim],
+                    nc,
+                    dim,
+                );
                 checksum += tile[0];
             }
             checksum
@@ -115,14 +165,37 @@ fn write_bench_table(path: &Path, rows: usize, dim: usize, seed: u64) -> Result<
     let item = Arc::new(Field::new("item", DataType::Float32, false));
     let schema = Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
-        Field::new("embedding", DataType::FixedSizeList(item.clone(), dim as i32), false),
+        Field::new(
+            "embedding",
+            DataType::FixedSizeList(item.clone(), dim as i32),
+            false,
+        ),
     ]));
-    let emb = FixedSizeListArray::try_new(item, dim as i32, Arc::new(Float32Array::from(data)), None)?;
-    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from_iter_values(0..rows as i64)), Arc::new(emb)])?;
-    let file = std::fs::File::create(path).map_err(|e| HubnormError::Io { path: path.into(), source: e })?;
-    let mut w = parquet::arrow::ArrowWriter::try_new(file, schema, None)
-        .map_err(|e| HubnormError::Parquet { path: path.into(), source: e })?;
-    w.write(&batch).and_then(|_| w.close().map(|_| ())).map_err(|e| HubnormError::Parquet { path: path.into(), source: e })?;
+    let emb =
+        FixedSizeListArray::try_new(item, dim as i32, Arc::new(Float32Array::from(data)), None)?;
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(0..rows as i64)),
+            Arc::new(emb),
+        ],
+    )?;
+    let file = std::fs::File::create(path).map_err(|e| HubnormError::Io {
+        path: path.into(),
+        source: e,
+    })?;
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, schema, None).map_err(|e| {
+        HubnormError::Parquet {
+            path: path.into(),
+            source: e,
+        }
+    })?;
+    w.write(&batch)
+        .and_then(|_| w.close().map(|_| ()))
+        .map_err(|e| HubnormError::Parquet {
+            path: path.into(),
+            source: e,
+        })?;
     Ok(())
 }
 
@@ -131,8 +204,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         .num_threads(args.threads)
         .build()
         .map_err(|e| HubnormError::Internal(e.to_string()))?;
+    let peak = measured_peak_gflops(&pool).unwrap_or(DESIGN_PEAK_GFLOPS);
     println!(
-        "threads {}, AVX-512 epilogues {}, peak reference {PEAK_GFLOPS} GFLOP/s (2 cores, DESIGN.md)",
+        "threads {}, AVX-512 {}, measured FMA peak {peak:.1} GFLOP/s (DESIGN.md's machine: {DESIGN_PEAK_GFLOPS})",
         pool.current_num_threads(),
         if has_avx512() { "on" } else { "off" }
     );
@@ -142,22 +216,53 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         let b = random_rows(n, dim, 2);
         let flops = 2.0 * m as f64 * n as f64 * dim as f64;
         pool.install(|| {
-            report("gemm tiles only", dim, flops, time(args.repeats, || {
-                std::hint::black_box(gemm_only(&a, &b, m, n, dim));
-            }));
+            report(
+                peak,
+                "gemm tiles only",
+                dim,
+                flops,
+                time(args.repeats, || {
+                    std::hint::black_box(gemm_only(&a, &b, m, n, dim));
+                }),
+            );
             let corrections = vec![0.01f32; n];
             for k in [10, 100] {
-                report(&format!("fused tile + top-{k} (search)"), dim, flops, time(args.repeats, || {
-                    let mut states: Vec<QueryState> = (0..m).map(|_| QueryState::new(k, None)).collect();
-                    search_block(Rows::new(&a, dim), Rows::new(&b, dim), 0, &[&corrections], &Positives::none(m), &mut states);
-                    std::hint::black_box(&states);
-                }));
+                report(
+                    peak,
+                    &format!("fused tile + top-{k} (search)"),
+                    dim,
+                    flops,
+                    time(args.repeats, || {
+                        let mut states: Vec<QueryState> =
+                            (0..m).map(|_| QueryState::new(k, None)).collect();
+                        search_block(
+                            Rows::new(&a, dim),
+                            Rows::new(&b, dim),
+                            0,
+                            &[&corrections],
+                            &Positives::none(m),
+                            &mut states,
+                        );
+                        std::hint::black_box(&states);
+                    }),
+                );
             }
-            report("fused tile + log-sum-exp (stats)", dim, flops, time(args.repeats, || {
-                let mut states = vec![LogSumExp::default(); n];
-                column_log_sum_exp(Rows::new(&a, dim), Rows::new(&b, dim), &[20.0], &mut states);
-                std::hint::black_box(&states);
-            }));
+            report(
+                peak,
+                "fused tile + log-sum-exp (stats)",
+                dim,
+                flops,
+                time(args.repeats, || {
+                    let mut states = vec![LogSumExp::default(); n];
+                    column_log_sum_exp(
+                        Rows::new(&a, dim),
+                        Rows::new(&b, dim),
+                        &[20.0],
+                        &mut states,
+                    );
+                    std::hint::black_box(&states);
+                }),
+            );
         });
         if args.kernel_only {
             continue;
@@ -176,7 +281,11 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             k: 10,
             out_dir: dir.join(out),
             overwrite: true,
-            options: PassOptions { memory: MemoryBudget::DEFAULT, threads: args.threads, ..PassOptions::default() },
+            options: PassOptions {
+                memory: MemoryBudget::DEFAULT,
+                threads: args.threads,
+                ..PassOptions::default()
+            },
         };
         let stats = pipeline::StatsJob {
             gallery: job("x").gallery,
@@ -187,11 +296,17 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             options: job("x").options,
         };
         let mut failure = None;
-        report(&format!("pass 1 end to end ({rows}²)"), dim, flops, time(args.repeats, || {
-            if let Err(e) = pipeline::run_stats(&stats, &hubnorm::progress::Silent) {
-                failure = Some(e);
-            }
-        }));
+        report(
+            peak,
+            &format!("pass 1 end to end ({rows}²)"),
+            dim,
+            flops,
+            time(args.repeats, || {
+                if let Err(e) = pipeline::run_stats(&stats, &hubnorm::progress::Silent) {
+                    failure = Some(e);
+                }
+            }),
+        );
         let search = pipeline::SearchJob {
             queries: job("x").queries,
             gallery: job("x").gallery,
@@ -202,11 +317,17 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             overwrite: true,
             options: job("x").options,
         };
-        report(&format!("pass 2 end to end ({rows}², top-10)"), dim, flops, time(args.repeats, || {
-            if let Err(e) = pipeline::run_search(&search, &hubnorm::progress::Silent) {
-                failure = Some(e);
-            }
-        }));
+        report(
+            peak,
+            &format!("pass 2 end to end ({rows}², top-10)"),
+            dim,
+            flops,
+            time(args.repeats, || {
+                if let Err(e) = pipeline::run_search(&search, &hubnorm::progress::Silent) {
+                    failure = Some(e);
+                }
+            }),
+        );
         let _ = std::fs::remove_dir_all(&dir);
         if let Some(e) = failure {
             return Err(e);
@@ -217,6 +338,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
 
 fn tempfile_dir() -> Result<std::path::PathBuf> {
     let dir = std::env::temp_dir().join(format!("hubnorm-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| HubnormError::Io { path: dir.clone(), source: e })?;
+    std::fs::create_dir_all(&dir).map_err(|e| HubnormError::Io {
+        path: dir.clone(),
+        source: e,
+    })?;
     Ok(dir)
 }

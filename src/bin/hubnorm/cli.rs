@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use hubnorm::options::{Beta, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, ReadOptions};
+use hubnorm::options::{
+    Beta, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, ReadOptions,
+};
 
 /// Hubness reduction for embedding retrieval: querybank normalisation as a
 /// streaming job over Parquet.
@@ -193,7 +195,11 @@ impl MethodArgs {
     /// The methods with their parameters.
     pub fn specs(&self, default: MethodKind) -> hubnorm::Result<Vec<MethodSpec>> {
         let params = self.params();
-        Ok(self.kinds(default)?.into_iter().map(|k| MethodSpec::from_kind(k, &params)).collect())
+        Ok(self
+            .kinds(default)?
+            .into_iter()
+            .map(|k| MethodSpec::from_kind(k, &params))
+            .collect())
     }
 }
 

@@ -31,9 +31,11 @@ pub fn reporter(quiet: bool) -> Box<dyn Progress> {
     }
     let bar = ProgressBar::new(0);
     bar.set_style(
-        ProgressStyle::with_template("{msg:28} [{bar:30}] {human_pos}/{human_len} rows  {per_sec}  ETA {eta}")
-            .expect("valid template")
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{msg:28} [{bar:30}] {human_pos}/{human_len} rows  {per_sec}  ETA {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
     );
     Box::new(Bar { bar })
 }

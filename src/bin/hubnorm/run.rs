@@ -21,7 +21,11 @@ pub fn run(args: RunArgs) -> Result<()> {
     let progress = reporter(args.common.quiet);
     let summary = pipeline::run(&job, progress.as_ref())?;
     print_summary(&summary);
-    println!("wrote {}/{{{}}}", args.out.display(), pipeline::RUN_OUTPUTS.join(","));
+    println!(
+        "wrote {}/{{{}}}",
+        args.out.display(),
+        pipeline::RUN_OUTPUTS.join(",")
+    );
     Ok(())
 }
 
@@ -54,7 +58,11 @@ pub fn search(args: SearchArgs) -> Result<()> {
     let mut methods = Vec::new();
     for kind in kinds {
         let explicit = hubnorm::options::MethodSpec::from_kind(kind, &params);
-        let candidates: Vec<_> = from_file.iter().filter(|m| m.kind() == kind).copied().collect();
+        let candidates: Vec<_> = from_file
+            .iter()
+            .filter(|m| m.kind() == kind)
+            .copied()
+            .collect();
         let spec = match (kind, args.method.beta, candidates.as_slice()) {
             (MethodKind::None, _, _) | (_, Some(_), _) => explicit,
             (_, None, [only]) => *only,
@@ -88,18 +96,35 @@ fn print_summary(summary: &RunSummary) {
         summary.queries,
         summary.gallery,
         summary.dim,
-        summary.bank.map(|b| format!(", bank {b}")).unwrap_or_default()
+        summary
+            .bank
+            .map(|b| format!(", bank {b}"))
+            .unwrap_or_default()
     );
-    println!("{:<14} {:>10} {:>8} {:>8} {:>8} {:>8}", "method", "skew(N10)", "R@1", "R@5", "R@10", "MRR");
+    println!(
+        "{:<14} {:>10} {:>8} {:>8} {:>8} {:>8}",
+        "method", "skew(N10)", "R@1", "R@5", "R@10", "MRR"
+    );
     for m in &summary.methods {
-        let params: Vec<String> = m.parameters.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let name = if params.is_empty() { m.method.clone() } else { format!("{} {}", m.method, params.join(",")) };
+        let params: Vec<String> = m
+            .parameters
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let name = if params.is_empty() {
+            m.method.clone()
+        } else {
+            format!("{} {}", m.method, params.join(","))
+        };
         match &m.quality {
             Some(q) => println!(
                 "{:<14} {:>10.3} {:>8.4} {:>8.4} {:>8.4} {:>8.4}",
                 name, m.k_occurrence_skewness, q.r1, q.r5, q.r10, q.mrr
             ),
-            None => println!("{:<14} {:>10.3} {:>8} {:>8} {:>8} {:>8}", name, m.k_occurrence_skewness, "-", "-", "-", "-"),
+            None => println!(
+                "{:<14} {:>10.3} {:>8} {:>8} {:>8} {:>8}",
+                name, m.k_occurrence_skewness, "-", "-", "-", "-"
+            ),
         }
     }
 }
