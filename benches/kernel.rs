@@ -2,8 +2,7 @@
 //! Throughput is reported in elements/s where one element is one floating-point
 //! operation (2·rows·cols·dim per tile), so "Gelem/s" reads as GFLOP/s.
 //!
-//! Run: `cargo bench --no-default-features --bench kernel`
-//! (without the `sql` feature, so DataFusion is not built in release mode).
+//! Run: `cargo bench --bench kernel`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use hubnorm::kernel::gemm::{naive_similarity_tile, similarity_tile};

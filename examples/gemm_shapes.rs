@@ -1,7 +1,7 @@
 //! Single-thread GEMM throughput of `similarity_tile` for several tile shapes,
 //! the measurement behind the kernel's TILE_ROWS × TILE_COLS choice.
 //!
-//! Run: `cargo run --release --no-default-features --example gemm_shapes`
+//! Run: `cargo run --release --example gemm_shapes`
 use hubnorm::kernel::gemm::similarity_tile;
 use std::time::Instant;
 

@@ -12,7 +12,7 @@
 //! thread count. Tile and block boundaries are aligned to the tile shape by the
 //! callers, so results do not depend on the memory limit either.
 //!
-//! Before touching the epilogues, run `cargo bench --no-default-features --bench kernel`.
+//! Before touching the epilogues, run `cargo bench --bench kernel`.
 
 use rayon::prelude::*;
 

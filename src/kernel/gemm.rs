@@ -1,7 +1,7 @@
 //! The similarity tile: S = A·Bᵀ for row-major embedding blocks, by the `gemm`
 //! crate (AVX-512 kernels chosen at run time through its `x86-v4` feature).
 //!
-//! Before touching this, run `cargo bench --no-default-features --bench kernel`
+//! Before touching this, run `cargo bench --bench kernel`
 //! and compare `gemm_tile` against `naive_tile` and the machine peak in DESIGN.md.
 
 /// Writes `out[i * ld_out + j] = ⟨a_i, b_j⟩` for the `m` rows of `a` and the
