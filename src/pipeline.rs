@@ -352,8 +352,9 @@ pub fn load_corrections(
     let id_col = schema
         .index_of("gallery_id")
         .map_err(|_| HubnormError::input(path, None, Some("gallery_id"), "missing column"))?;
+    // (index in `methods`, column in the file) for every method with a statistic.
     let mut wanted = Vec::new();
-    for m in methods {
+    for (index, m) in methods.iter().enumerate() {
         if m.kind() == MethodKind::None {
             continue;
         }
@@ -374,7 +375,7 @@ pub fn load_corrections(
                 ),
             )
         })?;
-        wanted.push((m, col));
+        wanted.push((index, col));
     }
     let n = index.len();
     let mut out: Vec<ScoringMethod> = methods
@@ -427,7 +428,7 @@ pub fn load_corrections(
                     format!("duplicate id {id}"),
                 ));
             }
-            for (m, &(_, col)) in wanted.iter().enumerate() {
+            for &(index, col) in &wanted {
                 let values = batch
                     .column(col)
                     .as_primitive_opt::<Float64Type>()
@@ -448,12 +449,7 @@ pub fn load_corrections(
                         "correction is not finite",
                     ));
                 }
-                let target = out
-                    .iter_mut()
-                    .filter(|s| s.spec.kind() != MethodKind::None)
-                    .nth(m)
-                    .expect("same order");
-                target.corrections[g] = v as f32;
+                out[index].corrections[g] = v as f32;
             }
         }
         file_row += batch.num_rows() as u64;

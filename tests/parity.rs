@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use hubnorm::kernel::{column_log_sum_exp, LogSumExp, Rows};
+use hubnorm::kernel::{column_log_sum_exp, LogSumExp, Rows, TILE_COLS, TILE_ROWS};
 use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions};
 use hubnorm::pipeline::{self, RunJob, RunSummary, SearchJob, StatsJob};
 use hubnorm::progress::Silent;
@@ -155,10 +155,11 @@ fn run_and_check(seed: u64, nq: usize, ng: usize, nb: usize, dim: usize, k: usiz
 
 #[test]
 fn matches_reference_around_tile_sizes() {
-    // TILE_ROWS = 256 and TILE_COLS = 1024: below, at and above each.
-    run_and_check(1, 255, 1023, 257, 12, 10);
-    run_and_check(2, 257, 1025, 256, 16, 10);
-    run_and_check(3, 256, 1024, 255, 8, 3);
+    // Below, at and above the tile shape in each direction (queries and bank
+    // rows against TILE_ROWS, gallery items against TILE_COLS).
+    run_and_check(1, TILE_ROWS - 1, TILE_COLS - 1, TILE_ROWS + 1, 12, 10);
+    run_and_check(2, TILE_ROWS + 1, TILE_COLS + 1, TILE_ROWS, 16, 10);
+    run_and_check(3, TILE_ROWS, TILE_COLS, TILE_ROWS - 1, 8, 3);
 }
 
 #[test]
