@@ -45,9 +45,4 @@ impl TableBlocks {
             }
         }
     }
-
-    /// Whether the table is held in memory.
-    pub fn is_cached(&self) -> bool {
-        self.cached.is_some()
-    }
 }

@@ -4,7 +4,6 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use arrow::datatypes::SchemaRef;
 use arrow::record_batch::RecordBatch;
@@ -161,9 +160,4 @@ pub fn write_text_atomically(
         .and_then(|_| handle.sync_all())
         .map_err(|e| HubnormError::io(file.destination(), e))?;
     Ok(file)
-}
-
-/// Shorthand used by the schemas.
-pub fn schema_ref(schema: arrow::datatypes::Schema) -> SchemaRef {
-    Arc::new(schema)
 }

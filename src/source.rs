@@ -97,16 +97,6 @@ impl EmbeddingBlock {
     pub fn view(&self) -> ndarray::ArrayView2<'_, f32> {
         ndarray::ArrayView2::from_shape((self.rows, self.dim), &self.data).expect("block shape")
     }
-
-    /// Bytes held by this block.
-    pub fn memory_bytes(&self) -> usize {
-        self.data.capacity() * 4
-            + self.ids.get_array_memory_size()
-            + self
-                .targets
-                .as_ref()
-                .map_or(0, |t| t.get_array_memory_size())
-    }
 }
 
 /// Expands a path, directory or glob into the Parquet files it names, sorted.
