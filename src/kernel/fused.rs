@@ -272,37 +272,119 @@ pub fn search_block(
     if nm == 0 || queries.rows == 0 || gallery.rows == 0 {
         return;
     }
-    states
-        .par_chunks_mut(TILE_ROWS * nm)
-        .enumerate()
-        .for_each(|(strip, strip_states)| {
+    let strips = queries.rows.div_ceil(TILE_ROWS);
+    let column_tiles = gallery.rows.div_ceil(TILE_COLS);
+    // Few query strips (a small query block) would leave threads idle: then
+    // the gallery columns are split too, each part searched with fresh states
+    // and merged in column order. Top-k merges exactly and the counts add, so
+    // results are the same either way.
+    let parts = rayon::current_num_threads()
+        .div_ceil(strips)
+        .min(column_tiles)
+        .max(1);
+    if parts == 1 {
+        states
+            .par_chunks_mut(TILE_ROWS * nm)
+            .enumerate()
+            .for_each(|(strip, strip_states)| {
+                let ctx = StripSearch {
+                    queries,
+                    gallery,
+                    first_row,
+                    corrections,
+                    positives,
+                };
+                ctx.run(strip * TILE_ROWS, 0..gallery.rows, strip_states);
+            });
+        return;
+    }
+    let tiles_per_part = column_tiles.div_ceil(parts);
+    let tasks: Vec<(usize, std::ops::Range<usize>)> = (0..strips)
+        .flat_map(|strip| {
+            (0..parts).filter_map(move |p| {
+                let c0 = p * tiles_per_part * TILE_COLS;
+                let c1 = ((p + 1) * tiles_per_part * TILE_COLS).min(gallery.rows);
+                (c0 < c1).then_some((strip, c0..c1))
+            })
+        })
+        .collect();
+    let partial: Vec<Vec<QueryState>> = tasks
+        .par_iter()
+        .map(|(strip, columns)| {
             let q0 = strip * TILE_ROWS;
             let q1 = (q0 + TILE_ROWS).min(queries.rows);
-            let mut tile = vec![0f32; (q1 - q0) * TILE_COLS.min(gallery.rows)];
-            let mut c0 = 0;
-            while c0 < gallery.rows {
-                let c1 = (c0 + TILE_COLS).min(gallery.rows);
-                let nc = c1 - c0;
-                similarity_tile(
-                    &mut tile,
-                    nc,
-                    &queries.data[q0 * queries.dim..q1 * queries.dim],
-                    q1 - q0,
-                    &gallery.data[c0 * gallery.dim..c1 * gallery.dim],
-                    nc,
-                    gallery.dim,
-                );
-                for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
-                    let scores = &tile[i * nc..(i + 1) * nc];
-                    let col0 = first_row + c0 as u32;
-                    for (state, h) in row_states.iter_mut().zip(corrections) {
-                        super::dispatch::scan_row(scores, &h[c0..c1], col0, state);
-                        exclude_positives(scores, &h[c0..c1], col0, positives.of(q0 + i), state);
-                    }
+            let mut fresh: Vec<QueryState> = states[q0 * nm..q1 * nm]
+                .iter()
+                .map(|s| QueryState {
+                    top: TopK::new(s.top.k()),
+                    target: s.target,
+                    greater: 0,
+                    equal: 0,
+                })
+                .collect();
+            let ctx = StripSearch {
+                queries,
+                gallery,
+                first_row,
+                corrections,
+                positives,
+            };
+            ctx.run(q0, columns.clone(), &mut fresh);
+            fresh
+        })
+        .collect();
+    for ((strip, _), part) in tasks.iter().zip(&partial) {
+        let q0 = strip * TILE_ROWS;
+        for (state, p) in states[q0 * nm..].iter_mut().zip(part) {
+            state.top.merge(&p.top);
+            state.greater += p.greater;
+            state.equal += p.equal;
+        }
+    }
+}
+
+/// The inputs of one strip search (a helper of [`search_block`]).
+struct StripSearch<'a> {
+    queries: Rows<'a>,
+    gallery: Rows<'a>,
+    first_row: u32,
+    corrections: &'a [&'a [f32]],
+    positives: &'a Positives,
+}
+
+impl StripSearch<'_> {
+    /// Offers gallery columns `columns` (a range starting on a tile boundary)
+    /// to the queries of the strip starting at row `q0`, whose states are
+    /// `strip_states`. Columns are visited in increasing order.
+    fn run(&self, q0: usize, columns: std::ops::Range<usize>, strip_states: &mut [QueryState]) {
+        let (queries, gallery) = (self.queries, self.gallery);
+        let nm = self.corrections.len();
+        let q1 = (q0 + TILE_ROWS).min(queries.rows);
+        let mut tile = vec![0f32; (q1 - q0) * TILE_COLS.min(columns.len())];
+        let mut c0 = columns.start;
+        while c0 < columns.end {
+            let c1 = (c0 + TILE_COLS).min(columns.end);
+            let nc = c1 - c0;
+            similarity_tile(
+                &mut tile,
+                nc,
+                &queries.data[q0 * queries.dim..q1 * queries.dim],
+                q1 - q0,
+                &gallery.data[c0 * gallery.dim..c1 * gallery.dim],
+                nc,
+                gallery.dim,
+            );
+            for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
+                let scores = &tile[i * nc..(i + 1) * nc];
+                let col0 = self.first_row + c0 as u32;
+                for (state, h) in row_states.iter_mut().zip(self.corrections) {
+                    super::dispatch::scan_row(scores, &h[c0..c1], col0, state);
+                    exclude_positives(scores, &h[c0..c1], col0, self.positives.of(q0 + i), state);
                 }
-                c0 = c1;
             }
-        });
+            c0 = c1;
+        }
+    }
 }
 
 /// The ground truth is not counted against itself: undo the counts of the
