@@ -9,7 +9,6 @@ use arrow::array::{
     UInt32Array,
 };
 use arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde::Serialize;
 
 use crate::bank::{compute_bank_statistics, InvertedSoftmax, StatsChunk};
@@ -310,7 +309,7 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<PathBuf> {
 
 /// The methods recorded in a `gallery_stats.parquet` file.
 pub fn stats_file_methods(path: &Path) -> Result<Vec<MethodSpec>> {
-    let builder = open_stats(path)?;
+    let builder = crate::source::open_parquet(path)?;
     let schema = builder.schema();
     let mut found = Vec::new();
     for field in schema.fields() {
@@ -328,18 +327,6 @@ pub fn stats_file_methods(path: &Path) -> Result<Vec<MethodSpec>> {
     Ok(found)
 }
 
-fn open_stats(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<std::fs::File>> {
-    let file = std::fs::File::open(path).map_err(|e| HubnormError::io(path, e))?;
-    ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
-        HubnormError::input(
-            path,
-            None,
-            None,
-            format!("not a readable Parquet file: {e}"),
-        )
-    })
-}
-
 /// Reads the corrections of `methods` from a stats file, aligned to the
 /// gallery's rows through its ids. Every gallery item must have exactly one row.
 pub fn load_corrections(
@@ -347,7 +334,7 @@ pub fn load_corrections(
     index: &IdIndex,
     methods: &[MethodSpec],
 ) -> Result<Vec<ScoringMethod>> {
-    let builder = open_stats(path)?;
+    let builder = crate::source::open_parquet(path)?;
     let schema = builder.schema().clone();
     let id_col = schema
         .index_of("gallery_id")

@@ -187,7 +187,7 @@ impl EmbeddingTable {
         let mut dim = None;
         let mut has_targets = None;
         for path in files {
-            let builder = open_builder(&path)?;
+            let builder = open_parquet(&path)?;
             let schema = builder.schema().clone();
             let part_rows = builder.metadata().file_metadata().num_rows() as u64;
             let columns = locate_columns(&path, &schema, options, want_targets)?;
@@ -315,8 +315,13 @@ fn check_dim(
     }
 }
 
-fn open_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
-    let file = File::open(path).map_err(|e| HubnormError::io(path, e))?;
+/// Opens a Parquet file for reading. A missing or unreadable file is bad
+/// input (exit code 2), naming the file.
+pub(crate) fn open_parquet(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+    let file = File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => HubnormError::input(path, None, None, "no such file"),
+        _ => HubnormError::io(path, e),
+    })?;
     ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
         HubnormError::input(
             path,
@@ -448,7 +453,7 @@ impl<'a> BlockReader<'a> {
             return Ok(false);
         };
         self.next_part += 1;
-        let builder = open_builder(&part.path)?;
+        let builder = open_parquet(&part.path)?;
         let columns = locate_columns(
             &part.path,
             builder.schema(),

@@ -431,6 +431,31 @@ fn existing_outputs_are_kept_without_overwrite() {
 }
 
 #[test]
+fn missing_stats_file_is_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    valid_case(dir.path());
+    let p = |n: &str| dir.path().join(n).display().to_string();
+    let (code, stderr) = hubnorm(&[
+        "search",
+        "--queries",
+        &p("queries.parquet"),
+        "--gallery",
+        &p("gallery.parquet"),
+        "--stats",
+        &p("nowhere.parquet"),
+        "--out",
+        &p("results.parquet"),
+        "--quiet",
+    ]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("nowhere.parquet") && stderr.contains("no such file"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("results.parquet").exists());
+}
+
+#[test]
 fn usage_errors_exit_with_2() {
     let (code, _) = hubnorm(&["run", "--queries", "q.parquet"]);
     assert_eq!(code, 2);

@@ -480,8 +480,16 @@ fn small_query_block_split_over_gallery_columns_is_exact() {
     let dir = tempfile::tempdir().unwrap();
     let c = case(12, 30, 2 * TILE_COLS + 5, 300, 16);
     write_case(dir.path(), &c);
-    let two = pipeline::run(&run_job(dir.path(), "two", 10, MemoryBudget::DEFAULT, 2), &Silent).unwrap();
-    let one = pipeline::run(&run_job(dir.path(), "one", 10, MemoryBudget::DEFAULT, 1), &Silent).unwrap();
+    let two = pipeline::run(
+        &run_job(dir.path(), "two", 10, MemoryBudget::DEFAULT, 2),
+        &Silent,
+    )
+    .unwrap();
+    let one = pipeline::run(
+        &run_job(dir.path(), "one", 10, MemoryBudget::DEFAULT, 1),
+        &Silent,
+    )
+    .unwrap();
     assert_eq!(two, one);
     assert_eq!(results_of(dir.path(), "two"), results_of(dir.path(), "one"));
     check_against_reference(&c, &dir.path().join("two"), &two, 10);
