@@ -252,6 +252,13 @@ impl EmbeddingTable {
         Ok(table)
     }
 
+    /// The same table, read in record batches of `batch_rows` rows.
+    pub fn with_batch_rows(&self, batch_rows: usize) -> EmbeddingTable {
+        let mut table = self.clone();
+        table.options.batch_rows = batch_rows.max(1);
+        table
+    }
+
     /// The read options this table was opened with.
     pub fn options(&self) -> &ReadOptions {
         &self.options
@@ -797,13 +804,4 @@ fn finish_rows(
         }
     }
     Ok(())
-}
-
-impl EmbeddingTable {
-    /// The same table, read in record batches of `batch_rows` rows.
-    pub fn with_batch_rows(&self, batch_rows: usize) -> EmbeddingTable {
-        let mut table = self.clone();
-        table.options.batch_rows = batch_rows.max(1);
-        table
-    }
 }

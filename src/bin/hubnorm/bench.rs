@@ -13,7 +13,7 @@ use hubnorm::kernel::{
     QueryState, Rows, TILE_COLS, TILE_ROWS,
 };
 use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions};
-use hubnorm::pipeline::{self, RunJob};
+use hubnorm::pipeline;
 use hubnorm::{HubnormError, Result};
 use rayon::prelude::*;
 
@@ -135,7 +135,7 @@ fn report(peak: f64, name: &str, dim: usize, flops: f64, (secs, samples): (f64, 
 }
 
 /// The GEMM tiles alone, with the same tiling and parallelism as the passes.
-fn gemm_only(a: &[f32], b: &[f32], m: usize, n: usize, dim: usize) -> f32 {
+fn gemm_only(a: &[f32], b: &[f32], n: usize, dim: usize) -> f32 {
     a.par_chunks(TILE_ROWS * dim)
         .map(|strip| {
             let rows = strip.len() / dim;
@@ -157,7 +157,6 @@ fn gemm_only(a: &[f32], b: &[f32], m: usize, n: usize, dim: usize) -> f32 {
             checksum
         })
         .sum::<f32>()
-        + m as f32 * 0.0
 }
 
 fn write_bench_table(path: &Path, rows: usize, dim: usize, seed: u64) -> Result<()> {
@@ -222,7 +221,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                 dim,
                 flops,
                 time(args.repeats, || {
-                    std::hint::black_box(gemm_only(&a, &b, m, n, dim));
+                    std::hint::black_box(gemm_only(&a, &b, n, dim));
                 }),
             );
             let corrections = vec![0.01f32; n];
@@ -273,27 +272,20 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             write_bench_table(&dir.join(format!("{name}.parquet")), rows, dim, seed)?;
         }
         let flops = 2.0 * rows as f64 * rows as f64 * dim as f64;
-        let job = |out: &str| RunJob {
-            queries: dir.join("queries.parquet").display().to_string(),
-            gallery: dir.join("gallery.parquet").display().to_string(),
-            bank: dir.join("bank.parquet").display().to_string(),
-            methods: vec![MethodSpec::InvertedSoftmax { beta: Beta(20.0) }],
-            k: 10,
-            out_dir: dir.join(out),
-            overwrite: true,
-            options: PassOptions {
-                memory: MemoryBudget::DEFAULT,
-                threads: args.threads,
-                ..PassOptions::default()
-            },
+        let path = |name: &str| dir.join(name).display().to_string();
+        let methods = vec![MethodSpec::InvertedSoftmax { beta: Beta(20.0) }];
+        let options = PassOptions {
+            memory: MemoryBudget::DEFAULT,
+            threads: args.threads,
+            ..PassOptions::default()
         };
         let stats = pipeline::StatsJob {
-            gallery: job("x").gallery,
-            bank: job("x").bank,
-            methods: job("x").methods,
+            gallery: path("gallery.parquet"),
+            bank: path("bank.parquet"),
+            methods: methods.clone(),
             out: dir.join("stats.parquet"),
             overwrite: true,
-            options: job("x").options,
+            options: options.clone(),
         };
         let mut failure = None;
         report(
@@ -308,14 +300,14 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             }),
         );
         let search = pipeline::SearchJob {
-            queries: job("x").queries,
-            gallery: job("x").gallery,
+            queries: path("queries.parquet"),
+            gallery: path("gallery.parquet"),
             stats: Some(dir.join("stats.parquet")),
-            methods: job("x").methods,
+            methods,
             k: 10,
             out: dir.join("results.parquet"),
             overwrite: true,
-            options: job("x").options,
+            options,
         };
         report(
             peak,
