@@ -6,7 +6,9 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use hubnorm::kernel::gemm::{naive_similarity_tile, similarity_tile};
-use hubnorm::kernel::{column_log_sum_exp, search_block, LogSumExp, Positives, QueryState, Rows};
+use hubnorm::kernel::{
+    column_log_sum_exp, search_block, ColumnScoring, LogSumExp, Positives, QueryState, Rows,
+};
 
 fn rows(n: usize, dim: usize, seed: u32) -> Vec<f32> {
     (0..n * dim)
@@ -52,7 +54,7 @@ fn fused(c: &mut Criterion) {
                     Rows::new(&a, dim),
                     Rows::new(&b, dim),
                     0,
-                    &[&corrections],
+                    &[ColumnScoring::Subtract(&corrections)],
                     &Positives::none(m),
                     &mut states,
                 );

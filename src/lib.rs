@@ -55,5 +55,6 @@ pub mod query;
 pub mod report;
 pub mod sink;
 pub mod source;
+pub mod stats_file;
 
 pub use error::{HubnormError, Result};

@@ -88,39 +88,85 @@ impl Beta {
     pub const DEFAULT: Beta = Beta(20.0);
 }
 
-/// The retrieval methods hubnorm can score with.
+/// The retrieval methods hubnorm can score with (METHODS.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MethodKind {
     /// Raw inner product: the baseline.
     None,
     /// Inverted softmax over the query bank (Smith et al. 2017, as used by QB-Norm).
     InvertedSoftmax,
+    /// Dynamic inverted softmax: IS only for queries whose raw top-1 is in the
+    /// activation set (QB-Norm, Bogolin et al. 2022).
+    DynamicInvertedSoftmax,
+    /// Nearest-neighbour normalisation (Chowdhury et al. 2024).
+    NearestNeighbour,
+    /// Cross-domain similarity local scaling (Conneau et al. 2018).
+    Csls,
+    /// Globally corrected retrieval: rank among the bank (Dinu et al. 2015).
+    GloballyCorrected,
+    /// Distribution normalisation: subtract λ × the bank means (Zhou et al. 2023).
+    DistributionNormalisation,
+    /// DBNorm's dual inverted softmax over query bank and gallery bank (Wang et al. 2023).
+    DualInvertedSoftmax,
+    /// Dual inverted softmax with DIS gating per factor (Wang et al. 2023).
+    DualDynamicInvertedSoftmax,
 }
 
 impl MethodKind {
+    /// Every method, for help texts and `compare`.
+    pub const ALL: [MethodKind; 9] = [
+        MethodKind::None,
+        MethodKind::InvertedSoftmax,
+        MethodKind::DynamicInvertedSoftmax,
+        MethodKind::NearestNeighbour,
+        MethodKind::Csls,
+        MethodKind::GloballyCorrected,
+        MethodKind::DistributionNormalisation,
+        MethodKind::DualInvertedSoftmax,
+        MethodKind::DualDynamicInvertedSoftmax,
+    ];
+
     /// The name used on the command line and in output files.
     pub fn name(self) -> &'static str {
         match self {
             MethodKind::None => "none",
             MethodKind::InvertedSoftmax => "is",
+            MethodKind::DynamicInvertedSoftmax => "dis",
+            MethodKind::NearestNeighbour => "nnn",
+            MethodKind::Csls => "csls",
+            MethodKind::GloballyCorrected => "gc",
+            MethodKind::DistributionNormalisation => "dn",
+            MethodKind::DualInvertedSoftmax => "dual-is",
+            MethodKind::DualDynamicInvertedSoftmax => "dual-dis",
         }
     }
-
-    /// Every method, for help texts.
-    pub const ALL: [MethodKind; 2] = [MethodKind::None, MethodKind::InvertedSoftmax];
 
     /// Whether pass 1 (bank statistics) is needed.
     pub fn needs_bank(self) -> bool {
         !matches!(self, MethodKind::None)
+    }
+
+    /// Whether the method cannot run without `--gallery-bank`.
+    pub fn needs_gallery_bank(self) -> bool {
+        matches!(
+            self,
+            MethodKind::DualInvertedSoftmax | MethodKind::DualDynamicInvertedSoftmax
+        )
+    }
+
+    /// Whether the method uses `--gallery-bank` when one is given.
+    pub fn uses_gallery_bank(self) -> bool {
+        self.needs_gallery_bank() || self == MethodKind::DistributionNormalisation
     }
 }
 
 impl FromStr for MethodKind {
     type Err = HubnormError;
     fn from_str(s: &str) -> Result<Self> {
+        let wanted = s.trim().to_ascii_lowercase().replace('_', "-");
         MethodKind::ALL
             .into_iter()
-            .find(|m| m.name() == s.trim())
+            .find(|m| m.name() == wanted)
             .ok_or_else(|| {
                 let names: Vec<_> = MethodKind::ALL.iter().map(|m| m.name()).collect();
                 HubnormError::Usage(format!(
@@ -137,12 +183,41 @@ impl fmt::Display for MethodKind {
     }
 }
 
-/// A method with its hyperparameters: what a column of `gallery_stats.parquet`
-/// and a `method` value of `results.parquet` stand for.
+/// A method with its hyperparameters: what a `method` value of
+/// `results.parquet` and a group of `gallery_stats.parquet` columns stand for.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum MethodSpec {
     None,
-    InvertedSoftmax { beta: Beta },
+    InvertedSoftmax {
+        beta: Beta,
+    },
+    DynamicInvertedSoftmax {
+        beta: Beta,
+        /// k_A: a gallery item is activated when it is in the top-k_A of some bank query.
+        activation_k: usize,
+    },
+    NearestNeighbour {
+        alpha: f64,
+        k: usize,
+    },
+    Csls {
+        k: usize,
+    },
+    GloballyCorrected,
+    DistributionNormalisation {
+        lambda: f64,
+    },
+    DualInvertedSoftmax {
+        /// β₁ of the query-bank factor.
+        beta1: Beta,
+        /// β₂ of the gallery-bank factor.
+        beta2: Beta,
+    },
+    DualDynamicInvertedSoftmax {
+        beta1: Beta,
+        beta2: Beta,
+        activation_k: usize,
+    },
 }
 
 impl MethodSpec {
@@ -150,6 +225,15 @@ impl MethodSpec {
         match self {
             MethodSpec::None => MethodKind::None,
             MethodSpec::InvertedSoftmax { .. } => MethodKind::InvertedSoftmax,
+            MethodSpec::DynamicInvertedSoftmax { .. } => MethodKind::DynamicInvertedSoftmax,
+            MethodSpec::NearestNeighbour { .. } => MethodKind::NearestNeighbour,
+            MethodSpec::Csls { .. } => MethodKind::Csls,
+            MethodSpec::GloballyCorrected => MethodKind::GloballyCorrected,
+            MethodSpec::DistributionNormalisation { .. } => MethodKind::DistributionNormalisation,
+            MethodSpec::DualInvertedSoftmax { .. } => MethodKind::DualInvertedSoftmax,
+            MethodSpec::DualDynamicInvertedSoftmax { .. } => {
+                MethodKind::DualDynamicInvertedSoftmax
+            }
         }
     }
 
@@ -158,40 +242,213 @@ impl MethodSpec {
         match kind {
             MethodKind::None => MethodSpec::None,
             MethodKind::InvertedSoftmax => MethodSpec::InvertedSoftmax { beta: params.beta },
+            MethodKind::DynamicInvertedSoftmax => MethodSpec::DynamicInvertedSoftmax {
+                beta: params.beta,
+                activation_k: params.activation_k,
+            },
+            MethodKind::NearestNeighbour => MethodSpec::NearestNeighbour {
+                alpha: params.alpha,
+                k: params.nnn_k,
+            },
+            MethodKind::Csls => MethodSpec::Csls { k: params.csls_k },
+            MethodKind::GloballyCorrected => MethodSpec::GloballyCorrected,
+            MethodKind::DistributionNormalisation => MethodSpec::DistributionNormalisation {
+                lambda: params.lambda,
+            },
+            MethodKind::DualInvertedSoftmax => MethodSpec::DualInvertedSoftmax {
+                beta1: params.beta1,
+                beta2: params.beta2,
+            },
+            MethodKind::DualDynamicInvertedSoftmax => MethodSpec::DualDynamicInvertedSoftmax {
+                beta1: params.beta1,
+                beta2: params.beta2,
+                activation_k: params.activation_k,
+            },
         }
+    }
+
+    /// The method with every parameter at its METHODS.md default.
+    pub fn default_for(kind: MethodKind) -> Self {
+        MethodSpec::from_kind(kind, &MethodParams::default())
     }
 
     /// Prefix of this method's columns in `gallery_stats.parquet`, naming the
-    /// method and its parameters, e.g. `is_beta20`.
+    /// method and its parameters, e.g. `is_beta20` or `nnn_alpha0.75_k128`.
     pub fn column_prefix(&self) -> String {
-        match self {
-            MethodSpec::None => "none".to_owned(),
-            MethodSpec::InvertedSoftmax { beta } => format!("is_beta{}", beta.0),
+        let mut prefix = self.kind().name().replace('-', "_");
+        for (name, value) in self.parameters() {
+            // `beta1_20`, not the ambiguous `beta120`.
+            let separator = if name.ends_with(|c: char| c.is_ascii_digit()) {
+                "_"
+            } else {
+                ""
+            };
+            prefix.push_str(&format!("_{name}{separator}{value}"));
+        }
+        prefix
+    }
+
+    /// Parameters as (name, value) pairs, for metadata, summaries and column names.
+    pub fn parameters(&self) -> Vec<(&'static str, f64)> {
+        match *self {
+            MethodSpec::None | MethodSpec::GloballyCorrected => vec![],
+            MethodSpec::InvertedSoftmax { beta } => vec![("beta", beta.0)],
+            MethodSpec::DynamicInvertedSoftmax { beta, activation_k } => {
+                vec![("beta", beta.0), ("ka", activation_k as f64)]
+            }
+            MethodSpec::NearestNeighbour { alpha, k } => vec![("alpha", alpha), ("k", k as f64)],
+            MethodSpec::Csls { k } => vec![("k", k as f64)],
+            MethodSpec::DistributionNormalisation { lambda } => vec![("lambda", lambda)],
+            MethodSpec::DualInvertedSoftmax { beta1, beta2 } => {
+                vec![("beta1", beta1.0), ("beta2", beta2.0)]
+            }
+            MethodSpec::DualDynamicInvertedSoftmax {
+                beta1,
+                beta2,
+                activation_k,
+            } => vec![
+                ("beta1", beta1.0),
+                ("beta2", beta2.0),
+                ("ka", activation_k as f64),
+            ],
         }
     }
 
-    /// Parameters as (name, value) pairs, for metadata and summaries.
-    pub fn parameters(&self) -> Vec<(&'static str, f64)> {
-        match self {
-            MethodSpec::None => vec![],
-            MethodSpec::InvertedSoftmax { beta } => vec![("beta", beta.0)],
+    /// The method of kind `kind` with the named parameters (as in
+    /// [`MethodSpec::parameters`]) and defaults for the others; used to read
+    /// the methods recorded in a stats file.
+    pub fn with_parameters(kind: MethodKind, parameters: &[(String, f64)]) -> Result<Self> {
+        let mut p = MethodParams::default();
+        for (name, value) in parameters {
+            let count = || *value as usize;
+            match (kind, name.as_str()) {
+                (_, "beta") => p.beta = Beta(*value),
+                (_, "ka") => p.activation_k = count(),
+                (_, "alpha") => p.alpha = *value,
+                (MethodKind::NearestNeighbour, "k") => p.nnn_k = count(),
+                (MethodKind::Csls, "k") => p.csls_k = count(),
+                (_, "lambda") => p.lambda = *value,
+                (_, "beta1") => p.beta1 = Beta(*value),
+                (_, "beta2") => p.beta2 = Beta(*value),
+                _ => {
+                    return Err(HubnormError::Usage(format!(
+                        "method {kind} has no parameter '{name}'"
+                    )))
+                }
+            }
+        }
+        Ok(MethodSpec::from_kind(kind, &p))
+    }
+
+    /// Checks the hyperparameters' ranges (the bank-size checks come later,
+    /// once the tables are open).
+    pub fn validate(&self) -> Result<()> {
+        let positive = |flag: &str, v: f64| {
+            if v > 0.0 && v.is_finite() {
+                Ok(())
+            } else {
+                Err(HubnormError::Usage(format!(
+                    "{flag} must be a positive number, got {v} (method {})",
+                    self.kind()
+                )))
+            }
+        };
+        let at_least_one = |flag: &str, v: usize| {
+            if v >= 1 {
+                Ok(())
+            } else {
+                Err(HubnormError::Usage(format!(
+                    "{flag} must be at least 1 (method {})",
+                    self.kind()
+                )))
+            }
+        };
+        match *self {
+            MethodSpec::None | MethodSpec::GloballyCorrected => Ok(()),
+            MethodSpec::InvertedSoftmax { beta } => positive("--beta", beta.0),
+            MethodSpec::DynamicInvertedSoftmax { beta, activation_k } => {
+                positive("--beta", beta.0)?;
+                at_least_one("--activation-k", activation_k)
+            }
+            MethodSpec::NearestNeighbour { alpha, k } => {
+                if !(alpha >= 0.0 && alpha.is_finite()) {
+                    return Err(HubnormError::Usage(format!(
+                        "--alpha must be a non-negative number, got {alpha} (method nnn)"
+                    )));
+                }
+                at_least_one("--nnn-k", k)
+            }
+            MethodSpec::Csls { k } => at_least_one("--csls-k", k),
+            MethodSpec::DistributionNormalisation { lambda } => {
+                if lambda.is_finite() {
+                    Ok(())
+                } else {
+                    Err(HubnormError::Usage(format!(
+                        "--lambda must be a finite number, got {lambda} (method dn)"
+                    )))
+                }
+            }
+            MethodSpec::DualInvertedSoftmax { beta1, beta2 } => {
+                positive("--beta1", beta1.0)?;
+                positive("--beta2", beta2.0)
+            }
+            MethodSpec::DualDynamicInvertedSoftmax {
+                beta1,
+                beta2,
+                activation_k,
+            } => {
+                positive("--beta1", beta1.0)?;
+                positive("--beta2", beta2.0)?;
+                at_least_one("--activation-k", activation_k)
+            }
         }
     }
 }
 
-/// Hyperparameters shared by the methods (each method reads the ones it uses).
+/// Hyperparameters shared by the methods (each method reads the ones it
+/// uses); defaults as in METHODS.md.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MethodParams {
-    /// Inverse temperature of inverted softmax.
+    /// β of `is` and `dis` (exp(β·s)); default 20.
     pub beta: Beta,
+    /// k_A, the top-k of each bank item that forms the activation set of
+    /// `dis` and `dual-dis`; default 1.
+    pub activation_k: usize,
+    /// α of `nnn`; default 0.75.
+    pub alpha: f64,
+    /// k of `nnn` (bank neighbours averaged); default 128.
+    pub nnn_k: usize,
+    /// k of `csls`; default 10.
+    pub csls_k: usize,
+    /// λ of `dn`; default 0.5.
+    pub lambda: f64,
+    /// β₁ of `dual-is`/`dual-dis` (query-bank factor); default 20.
+    pub beta1: Beta,
+    /// β₂ of `dual-is`/`dual-dis` (gallery-bank factor); default 1.
+    pub beta2: Beta,
 }
 
 impl Default for MethodParams {
     fn default() -> Self {
         MethodParams {
             beta: Beta::DEFAULT,
+            activation_k: 1,
+            alpha: 0.75,
+            nnn_k: 128,
+            csls_k: 10,
+            lambda: 0.5,
+            beta1: Beta(20.0),
+            beta2: Beta(1.0),
         }
     }
+}
+
+/// A seeded uniform subsample of each bank (`--bank-sample N`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BankSample {
+    /// Rows kept (all rows when the bank is smaller).
+    pub rows: u64,
+    pub seed: u64,
 }
 
 /// How embedding tables are read.
@@ -264,6 +521,26 @@ mod tests {
         );
         assert_eq!("none".parse::<MethodKind>().unwrap(), MethodKind::None);
         let err = "bogus".parse::<MethodKind>().unwrap_err().to_string();
-        assert!(err.contains("available: none, is"), "{err}");
+        assert!(err.contains("available: none, is, dis"), "{err}");
+        assert_eq!(
+            "dual_is".parse::<MethodKind>().unwrap(),
+            MethodKind::DualInvertedSoftmax
+        );
+    }
+}
+
+#[cfg(test)]
+mod column_tests {
+    use super::*;
+
+    #[test]
+    fn column_prefixes_name_method_and_parameters() {
+        let p = MethodParams::default();
+        let prefix = |k| MethodSpec::from_kind(k, &p).column_prefix();
+        assert_eq!(prefix(MethodKind::InvertedSoftmax), "is_beta20");
+        assert_eq!(prefix(MethodKind::DynamicInvertedSoftmax), "dis_beta20_ka1");
+        assert_eq!(prefix(MethodKind::NearestNeighbour), "nnn_alpha0.75_k128");
+        assert_eq!(prefix(MethodKind::DualInvertedSoftmax), "dual_is_beta1_20_beta2_1");
+        assert_eq!(prefix(MethodKind::GloballyCorrected), "gc");
     }
 }

@@ -4,22 +4,22 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{
-    ArrayRef, AsArray, Float32Array, Float64Array, Int32Array, RecordBatch, StringArray,
-    UInt32Array,
-};
-use arrow::datatypes::{DataType, Field, Float64Type, Schema, SchemaRef};
+use arrow::array::{ArrayRef, Float32Array, Int32Array, RecordBatch, StringArray, UInt32Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use serde::Serialize;
 
-use crate::bank::{compute_bank_statistics, InvertedSoftmax, StatsChunk};
 use crate::error::{HubnormError, Result};
-use crate::ids::{id_at, IdIndex};
-use crate::options::{MethodKind, MethodSpec, PassOptions};
+use crate::ids::IdIndex;
+use crate::kernel::{QueryState, TopK};
+use crate::options::{human_bytes, BankSample, MethodKind, MethodSpec, PassOptions};
 use crate::progress::Progress;
-use crate::query::{search, QueryBlockResult, ScoringMethod, SearchRequest};
+use crate::query::{search, MethodRule, QueryBlockResult, QueryTerm, ScoringPlan, SearchRequest, Selection};
 use crate::report::{KOccurrence, RetrievalMetrics};
 use crate::sink::{write_text_atomically, AtomicFile, ParquetSink};
 use crate::source::{EmbeddingTable, IdKind};
+use crate::stats_file::{load_plan, methods_json, parameters_json, write_stats, StatsInputs};
+
+pub use crate::stats_file::stats_file_methods;
 
 /// The k of the k-occurrence skewness reported in summaries.
 pub const SKEWNESS_K: usize = 10;
@@ -29,6 +29,11 @@ pub const SKEWNESS_K: usize = 10;
 pub struct StatsJob {
     pub gallery: String,
     pub bank: String,
+    /// Items of the gallery modality from the training split (`dual-is`,
+    /// `dual-dis`, and `dn` when given).
+    pub gallery_bank: Option<String>,
+    /// Use a seeded uniform sample of each bank.
+    pub bank_sample: Option<BankSample>,
     pub methods: Vec<MethodSpec>,
     pub out: PathBuf,
     pub overwrite: bool,
@@ -55,6 +60,11 @@ pub struct RunJob {
     pub queries: String,
     pub gallery: String,
     pub bank: String,
+    /// Items of the gallery modality from the training split (`dual-is`,
+    /// `dual-dis`, and `dn` when given).
+    pub gallery_bank: Option<String>,
+    /// Use a seeded uniform sample of each bank.
+    pub bank_sample: Option<BankSample>,
     /// Methods to apply; the baseline `none` is always added first.
     pub methods: Vec<MethodSpec>,
     pub k: usize,
@@ -80,7 +90,10 @@ pub struct MethodSummary {
 pub struct RunSummary {
     pub queries: u64,
     pub gallery: u64,
+    /// Query-bank rows used (after `--bank-sample`).
     pub bank: Option<u64>,
+    /// Gallery-bank rows used, when one was given.
+    pub gallery_bank: Option<u64>,
     pub dim: usize,
     pub k: usize,
     pub normalize: bool,
@@ -105,35 +118,120 @@ fn open_table(
     EmbeddingTable::open(role, spec, &options.read, targets)
 }
 
-fn bank_methods(methods: &[MethodSpec]) -> Vec<InvertedSoftmax> {
-    methods
-        .iter()
-        .filter_map(|m| match m {
-            MethodSpec::InvertedSoftmax { beta } => Some(InvertedSoftmax { beta: *beta }),
-            MethodSpec::None => None,
-        })
-        .collect()
+/// Opens a bank, subsampled when asked.
+fn open_bank(
+    role: &str,
+    spec: &str,
+    options: &PassOptions,
+    sample: Option<BankSample>,
+) -> Result<EmbeddingTable> {
+    let table = open_table(role, spec, options, false)?;
+    match sample {
+        Some(s) => table.sampled(s.rows, s.seed),
+        None => Ok(table),
+    }
 }
 
-fn methods_json(methods: &[MethodSpec]) -> String {
-    let list: Vec<_> = methods
-        .iter()
-        .map(|m| {
-            serde_json::json!({
-                "method": m.kind().name(),
-                "parameters": parameters_json(m),
-                "column_prefix": m.column_prefix(),
-            })
-        })
-        .collect();
-    serde_json::Value::Array(list).to_string()
+/// The tables pass 1 reads, opened and checked against the gallery.
+struct Banks {
+    bank: EmbeddingTable,
+    gallery_bank: Option<EmbeddingTable>,
 }
 
-fn parameters_json(m: &MethodSpec) -> serde_json::Map<String, serde_json::Value> {
-    m.parameters()
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), serde_json::json!(v)))
-        .collect()
+fn open_banks(
+    bank: &str,
+    gallery_bank: Option<&str>,
+    sample: Option<BankSample>,
+    methods: &[MethodSpec],
+    gallery: &EmbeddingTable,
+    options: &PassOptions,
+) -> Result<Banks> {
+    let bank = open_bank("bank", bank, options, sample)?;
+    let uses_gallery_bank = methods.iter().any(|m| m.kind().uses_gallery_bank());
+    let gallery_bank = match gallery_bank {
+        Some(spec) if uses_gallery_bank => {
+            Some(open_bank("gallery bank", spec, options, sample)?)
+        }
+        _ => None,
+    };
+    for table in std::iter::once(&bank).chain(&gallery_bank) {
+        if table.dim != gallery.dim {
+            return Err(crate::bank::pass::dimension_error(table, gallery));
+        }
+    }
+    check_bank_sizes(methods, &bank, gallery, options)?;
+    Ok(Banks { bank, gallery_bank })
+}
+
+/// Methods without repeats, each checked, and the gallery bank present
+/// when a method needs it.
+fn check_methods(methods: &[MethodSpec], has_gallery_bank: bool) -> Result<Vec<MethodSpec>> {
+    let mut unique: Vec<MethodSpec> = Vec::new();
+    for m in methods {
+        m.validate()?;
+        if m.kind().needs_gallery_bank() && !has_gallery_bank {
+            return Err(HubnormError::Usage(format!(
+                "method {} needs --gallery-bank PATH (items of the gallery modality from the training split, e.g. the bank queries' targets)",
+                m.kind()
+            )));
+        }
+        if !unique.contains(m) {
+            unique.push(*m);
+        }
+    }
+    Ok(unique)
+}
+
+/// Checks that need the bank's size: k of NNN/CSLS within the bank, and
+/// `gc`'s sorted similarities within the memory limit.
+fn check_bank_sizes(
+    methods: &[MethodSpec],
+    bank: &EmbeddingTable,
+    gallery: &EmbeddingTable,
+    options: &PassOptions,
+) -> Result<()> {
+    for m in methods {
+        match *m {
+            MethodSpec::NearestNeighbour { k, .. } | MethodSpec::Csls { k }
+                if k as u64 > bank.rows =>
+            {
+                let flag = if m.kind() == MethodKind::Csls { "--csls-k" } else { "--nnn-k" };
+                return Err(HubnormError::Usage(format!(
+                    "{flag} {k} is larger than the bank ({} rows); method {} averages the k most similar bank items",
+                    bank.rows,
+                    m.kind()
+                )));
+            }
+            MethodSpec::GloballyCorrected => {
+                let needed = bank.rows.saturating_mul(gallery.rows).saturating_mul(4);
+                let allowed = options.memory.bytes() as u64 / 2;
+                if needed > allowed {
+                    let fits = (allowed / (gallery.rows.max(1) * 4)).max(1);
+                    return Err(HubnormError::Budget(format!(
+                        "method gc keeps every bank similarity of every gallery item: {} bank × {} gallery × 4 bytes = {}, more than half of --memory-limit {}; raise the limit or pass --bank-sample N (N ≤ {fits} fits)",
+                        bank.rows,
+                        gallery.rows,
+                        human_bytes(needed),
+                        options.memory
+                    )));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn bank_metadata(banks: &Banks, sample: Option<BankSample>) -> Vec<(String, String)> {
+    let mut metadata = table_metadata("bank", &banks.bank);
+    if let Some(gallery_bank) = &banks.gallery_bank {
+        metadata.extend(table_metadata("gallery bank", gallery_bank));
+    }
+    if let Some(s) = sample {
+        metadata.push(("hubnorm.bank_sample.rows".into(), s.rows.to_string()));
+        metadata.push(("hubnorm.bank_sample.seed".into(), s.seed.to_string()));
+    }
+    metadata
 }
 
 fn common_metadata(kind: &str, options: &PassOptions) -> Vec<(String, String)> {
@@ -155,306 +253,6 @@ fn table_metadata(role: &str, table: &EmbeddingTable) -> Vec<(String, String)> {
     ]
 }
 
-// ---------------------------------------------------------------- pass 1 output
-
-/// Columns of `gallery_stats.parquet` for one inverted-softmax statistic.
-fn stats_columns(method: &InvertedSoftmax) -> [String; 3] {
-    let prefix = MethodSpec::InvertedSoftmax { beta: method.beta }.column_prefix();
-    [
-        format!("{prefix}_correction"),
-        format!("{prefix}_lse_max"),
-        format!("{prefix}_lse_sum"),
-    ]
-}
-
-/// Schema of `gallery_stats.parquet`: `gallery_id`, then per statistic its
-/// correction h(g) and the mergeable log-sum-exp state (max, sum) it came from.
-pub fn stats_schema(id_kind: IdKind, methods: &[InvertedSoftmax]) -> SchemaRef {
-    let mut fields = vec![Field::new("gallery_id", id_kind.data_type(), false)];
-    for m in methods {
-        for name in stats_columns(m) {
-            fields.push(Field::new(name, DataType::Float64, false));
-        }
-    }
-    Arc::new(Schema::new(fields))
-}
-
-fn stats_batch(
-    schema: &SchemaRef,
-    chunk: &StatsChunk<'_>,
-    methods: &[InvertedSoftmax],
-) -> Result<RecordBatch> {
-    let nb = methods.len();
-    let rows = chunk.ids.len();
-    let mut columns: Vec<ArrayRef> = vec![chunk.ids.clone()];
-    for (b, m) in methods.iter().enumerate() {
-        let state = |i: usize| &chunk.states[i * nb + b];
-        columns.push(Arc::new(Float64Array::from_iter_values(
-            (0..rows).map(|i| m.correction(state(i))),
-        )));
-        columns.push(Arc::new(Float64Array::from_iter_values(
-            (0..rows).map(|i| state(i).max),
-        )));
-        columns.push(Arc::new(Float64Array::from_iter_values(
-            (0..rows).map(|i| state(i).sum),
-        )));
-    }
-    Ok(RecordBatch::try_new(schema.clone(), columns)?)
-}
-
-/// Pass 1 into an (uncommitted) stats file; also returns the corrections as
-/// scoring methods for pass 2.
-fn write_stats(
-    gallery: &EmbeddingTable,
-    bank: &EmbeddingTable,
-    index: &IdIndex,
-    methods: &[MethodSpec],
-    out: &Path,
-    overwrite: bool,
-    options: &PassOptions,
-    progress: &dyn Progress,
-) -> Result<(AtomicFile, Vec<ScoringMethod>)> {
-    let statistics = bank_methods(methods);
-    let schema = stats_schema(gallery.id_kind, &statistics);
-    let mut metadata = common_metadata("gallery_stats", options);
-    metadata.push((
-        "hubnorm.methods".into(),
-        methods_json(
-            &statistics
-                .iter()
-                .map(|m| MethodSpec::InvertedSoftmax { beta: m.beta })
-                .collect::<Vec<_>>(),
-        ),
-    ));
-    metadata.extend(table_metadata("gallery", gallery));
-    metadata.extend(table_metadata("bank", bank));
-    let mut sink = ParquetSink::create(out, schema.clone(), metadata, overwrite)?;
-    let mut scoring: Vec<ScoringMethod> = statistics
-        .iter()
-        .map(|m| ScoringMethod {
-            spec: MethodSpec::InvertedSoftmax { beta: m.beta },
-            corrections: vec![0.0; gallery.rows as usize],
-        })
-        .collect();
-    let betas: Vec<f32> = statistics.iter().map(|m| m.beta.0 as f32).collect();
-    let resident = index.memory_bytes()
-        + scoring
-            .iter()
-            .map(ScoringMethod::memory_bytes)
-            .sum::<usize>();
-    compute_bank_statistics(
-        gallery,
-        bank,
-        &betas,
-        options.memory.bytes(),
-        resident,
-        progress,
-        |chunk| {
-            let nb = statistics.len();
-            for (b, m) in statistics.iter().enumerate() {
-                let h = &mut scoring[b].corrections;
-                for i in 0..chunk.ids.len() {
-                    h[chunk.first_row as usize + i] =
-                        m.correction(&chunk.states[i * nb + b]) as f32;
-                }
-            }
-            sink.write(&stats_batch(&schema, &chunk, &statistics)?)
-        },
-    )?;
-    Ok((sink.close_uncommitted()?, scoring))
-}
-
-fn check_positive_betas(methods: &[MethodSpec]) -> Result<()> {
-    for m in methods {
-        if let MethodSpec::InvertedSoftmax { beta } = m {
-            if !(beta.0 > 0.0 && beta.0.is_finite()) {
-                return Err(HubnormError::Usage(format!(
-                    "--beta must be a positive number, got {}",
-                    beta.0
-                )));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// `hubnorm stats`: pass 1 only; writes `gallery_stats.parquet`.
-pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<PathBuf> {
-    check_positive_betas(&job.methods)?;
-    if !job.overwrite && job.out.exists() {
-        return Err(HubnormError::Usage(format!(
-            "{} already exists (pass --overwrite to replace it)",
-            job.out.display()
-        )));
-    }
-    with_threads(job.options.threads, || {
-        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
-        let bank = open_table("bank", &job.bank, &job.options, false)?;
-        let index = IdIndex::build(&gallery)?;
-        let (file, _) = write_stats(
-            &gallery,
-            &bank,
-            &index,
-            &job.methods,
-            &job.out,
-            job.overwrite,
-            &job.options,
-            progress,
-        )?;
-        file.commit()
-    })
-}
-
-// ---------------------------------------------------------------- stats input
-
-/// The methods recorded in a `gallery_stats.parquet` file.
-pub fn stats_file_methods(path: &Path) -> Result<Vec<MethodSpec>> {
-    let builder = crate::source::open_parquet(path)?;
-    let schema = builder.schema();
-    let mut found = Vec::new();
-    for field in schema.fields() {
-        if let Some(prefix) = field.name().strip_suffix("_correction") {
-            if let Some(beta) = prefix
-                .strip_prefix("is_beta")
-                .and_then(|b| b.parse::<f64>().ok())
-            {
-                found.push(MethodSpec::InvertedSoftmax {
-                    beta: crate::options::Beta(beta),
-                });
-            }
-        }
-    }
-    Ok(found)
-}
-
-/// Reads the corrections of `methods` from a stats file, aligned to the
-/// gallery's rows through its ids. Every gallery item must have exactly one row.
-pub fn load_corrections(
-    path: &Path,
-    index: &IdIndex,
-    methods: &[MethodSpec],
-) -> Result<Vec<ScoringMethod>> {
-    let builder = crate::source::open_parquet(path)?;
-    let schema = builder.schema().clone();
-    let id_col = schema
-        .index_of("gallery_id")
-        .map_err(|_| HubnormError::input(path, None, Some("gallery_id"), "missing column"))?;
-    // (index in `methods`, column in the file) for every method with a statistic.
-    let mut wanted = Vec::new();
-    for (index, m) in methods.iter().enumerate() {
-        if m.kind() == MethodKind::None {
-            continue;
-        }
-        let name = format!("{}_correction", m.column_prefix());
-        let col = schema.index_of(&name).map_err(|_| {
-            let available: Vec<String> = stats_file_methods(path)
-                .unwrap_or_default()
-                .iter()
-                .map(|m| format!("{} {:?}", m.kind(), m.parameters()))
-                .collect();
-            HubnormError::input(
-                path,
-                None,
-                Some(&name),
-                format!(
-                    "the stats file has no statistic for this method and parameters (it has: {})",
-                    available.join("; ")
-                ),
-            )
-        })?;
-        wanted.push((index, col));
-    }
-    let n = index.len();
-    let mut out: Vec<ScoringMethod> = methods
-        .iter()
-        .map(|m| ScoringMethod {
-            spec: *m,
-            corrections: vec![0.0; n],
-        })
-        .collect();
-    let mut seen = vec![false; n];
-    let id_type = index.ids().data_type().clone();
-    let reader = builder
-        .build()
-        .map_err(|e| HubnormError::input(path, None, None, format!("cannot read: {e}")))?;
-    let mut file_row = 0u64;
-    for batch in reader {
-        let batch = batch.map_err(|e| {
-            HubnormError::input(path, Some(file_row), None, format!("cannot decode: {e}"))
-        })?;
-        let ids = crate::source::normalise_ids(batch.column(id_col))?;
-        let ids = if ids.data_type() == &id_type {
-            ids
-        } else {
-            arrow::compute::cast(&ids, &id_type)?
-        };
-        for i in 0..batch.num_rows() {
-            let row = file_row + i as u64;
-            if ids.is_null(i) {
-                return Err(HubnormError::input(
-                    path,
-                    Some(row),
-                    Some("gallery_id"),
-                    "null or unconvertible id",
-                ));
-            }
-            let id = id_at(ids.as_ref(), i);
-            let g = index.find(id).ok_or_else(|| {
-                HubnormError::input(
-                    path,
-                    Some(row),
-                    Some("gallery_id"),
-                    format!("id {id} is not in the gallery (stats from another gallery?)"),
-                )
-            })? as usize;
-            if std::mem::replace(&mut seen[g], true) {
-                return Err(HubnormError::input(
-                    path,
-                    Some(row),
-                    Some("gallery_id"),
-                    format!("duplicate id {id}"),
-                ));
-            }
-            for &(index, col) in &wanted {
-                let values = batch
-                    .column(col)
-                    .as_primitive_opt::<Float64Type>()
-                    .ok_or_else(|| {
-                        HubnormError::input(
-                            path,
-                            None,
-                            Some(schema.field(col).name()),
-                            "expected Float64",
-                        )
-                    })?;
-                let v = values.value(i);
-                if !v.is_finite() {
-                    return Err(HubnormError::input(
-                        path,
-                        Some(row),
-                        Some(schema.field(col).name()),
-                        "correction is not finite",
-                    ));
-                }
-                out[index].corrections[g] = v as f32;
-            }
-        }
-        file_row += batch.num_rows() as u64;
-    }
-    if let Some(g) = seen.iter().position(|s| !s) {
-        return Err(HubnormError::input(
-            path,
-            None,
-            Some("gallery_id"),
-            format!(
-                "gallery item {} has no statistics in this file (stats from another gallery?)",
-                id_at(index.ids().as_ref(), g)
-            ),
-        ));
-    }
-    Ok(out)
-}
-
 // ---------------------------------------------------------------- pass 2 output
 
 /// Schema of `results.parquet`.
@@ -469,10 +267,55 @@ pub fn results_schema(query_ids: IdKind, gallery_ids: IdKind) -> SchemaRef {
     ]))
 }
 
+
+/// Which scoring `rule` reports for the query whose states are `states`.
+fn selected_scoring(rule: &MethodRule, states: &[QueryState]) -> usize {
+    match &rule.selection {
+        Selection::Fixed(s) => *s,
+        Selection::Gated { raw, sets, choices } => {
+            // The raw top-1 g*; a query with no candidate stays raw.
+            let Some(top1) = states[*raw].top.best() else {
+                return choices[0];
+            };
+            let bits = sets
+                .iter()
+                .enumerate()
+                .filter(|(_, set)| set[top1.row as usize])
+                .fold(0usize, |acc, (i, _)| acc | (1 << i));
+            choices[bits]
+        }
+    }
+}
+
+/// The term `rule` subtracts from every reported score of a query.
+fn query_offset(rule: &MethodRule, states: &[QueryState], query: &[f32]) -> f64 {
+    match &rule.query_term {
+        QueryTerm::None => 0.0,
+        QueryTerm::HalfNeighbourMean { raw, k } => {
+            let top: &TopK = &states[*raw].top;
+            let sorted = top.sorted();
+            let take = (*k).min(sorted.len()).max(1);
+            0.5 * sorted.iter().take(take).map(|c| c.raw as f64).sum::<f64>() / take as f64
+        }
+        QueryTerm::DistributionShift {
+            lambda,
+            gallery_mean,
+            constant,
+        } => {
+            let dot: f64 = query
+                .iter()
+                .zip(gallery_mean)
+                .map(|(&q, &m)| q as f64 * m)
+                .sum();
+            lambda * dot - constant
+        }
+    }
+}
+
 /// Turns query blocks into result rows, and accumulates the summary figures.
 struct ResultsCollector<'a> {
     schema: SchemaRef,
-    methods: &'a [ScoringMethod],
+    rules: &'a [MethodRule],
     gallery_ids: &'a ArrayRef,
     k: usize,
     occurrence: Vec<KOccurrence>,
@@ -480,32 +323,21 @@ struct ResultsCollector<'a> {
 }
 
 impl<'a> ResultsCollector<'a> {
-    fn new(
-        schema: SchemaRef,
-        methods: &'a [ScoringMethod],
-        gallery_ids: &'a ArrayRef,
-        k: usize,
-    ) -> Self {
+    fn new(schema: SchemaRef, rules: &'a [MethodRule], gallery_ids: &'a ArrayRef, k: usize) -> Self {
         let n = gallery_ids.len();
         ResultsCollector {
             schema,
-            methods,
+            rules,
             gallery_ids,
             k,
-            occurrence: methods
-                .iter()
-                .map(|_| KOccurrence::new(SKEWNESS_K, n))
-                .collect(),
-            quality: methods
-                .iter()
-                .map(|_| RetrievalMetrics::default())
-                .collect(),
+            occurrence: rules.iter().map(|_| KOccurrence::new(SKEWNESS_K, n)).collect(),
+            quality: rules.iter().map(|_| RetrievalMetrics::default()).collect(),
         }
     }
 
     fn batch(&mut self, block: &QueryBlockResult<'_>) -> Result<RecordBatch> {
-        let nm = block.methods;
-        let rows = block.query_ids.len();
+        let ns = block.scorings;
+        let queries = block.queries;
         let (mut method, mut query, mut rank, mut gallery, mut score, mut raw) = (
             Vec::new(),
             Vec::new(),
@@ -516,10 +348,13 @@ impl<'a> ResultsCollector<'a> {
         );
         // Query-major order (query, method, rank): the file's row order then
         // does not depend on the block sizes the memory limit chose.
-        for q in 0..rows {
-            for (m, scoring) in self.methods.iter().enumerate() {
-                let name = scoring.spec.kind().name();
-                let state = &block.states[q * nm + m];
+        for q in 0..queries.rows {
+            let states = &block.states[q * ns..(q + 1) * ns];
+            let embedding = &queries.data[q * queries.dim..(q + 1) * queries.dim];
+            for (m, rule) in self.rules.iter().enumerate() {
+                let name = rule.spec.kind().name();
+                let state = &states[selected_scoring(rule, states)];
+                let offset = query_offset(rule, states, embedding);
                 let list = state.top.sorted();
                 self.occurrence[m].add_list(list.iter().map(|c| c.row));
                 if let Some(r) = state.rank() {
@@ -530,7 +365,7 @@ impl<'a> ResultsCollector<'a> {
                     query.push(q as u32);
                     rank.push(r as i32 + 1);
                     gallery.push(c.row);
-                    score.push(c.score);
+                    score.push((c.score as f64 - offset) as f32);
                     raw.push(c.raw);
                 }
             }
@@ -540,7 +375,7 @@ impl<'a> ResultsCollector<'a> {
         };
         let columns: Vec<ArrayRef> = vec![
             Arc::new(StringArray::from(method)),
-            take(block.query_ids, query)?,
+            take(&queries.ids, query)?,
             Arc::new(Int32Array::from(rank)),
             take(self.gallery_ids, gallery)?,
             Arc::new(Float32Array::from(score)),
@@ -550,12 +385,12 @@ impl<'a> ResultsCollector<'a> {
     }
 
     fn summaries(&self) -> Vec<MethodSummary> {
-        self.methods
+        self.rules
             .iter()
             .enumerate()
-            .map(|(m, scoring)| MethodSummary {
-                method: scoring.spec.kind().name().to_owned(),
-                parameters: parameters_json(&scoring.spec),
+            .map(|(m, rule)| MethodSummary {
+                method: rule.spec.kind().name().to_owned(),
+                parameters: parameters_json(&rule.spec),
                 k_occurrence_skewness: self.occurrence[m].skewness(),
                 quality: self.quality[m].summary(),
             })
@@ -569,7 +404,7 @@ fn write_results(
     queries: &EmbeddingTable,
     gallery: &EmbeddingTable,
     index: &IdIndex,
-    methods: &[ScoringMethod],
+    plan: &ScoringPlan,
     k: usize,
     out: &Path,
     overwrite: bool,
@@ -581,27 +416,26 @@ fn write_results(
     metadata.extend(common_metadata("results", options));
     metadata.push((
         "hubnorm.methods".into(),
-        methods_json(&methods.iter().map(|m| m.spec).collect::<Vec<_>>()),
+        methods_json(&plan.methods.iter().map(|m| m.spec).collect::<Vec<_>>()),
     ));
     metadata.push(("hubnorm.k".into(), k.to_string()));
     metadata.extend(table_metadata("queries", queries));
     metadata.extend(table_metadata("gallery", gallery));
     let mut sink = ParquetSink::create(out, schema.clone(), metadata, overwrite)?;
-    let mut collector = ResultsCollector::new(schema, methods, index.ids(), k);
+    let mut collector = ResultsCollector::new(schema, &plan.methods, index.ids(), k);
     let resident = index.memory_bytes()
-        + methods
-            .iter()
-            .map(ScoringMethod::memory_bytes)
-            .sum::<usize>()
-        + methods.len() * index.len() * 4;
+        + plan.memory_bytes()
+        + plan.methods.len() * index.len() * 4;
     let request = SearchRequest {
         queries,
         gallery,
         gallery_index: index,
-        methods,
-        k: k.max(SKEWNESS_K),
+        scorings: &plan.scorings,
+        k: k.max(SKEWNESS_K).max(plan.neighbours_needed()),
         budget: options.memory.bytes(),
         resident_bytes: resident,
+        // The result rows built from each query (~48 bytes per row).
+        output_row_bytes: plan.methods.len() * k * 48,
     };
     search(&request, progress, |block| {
         sink.write(&collector.batch(&block)?)
@@ -616,33 +450,62 @@ fn check_k(k: usize) -> Result<()> {
     Ok(())
 }
 
-/// `hubnorm search`: pass 2 only, with corrections from a stats file.
-pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary> {
-    check_k(job.k)?;
-    if !job.overwrite && job.out.exists() {
+fn refuse_existing(path: &Path, overwrite: bool) -> Result<()> {
+    if !overwrite && path.exists() {
         return Err(HubnormError::Usage(format!(
             "{} already exists (pass --overwrite to replace it)",
-            job.out.display()
+            path.display()
         )));
     }
+    Ok(())
+}
+
+/// `hubnorm stats`: pass 1 only; writes `gallery_stats.parquet`.
+pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<PathBuf> {
+    let methods = check_methods(&job.methods, job.gallery_bank.is_some())?;
+    refuse_existing(&job.out, job.overwrite)?;
+    with_threads(job.options.threads, || {
+        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        let banks = open_banks(
+            &job.bank,
+            job.gallery_bank.as_deref(),
+            job.bank_sample,
+            &methods,
+            &gallery,
+            &job.options,
+        )?;
+        let index = IdIndex::build(&gallery)?;
+        let mut metadata = common_metadata("gallery_stats", &job.options);
+        metadata.extend(table_metadata("gallery", &gallery));
+        metadata.extend(bank_metadata(&banks, job.bank_sample));
+        let file = write_stats(
+            &StatsInputs {
+                gallery: &gallery,
+                bank: &banks.bank,
+                gallery_bank: banks.gallery_bank.as_ref(),
+                index: &index,
+            },
+            &methods,
+            &job.out,
+            job.overwrite,
+            &job.options,
+            metadata,
+            progress,
+        )?;
+        file.commit()
+    })
+}
+
+/// `hubnorm search`: pass 2 only, with statistics from a stats file.
+pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary> {
+    check_k(job.k)?;
+    let methods = check_methods(&job.methods, true)?;
+    refuse_existing(&job.out, job.overwrite)?;
     with_threads(job.options.threads, || {
         let queries = open_table("queries", &job.queries, &job.options, true)?;
         let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
         let index = IdIndex::build(&gallery)?;
-        let needs_stats = job.methods.iter().any(|m| m.kind().needs_bank());
-        let methods = match (&job.stats, needs_stats) {
-            (Some(path), _) => load_corrections(path, &index, &job.methods)?,
-            (None, false) => job
-                .methods
-                .iter()
-                .map(|_| ScoringMethod::baseline(index.len()))
-                .collect(),
-            (None, true) => {
-                return Err(HubnormError::Usage(
-                    "--stats FILE is needed for every method but 'none'".into(),
-                ))
-            }
-        };
+        let plan = load_plan(job.stats.as_deref(), &index, &methods)?;
         let mut metadata = Vec::new();
         if let Some(stats) = &job.stats {
             metadata.push(("hubnorm.stats.path".into(), stats.display().to_string()));
@@ -651,7 +514,7 @@ pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary
             &queries,
             &gallery,
             &index,
-            &methods,
+            &plan,
             job.k,
             &job.out,
             job.overwrite,
@@ -664,6 +527,7 @@ pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary
             queries: queries.rows,
             gallery: gallery.rows,
             bank: None,
+            gallery_bank: None,
             dim: gallery.dim,
             k: job.k,
             normalize: job.options.read.normalize,
@@ -679,62 +543,63 @@ pub const RUN_OUTPUTS: [&str; 3] = ["results.parquet", "gallery_stats.parquet", 
 /// Nothing appears under the final names unless every output is complete.
 pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
     check_k(job.k)?;
-    check_positive_betas(&job.methods)?;
+    let mut methods = vec![MethodSpec::None];
+    methods.extend(job.methods.iter().filter(|m| m.kind() != MethodKind::None));
+    let methods = check_methods(&methods, job.gallery_bank.is_some())?;
     for name in RUN_OUTPUTS {
-        let path = job.out_dir.join(name);
-        if path.exists() && !job.overwrite {
-            return Err(HubnormError::Usage(format!(
-                "{} already exists (pass --overwrite to replace it)",
-                path.display()
-            )));
-        }
+        refuse_existing(&job.out_dir.join(name), job.overwrite)?;
     }
     with_threads(job.options.threads, || {
         let queries = open_table("queries", &job.queries, &job.options, true)?;
         let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
-        let bank = open_table("bank", &job.bank, &job.options, false)?;
-        for table in [&queries, &bank] {
-            if table.dim != gallery.dim {
-                return Err(crate::bank::pass::dimension_error(table, &gallery));
-            }
+        if queries.dim != gallery.dim {
+            return Err(crate::bank::pass::dimension_error(&queries, &gallery));
         }
-        let index = IdIndex::build(&gallery)?;
-        let mut methods = vec![MethodSpec::None];
-        methods.extend(
-            job.methods
-                .iter()
-                .filter(|m| m.kind() != MethodKind::None)
-                .copied(),
-        );
-        let (stats_file, corrected) = write_stats(
+        let banks = open_banks(
+            &job.bank,
+            job.gallery_bank.as_deref(),
+            job.bank_sample,
+            &methods,
             &gallery,
-            &bank,
-            &index,
+            &job.options,
+        )?;
+        let index = IdIndex::build(&gallery)?;
+        let mut metadata = common_metadata("gallery_stats", &job.options);
+        metadata.extend(table_metadata("gallery", &gallery));
+        metadata.extend(bank_metadata(&banks, job.bank_sample));
+        let stats_file = write_stats(
+            &StatsInputs {
+                gallery: &gallery,
+                bank: &banks.bank,
+                gallery_bank: banks.gallery_bank.as_ref(),
+                index: &index,
+            },
             &methods,
             &job.out_dir.join("gallery_stats.parquet"),
-            job.overwrite,
-            &job.options,
-            progress,
-        )?;
-        let mut scoring = vec![ScoringMethod::baseline(index.len())];
-        scoring.extend(corrected);
-        let metadata = table_metadata("bank", &bank);
-        let (results_file, summaries) = write_results(
-            &queries,
-            &gallery,
-            &index,
-            &scoring,
-            job.k,
-            &job.out_dir.join("results.parquet"),
             job.overwrite,
             &job.options,
             metadata,
             progress,
         )?;
+        // Read back through the same code as `hubnorm search`.
+        let plan = load_plan(Some(stats_file.temporary_path()), &index, &methods)?;
+        let (results_file, summaries) = write_results(
+            &queries,
+            &gallery,
+            &index,
+            &plan,
+            job.k,
+            &job.out_dir.join("results.parquet"),
+            job.overwrite,
+            &job.options,
+            bank_metadata(&banks, job.bank_sample),
+            progress,
+        )?;
         let summary = RunSummary {
             queries: queries.rows,
             gallery: gallery.rows,
-            bank: Some(bank.rows),
+            bank: Some(banks.bank.rows),
+            gallery_bank: banks.gallery_bank.as_ref().map(|t| t.rows),
             dim: gallery.dim,
             k: job.k,
             normalize: job.options.read.normalize,

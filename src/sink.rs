@@ -65,6 +65,11 @@ impl AtomicFile {
     pub fn destination(&self) -> &Path {
         &self.destination
     }
+
+    /// Where the file is until it is committed (to read it back before then).
+    pub fn temporary_path(&self) -> &Path {
+        &self.temporary
+    }
 }
 
 impl Drop for AtomicFile {

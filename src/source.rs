@@ -8,6 +8,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use arrow::array::{
     Array, ArrayRef, AsArray, FixedSizeListArray, GenericListArray, OffsetSizeTrait,
@@ -75,6 +76,20 @@ pub struct EmbeddingTable {
     /// Whether the table has the ground-truth column (queries only).
     pub has_targets: bool,
     options: ReadOptions,
+    /// The rows kept by [`EmbeddingTable::sampled`] (all when `None`).
+    sample: Option<Arc<RowSample>>,
+}
+
+/// A subset of a table's rows, as a bitset over the file rows.
+#[derive(Debug, Clone)]
+struct RowSample {
+    words: Vec<u64>,
+}
+
+impl RowSample {
+    fn contains(&self, row: u64) -> bool {
+        self.words[(row / 64) as usize] >> (row % 64) & 1 == 1
+    }
 }
 
 /// A block of consecutive rows of a table.
@@ -245,6 +260,7 @@ impl EmbeddingTable {
             id_kind: id_kind.expect("at least one part"),
             has_targets: has_targets.unwrap_or(false),
             options: options.clone(),
+            sample: None,
         };
         if dim.is_none() {
             table.dim = table.peek_list_dimension()?;
@@ -257,6 +273,33 @@ impl EmbeddingTable {
         let mut table = self.clone();
         table.options.batch_rows = batch_rows.max(1);
         table
+    }
+
+    /// A seeded uniform sample of `rows` rows of the table, read in file
+    /// order (the whole table when it has no more rows). Every row is still
+    /// read and validated; rows of the sample are numbered 0.. in file order.
+    pub fn sampled(&self, rows: u64, seed: u64) -> Result<EmbeddingTable> {
+        if rows == 0 {
+            return Err(HubnormError::Usage(format!(
+                "--bank-sample must be at least 1 (the {} has {} rows)",
+                self.role, self.rows
+            )));
+        }
+        if rows >= self.rows || self.sample.is_some() {
+            return Ok(self.clone());
+        }
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let total = usize::try_from(self.rows)
+            .map_err(|_| HubnormError::Usage(format!("the {} is too large to sample", self.role)))?;
+        let mut words = vec![0u64; total.div_ceil(64)];
+        for i in rand::seq::index::sample(&mut rng, total, rows as usize) {
+            words[i / 64] |= 1 << (i % 64);
+        }
+        let mut table = self.clone();
+        table.rows = rows;
+        table.sample = Some(Arc::new(RowSample { words }));
+        Ok(table)
     }
 
     /// The read options this table was opened with.
@@ -433,6 +476,8 @@ pub struct BlockReader<'a> {
 
 struct PartReader {
     path: PathBuf,
+    /// Table row of the part's first row.
+    table_first_row: u64,
     reader: ParquetRecordBatchReader,
     columns: Columns,
     /// Batch being consumed and how far.
@@ -503,6 +548,7 @@ impl<'a> BlockReader<'a> {
             })?;
         self.current = Some(PartReader {
             path: part.path.clone(),
+            table_first_row: part.first_row,
             reader,
             columns: projected,
             pending: None,
@@ -551,11 +597,24 @@ impl<'a> BlockReader<'a> {
             let slice = batch.slice(*offset, take);
             let slice_first_row = part.batch_first_row + *offset as u64;
             let opts = &self.table.options;
+            // Rows of a sampled table that are kept (all rows otherwise).
+            let keep = self.table.sample.as_ref().map(|sample| {
+                let first = part.table_first_row + slice_first_row;
+                arrow::array::BooleanArray::from_iter(
+                    (0..take as u64).map(|i| Some(sample.contains(first + i))),
+                )
+            });
+            let kept = keep.as_ref().map_or(take, |k| k.true_count());
             let id = slice.column(part.columns.id);
             check_ids(id, &part.path, slice_first_row, &opts.id_column)?;
-            ids.push(normalise_ids(id)?);
+            let id = normalise_ids(id)?;
+            ids.push(match &keep {
+                Some(k) => arrow::compute::filter(&id, k)?,
+                None => id,
+            });
             if !self.ids_only {
                 let embedding = slice.column(part.columns.embedding);
+                let start = data.len();
                 append_embeddings(
                     embedding,
                     &part.path,
@@ -565,11 +624,27 @@ impl<'a> BlockReader<'a> {
                     opts.normalize,
                     &mut data,
                 )?;
+                if let (Some(k), Some(d)) = (&keep, block_dim) {
+                    // Compact the kept rows in place (every row was validated).
+                    let mut write = start;
+                    for (i, keep_row) in k.values().iter().enumerate() {
+                        if keep_row {
+                            let read = start + i * d;
+                            data.copy_within(read..read + d, write);
+                            write += d;
+                        }
+                    }
+                    data.truncate(write);
+                }
                 if let Some(t) = part.columns.target {
-                    targets.push(slice.column(t).clone());
+                    let column = slice.column(t).clone();
+                    targets.push(match &keep {
+                        Some(k) => arrow::compute::filter(&column, k)?,
+                        None => column,
+                    });
                 }
             }
-            rows += take;
+            rows += kept;
             let new_offset = offset + take;
             if new_offset == batch.num_rows() {
                 part.batch_first_row += batch.num_rows() as u64;

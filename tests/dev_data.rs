@@ -32,6 +32,8 @@ fn check(direction: &str, queries: &str, gallery: &str, bank: &str, memory: Memo
         queries: dir.join(queries).display().to_string(),
         gallery: dir.join(gallery).display().to_string(),
         bank: dir.join(bank).display().to_string(),
+        gallery_bank: None,
+        bank_sample: None,
         methods: vec![MethodSpec::InvertedSoftmax {
             beta: Beta(expected["beta"].as_f64().unwrap()),
         }],

@@ -89,6 +89,8 @@ fn peak_heap_follows_the_memory_limit_not_the_input_size() {
         queries: dir.path().join("queries.parquet").display().to_string(),
         gallery: dir.path().join("gallery.parquet").display().to_string(),
         bank: dir.path().join("bank.parquet").display().to_string(),
+        gallery_bank: None,
+        bank_sample: None,
         methods: vec![MethodSpec::InvertedSoftmax { beta: Beta(20.0) }],
         k: 10,
         out_dir: dir.path().join("out"),

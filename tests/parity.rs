@@ -53,6 +53,8 @@ fn run_job(dir: &Path, out: &str, k: usize, memory: MemoryBudget, threads: usize
         queries: dir.join("queries.parquet").display().to_string(),
         gallery: dir.join("gallery.parquet").display().to_string(),
         bank: dir.join("bank.parquet").display().to_string(),
+        gallery_bank: None,
+        bank_sample: None,
         methods: vec![MethodSpec::InvertedSoftmax { beta: Beta(BETA) }],
         k,
         out_dir: dir.join(out),
@@ -338,6 +340,8 @@ fn stats_then_search_equals_run_and_records_metadata() {
         &StatsJob {
             gallery: path("gallery.parquet"),
             bank: path("bank.parquet"),
+            gallery_bank: None,
+            bank_sample: None,
             methods: methods.clone(),
             out: stats_path.clone(),
             overwrite: false,

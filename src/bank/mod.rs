@@ -1,13 +1,18 @@
-//! Pass 1: per-gallery statistics from the query bank.
+//! Pass 1: per-gallery statistics from the banks.
 //!
-//! Every bank method is a per-gallery statistic (DESIGN.md, decision 1). The
-//! inverted-softmax statistic is the log-sum-exp of β·s(b, g) over the bank,
-//! kept as a mergeable [`LogSumExp`] per gallery item and β.
+//! Every bank method is a per-gallery statistic (DESIGN.md, decision 1),
+//! kept as a mergeable state per gallery item: log-sum-exp for the inverted
+//! softmaxes, bounded top-k values for NNN and CSLS, the sorted similarities
+//! for GC, per-bank-item top-k for the DIS activation sets, and the bank
+//! means for DN. [`layout`] says which a set of methods needs and how they
+//! become columns of `gallery_stats.parquet`; [`pass`] streams the tiles.
 
-pub mod inverted_softmax;
+pub mod layout;
 pub mod pass;
+pub mod states;
 
-pub use inverted_softmax::InvertedSoftmax;
-pub use pass::{compute_bank_statistics, StatsChunk};
+pub use layout::{DnMeans, StatsLayout};
+pub use pass::{compute_bank_statistics, BankInput, BankPassOutput, BankPassRequest, StatsChunk};
+pub use states::{ActivationState, SortedSimilarities, VectorMean};
 
 pub use crate::kernel::LogSumExp;

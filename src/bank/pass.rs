@@ -1,86 +1,217 @@
 //! Pass 1 driver: for each gallery chunk that fits the budget, stream every
-//! bank block past it and fold the similarities into per-item state.
+//! bank block past it (the query bank, then the gallery bank when one is
+//! used) and fold the similarity tiles into per-item state.
 
-use arrow::array::ArrayRef;
-
+use crate::bank::states::ActivationState;
 use crate::cache::TableBlocks;
 use crate::error::{HubnormError, Result};
-use crate::kernel::{column_log_sum_exp, LogSumExp, Rows, TILE_COLS, TILE_ROWS};
+use crate::kernel::{
+    column_statistics, Candidate, ColumnStates, ColumnStatsRequest, QueryState, Rows, TopValues,
+    TILE_COLS, TILE_ROWS,
+};
 use crate::plan::PlanRequest;
 use crate::progress::{Progress, RowProgress};
-use crate::source::EmbeddingTable;
+use crate::source::{EmbeddingBlock, EmbeddingTable};
 
-/// The statistics of one gallery chunk, handed to the caller as soon as the
-/// whole bank has streamed past it.
-#[derive(Debug)]
-pub struct StatsChunk<'a> {
-    /// Global gallery row of the chunk's first item.
-    pub first_row: u64,
-    pub ids: &'a ArrayRef,
-    /// `rows × betas.len()` states, row-major (one row per gallery item).
-    pub states: &'a [LogSumExp],
+/// One bank and what to compute from its similarities with the gallery.
+#[derive(Debug, Clone, Copy)]
+pub struct BankInput<'a> {
+    pub table: &'a EmbeddingTable,
+    pub request: ColumnStatsRequest<'a>,
 }
 
-/// Computes LSE_b β·s(b, g) for every gallery item g and every β, streaming
-/// bank × gallery blocks within `budget` bytes. `resident_bytes` is memory the
-/// caller holds for the whole pass (counted against the budget).
+/// What pass 1 needs besides the progress sink.
+#[derive(Debug, Clone, Copy)]
+pub struct BankPassRequest<'a> {
+    pub gallery: &'a EmbeddingTable,
+    /// The query bank (B) and its statistics.
+    pub bank: Option<BankInput<'a>>,
+    /// The gallery bank (G_B) and its statistics.
+    pub gallery_bank: Option<BankInput<'a>>,
+    pub budget: usize,
+    /// Memory the caller holds for the whole pass (counted against the budget).
+    pub resident_bytes: usize,
+    /// Bytes per gallery item the caller needs while it turns a chunk into
+    /// output rows.
+    pub output_row_bytes: usize,
+}
+
+/// The statistics of one gallery chunk, handed to the caller as soon as the
+/// banks have streamed past it.
+#[derive(Debug)]
+pub struct StatsChunk<'a> {
+    /// The gallery rows of the chunk (ids and embeddings).
+    pub gallery: &'a EmbeddingBlock,
+    /// States from the query bank (empty when there is none).
+    pub bank: &'a ColumnStates,
+    /// States from the gallery bank (empty when there is none).
+    pub gallery_bank: &'a ColumnStates,
+}
+
+/// What is only known once every gallery chunk is done.
+#[derive(Debug, Default)]
+pub struct BankPassOutput {
+    /// Each query-bank item's top-k_A gallery items (when requested).
+    pub bank_activation: ActivationState,
+    /// Each gallery-bank item's top-k_A gallery items (when requested).
+    pub gallery_bank_activation: ActivationState,
+}
+
+/// Per-gallery-item bytes of the column states for `request` with a bank of `rows` rows.
+fn column_state_bytes(request: &ColumnStatsRequest<'_>, rows: u64) -> usize {
+    // Log-sum-exp states and their structure-of-arrays working copies.
+    let mut bytes = request.betas.len() * 32;
+    if request.column_top_k > 0 {
+        bytes += std::mem::size_of::<TopValues>() + request.column_top_k * 4 + 4;
+    }
+    if request.keep_all {
+        bytes += std::mem::size_of::<Vec<f32>>() + rows as usize * 4;
+    }
+    bytes
+}
+
+/// Per-bank-item bytes of a block's row top-k (one partial per worker, plus
+/// the one being merged).
+fn row_state_bytes(request: &ColumnStatsRequest<'_>, threads: usize) -> usize {
+    if request.row_top_k == 0 {
+        return 0;
+    }
+    (std::mem::size_of::<QueryState>() + request.row_top_k * std::mem::size_of::<Candidate>())
+        * (threads + 1)
+}
+
+/// Bytes pass 1 holds for the whole run for the activation states of a bank.
+pub fn activation_bytes(input: &Option<BankInput<'_>>) -> usize {
+    input.as_ref().map_or(0, |b| {
+        if b.request.row_top_k == 0 {
+            0
+        } else {
+            b.table.rows as usize
+                * (std::mem::size_of::<crate::kernel::TopK>()
+                    + b.request.row_top_k * std::mem::size_of::<Candidate>())
+        }
+    })
+}
+
+/// Streams bank × gallery blocks within the budget, calling `on_chunk` with
+/// the finished statistics of each gallery chunk in gallery order.
 pub fn compute_bank_statistics(
-    gallery: &EmbeddingTable,
-    bank: &EmbeddingTable,
-    betas: &[f32],
-    budget: usize,
-    resident_bytes: usize,
+    request: &BankPassRequest<'_>,
     progress: &dyn Progress,
     mut on_chunk: impl FnMut(StatsChunk<'_>) -> Result<()>,
-) -> Result<()> {
-    if gallery.dim != bank.dim {
-        return Err(dimension_error(bank, gallery));
-    }
+) -> Result<BankPassOutput> {
+    let gallery = request.gallery;
     let dim = gallery.dim;
-    let nb = betas.len();
+    // (bank, whether it is the query bank), for the banks whose tiles are needed.
+    let banks: Vec<(BankInput<'_>, bool)> = [(request.bank, true), (request.gallery_bank, false)]
+        .into_iter()
+        .filter_map(|(b, query)| b.map(|b| (b, query)))
+        .filter(|(b, _)| b.request.needs_tiles())
+        .collect();
+    for (b, _) in &banks {
+        if b.table.dim != dim {
+            return Err(dimension_error(b.table, gallery));
+        }
+    }
+    let threads = rayon::current_num_threads();
+    let outer_row_bytes = dim * 4
+        + 32
+        + request.output_row_bytes
+        + banks
+            .iter()
+            .map(|(b, _)| column_state_bytes(&b.request, b.table.rows))
+            .sum::<usize>();
+    let inner_row_bytes = dim * 4
+        + 32
+        + banks
+            .iter()
+            .map(|(b, _)| row_state_bytes(&b.request, threads))
+            .max()
+            .unwrap_or(0);
+    let inner_total: u64 = banks.iter().map(|(b, _)| b.table.rows).sum();
     let plan = PlanRequest {
-        budget,
-        threads: rayon::current_num_threads(),
+        budget: request.budget,
+        threads,
         dim,
-        resident_bytes,
-        // Embedding, id, states and their per-strip working copies.
-        outer_row_bytes: dim * 4 + 32 + nb * 32,
-        inner_row_bytes: dim * 4 + 32,
+        resident_bytes: request.resident_bytes,
+        outer_row_bytes,
+        inner_row_bytes,
         outer_total_rows: gallery.rows as usize,
-        inner_total_rows: bank.rows as usize,
+        inner_total_rows: inner_total as usize,
         outer_align: TILE_COLS,
         inner_align: TILE_ROWS,
     }
     .plan()?;
-    let mut bank_blocks =
-        TableBlocks::new(bank, plan.inner_rows, plan.batch_rows, plan.cache_inner)?;
-    let mut rows_done =
-        RowProgress::start(progress, "pass 1: gallery items", gallery.rows, bank.rows);
+    let mut streams = banks
+        .iter()
+        .map(|(b, _)| TableBlocks::new(b.table, plan.inner_rows, plan.batch_rows, plan.cache_inner))
+        .collect::<Result<Vec<_>>>()?;
+    let mut output = BankPassOutput::default();
+    let activation_of = |input: &Option<BankInput<'_>>| {
+        input.as_ref().map_or_else(ActivationState::default, |b| {
+            ActivationState::new(b.table.rows as usize, b.request.row_top_k)
+        })
+    };
+    output.bank_activation = activation_of(&request.bank);
+    output.gallery_bank_activation = activation_of(&request.gallery_bank);
+    let mut rows_done = RowProgress::start(
+        progress,
+        "pass 1: gallery items",
+        gallery.rows,
+        inner_total.max(1),
+    );
     let gallery_chunks = gallery.with_batch_rows(plan.batch_rows);
     let mut chunks = gallery_chunks.blocks(plan.outer_rows);
+    let empty = ColumnStatsRequest::default();
     while let Some(chunk) = chunks.next_block()? {
-        let mut states = vec![LogSumExp::default(); chunk.rows * nb];
-        bank_blocks.for_each(|block| {
-            if block.dim != dim {
-                return Err(dimension_error(bank, gallery));
+        let mut states: Vec<ColumnStates> = Vec::with_capacity(2);
+        for ((input, is_query_bank), stream) in banks.iter().zip(&mut streams) {
+            let mut chunk_states =
+                ColumnStates::new(chunk.rows, &input.request, input.table.rows as usize);
+            stream.for_each(|block| {
+                if block.dim != dim {
+                    return Err(dimension_error(input.table, gallery));
+                }
+                let row_tops = column_statistics(
+                    Rows::new(&block.data, dim),
+                    Rows::new(&chunk.data, dim),
+                    chunk.first_row as u32,
+                    &input.request,
+                    &mut chunk_states,
+                );
+                if !row_tops.is_empty() {
+                    let activation = if *is_query_bank {
+                        &mut output.bank_activation
+                    } else {
+                        &mut output.gallery_bank_activation
+                    };
+                    activation.merge_rows(block.first_row as usize, &row_tops);
+                }
+                rows_done.advance(chunk.rows, block.rows);
+                Ok(())
+            })?;
+            states.push(chunk_states);
+        }
+        if banks.is_empty() {
+            rows_done.advance(chunk.rows, 1);
+        }
+        let mut states = states.into_iter();
+        let state_of = |input: &Option<BankInput<'_>>, states: &mut std::vec::IntoIter<ColumnStates>| {
+            match input {
+                Some(b) if b.request.needs_tiles() => states.next().expect("one per bank"),
+                _ => ColumnStates::new(chunk.rows, &empty, 0),
             }
-            column_log_sum_exp(
-                Rows::new(&block.data, dim),
-                Rows::new(&chunk.data, dim),
-                betas,
-                &mut states,
-            );
-            rows_done.advance(chunk.rows, block.rows);
-            Ok(())
-        })?;
+        };
+        let bank_states = state_of(&request.bank, &mut states);
+        let gallery_bank_states = state_of(&request.gallery_bank, &mut states);
         on_chunk(StatsChunk {
-            first_row: chunk.first_row,
-            ids: &chunk.ids,
-            states: &states,
+            gallery: &chunk,
+            bank: &bank_states,
+            gallery_bank: &gallery_bank_states,
         })?;
     }
     rows_done.finish();
-    Ok(())
+    Ok(output)
 }
 
 /// The error for two tables whose embeddings have different dimensions.

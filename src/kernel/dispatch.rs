@@ -4,6 +4,7 @@
 //! has them. (The GEMM itself dispatches inside the `gemm` crate.)
 
 use super::fused::{bodies, QueryState};
+use super::topk::TopValues;
 
 /// Whether the AVX-512 versions run on this CPU.
 pub fn has_avx512() -> bool {
@@ -46,4 +47,5 @@ dispatched! {
     fn column_max(tile: &[f32], nc: usize, out: &mut [f32]);
     fn add_exp_columns(tile: &[f32], nc: usize, beta: f32, shift: &[f32], sum: &mut [f64]);
     fn scan_row(scores: &[f32], h: &[f32], col0: u32, state: &mut QueryState);
+    fn column_top_values(tile: &[f32], nc: usize, thresholds: &mut [f32], tops: &mut [TopValues]);
 }

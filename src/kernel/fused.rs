@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use super::exp::fast_exp;
 use super::gemm::similarity_tile;
 use super::lse::LogSumExp;
-use super::topk::{Candidate, TopK};
+use super::topk::{Candidate, TieBreak, TopK, TopValues};
 
 /// Rows of one similarity tile (queries or bank rows).
 ///
@@ -86,43 +86,183 @@ impl<'a> Rows<'a> {
     }
 }
 
-/// Pass 1 kernel. For each column `j` of `cols` and each `betas[b]`, folds
-/// β·⟨rows_i, cols_j⟩ for every row `i` into `states[j * betas.len() + b]`.
-///
-/// Rows are folded one tile of [`TILE_ROWS`] at a time in order, so the result
-/// is the same for any split of the rows into blocks whose sizes are multiples
-/// of `TILE_ROWS`.
+/// What pass 1 keeps from each tile of bank rows × gallery columns. Every
+/// field is optional, so one GEMM tile feeds every statistic requested.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ColumnStatsRequest<'a> {
+    /// Log-sum-exp of β·s over the rows of each column, for each β (IS, DIS,
+    /// DualIS).
+    pub betas: &'a [f32],
+    /// The `column_top_k` largest similarities of each column (NNN, CSLS; 0: none).
+    pub column_top_k: usize,
+    /// Every similarity of each column (GC).
+    pub keep_all: bool,
+    /// The `row_top_k` best columns of each row (DIS activation sets; 0: none).
+    pub row_top_k: usize,
+}
+
+impl ColumnStatsRequest<'_> {
+    /// Whether any statistic needs the similarity tiles at all.
+    pub fn needs_tiles(&self) -> bool {
+        !self.betas.is_empty() || self.column_top_k > 0 || self.keep_all || self.row_top_k > 0
+    }
+}
+
+/// Per-column states of a block of columns, filled by [`column_statistics`].
+#[derive(Debug, Clone, Default)]
+pub struct ColumnStates {
+    /// `cols × betas` log-sum-exp states, one row per column.
+    pub lse: Vec<LogSumExp>,
+    /// One bounded top-k per column (empty when not requested).
+    pub top: Vec<TopValues>,
+    /// Every similarity per column, in row order (empty when not requested).
+    pub all: Vec<Vec<f32>>,
+}
+
+impl ColumnStates {
+    /// Empty states for `cols` columns; `all_capacity` is the expected
+    /// number of rows (the bank size) when every similarity is kept.
+    pub fn new(cols: usize, request: &ColumnStatsRequest<'_>, all_capacity: usize) -> Self {
+        ColumnStates {
+            lse: vec![LogSumExp::default(); cols * request.betas.len()],
+            top: if request.column_top_k > 0 {
+                vec![TopValues::new(request.column_top_k); cols]
+            } else {
+                Vec::new()
+            },
+            all: if request.keep_all {
+                (0..cols).map(|_| Vec::with_capacity(all_capacity)).collect()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+}
+
+/// Pass 1 kernel (inverted softmax only): for each column `j` of `cols` and
+/// each `betas[b]`, folds β·⟨rows_i, cols_j⟩ for every row `i` into
+/// `states[j * betas.len() + b]`. See [`column_statistics`].
 ///
 /// # Panics
 /// When the dimensions differ, `states.len() != cols.rows * betas.len()`, or a β is not positive.
 pub fn column_log_sum_exp(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states: &mut [LogSumExp]) {
-    let nb = betas.len();
+    assert_eq!(states.len(), cols.rows * betas.len(), "one state per column and β");
+    let request = ColumnStatsRequest {
+        betas,
+        ..ColumnStatsRequest::default()
+    };
+    let mut column_states = ColumnStates {
+        lse: states.to_vec(),
+        ..ColumnStates::default()
+    };
+    column_statistics(rows, cols, 0, &request, &mut column_states);
+    states.copy_from_slice(&column_states.lse);
+}
+
+/// Pass 1 kernel. Streams the similarity tiles of `rows` (bank items) ×
+/// `cols` (gallery items) through the statistics `request` names, folding
+/// them into `states` (one entry per column). Returns, when
+/// `request.row_top_k > 0`, the best columns of each row of this block (global
+/// column = `first_col` + local column), else an empty vector.
+///
+/// Rows are folded one tile of [`TILE_ROWS`] at a time in order, so the result
+/// is the same for any split of the rows into blocks whose sizes are multiples
+/// of `TILE_ROWS`, and for any thread count.
+///
+/// # Panics
+/// When the dimensions differ, the states were not made for this request and
+/// column count, or a β is not positive.
+pub fn column_statistics(
+    rows: Rows<'_>,
+    cols: Rows<'_>,
+    first_col: u32,
+    request: &ColumnStatsRequest<'_>,
+    states: &mut ColumnStates,
+) -> Vec<TopK> {
+    let nb = request.betas.len();
     assert_eq!(rows.dim, cols.dim, "dimension mismatch");
-    assert_eq!(states.len(), cols.rows * nb, "one state per column and β");
-    assert!(betas.iter().all(|&b| b > 0.0), "β must be positive");
-    if nb == 0 || rows.rows == 0 || cols.rows == 0 {
-        return;
+    assert_eq!(states.lse.len(), cols.rows * nb, "one state per column and β");
+    assert!(states.top.is_empty() || states.top.len() == cols.rows);
+    assert!(states.all.is_empty() || states.all.len() == cols.rows);
+    assert!(request.betas.iter().all(|&b| b > 0.0), "β must be positive");
+    if !request.needs_tiles() || rows.rows == 0 || cols.rows == 0 {
+        return Vec::new();
     }
-    states
-        .par_chunks_mut(TILE_COLS * nb)
-        .enumerate()
-        .for_each(|(strip, strip_states)| {
+    let strips = cols.rows.div_ceil(TILE_COLS);
+    let lse = split_strips(&mut states.lse, TILE_COLS * nb, strips);
+    let top = split_strips(&mut states.top, TILE_COLS, strips);
+    let all = split_strips(&mut states.all, TILE_COLS, strips);
+    let tasks: Vec<_> = lse.into_iter().zip(top).zip(all).enumerate().collect();
+    let row_tops = tasks
+        .into_par_iter()
+        .map(|(strip, ((lse, top), all))| {
             let c0 = strip * TILE_COLS;
             let strip_cols = cols.slice(c0, (c0 + TILE_COLS).min(cols.rows));
-            column_strip(rows, strip_cols, betas, strip_states);
-        });
+            let strip_states = StripStates { lse, top, all };
+            column_strip(
+                rows,
+                strip_cols,
+                first_col + c0 as u32,
+                request,
+                strip_states,
+            )
+        })
+        .reduce(
+            || None,
+            |a: Option<Vec<TopK>>, b| match (a, b) {
+                (Some(mut a), Some(b)) => {
+                    a.iter_mut().zip(&b).for_each(|(x, y)| x.merge(y));
+                    Some(a)
+                }
+                (a, b) => a.or(b),
+            },
+        );
+    row_tops.unwrap_or_default()
+}
+
+/// `slice` cut into `strips` pieces of `chunk` elements (empty pieces when
+/// the slice is empty: a statistic not requested).
+fn split_strips<T>(slice: &mut [T], chunk: usize, strips: usize) -> Vec<&mut [T]> {
+    if slice.is_empty() {
+        (0..strips).map(|_| <&mut [T]>::default()).collect()
+    } else {
+        slice.chunks_mut(chunk).collect()
+    }
+}
+
+/// The states of one column strip.
+struct StripStates<'a> {
+    lse: &'a mut [LogSumExp],
+    top: &'a mut [TopValues],
+    all: &'a mut [Vec<f32>],
 }
 
 /// One column strip of pass 1, run by one thread.
-fn column_strip(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states: &mut [LogSumExp]) {
-    let (nc, nb) = (cols.rows, betas.len());
+fn column_strip(
+    rows: Rows<'_>,
+    cols: Rows<'_>,
+    first_col: u32,
+    request: &ColumnStatsRequest<'_>,
+    states: StripStates<'_>,
+) -> Option<Vec<TopK>> {
+    let (nc, betas) = (cols.rows, request.betas);
+    let nb = betas.len();
     // Structure-of-arrays copies of the states, per β, so the loops vectorise.
     let mut max: Vec<Vec<f64>> = (0..nb)
-        .map(|b| (0..nc).map(|j| states[j * nb + b].max).collect())
+        .map(|b| (0..nc).map(|j| states.lse[j * nb + b].max).collect())
         .collect();
     let mut sum: Vec<Vec<f64>> = (0..nb)
-        .map(|b| (0..nc).map(|j| states[j * nb + b].sum).collect())
+        .map(|b| (0..nc).map(|j| states.lse[j * nb + b].sum).collect())
         .collect();
+    let mut top_thresholds: Vec<f32> = states.top.iter().map(TopValues::threshold).collect();
+    let mut row_tops: Vec<QueryState> = if request.row_top_k > 0 {
+        (0..rows.rows)
+            .map(|_| QueryState::new(request.row_top_k, None))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let zeros = vec![0f32; if row_tops.is_empty() { 0 } else { nc }];
     let mut tile = vec![0f32; TILE_ROWS * nc];
     let mut col_max = vec![0f32; nc];
     let mut shift = vec![0f32; nc];
@@ -140,7 +280,9 @@ fn column_strip(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states: &mut [Log
             cols.dim,
         );
         let tile = &tile[..tile_rows * nc];
-        super::dispatch::column_max(tile, nc, &mut col_max);
+        if nb > 0 {
+            super::dispatch::column_max(tile, nc, &mut col_max);
+        }
         for b in 0..nb {
             let beta = betas[b];
             for j in 0..nc {
@@ -157,16 +299,34 @@ fn column_strip(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states: &mut [Log
             }
             super::dispatch::add_exp_columns(tile, nc, beta, &shift, &mut sum[b]);
         }
+        if !states.top.is_empty() {
+            super::dispatch::column_top_values(tile, nc, &mut top_thresholds, states.top);
+        }
+        if !states.all.is_empty() {
+            for row in tile.chunks_exact(nc) {
+                for (values, &s) in states.all.iter_mut().zip(row) {
+                    values.push(s);
+                }
+            }
+        }
+        let tracked = row_tops.len();
+        for (i, state) in row_tops[r0.min(tracked)..r1.min(tracked)]
+            .iter_mut()
+            .enumerate()
+        {
+            super::dispatch::scan_row(&tile[i * nc..(i + 1) * nc], &zeros, first_col, state);
+        }
         r0 = r1;
     }
     for j in 0..nc {
         for b in 0..nb {
-            states[j * nb + b] = LogSumExp {
+            states.lse[j * nb + b] = LogSumExp {
                 max: max[b][j],
                 sum: sum[b][j],
             };
         }
     }
+    (!row_tops.is_empty()).then(|| row_tops.into_iter().map(|s| s.top).collect())
 }
 
 /// Per-query, per-method search state of pass 2.
@@ -176,6 +336,8 @@ pub struct QueryState {
     pub top: TopK,
     /// Score of the best ground-truth item under this method (NaN: no ground truth).
     pub target: f32,
+    /// Raw similarity of that item (used when equal scores are ordered by it, `gc`).
+    pub target_raw: f32,
     /// Gallery items (ground truth excluded) scored strictly above `target`.
     pub greater: u64,
     /// Gallery items (ground truth excluded) scored exactly `target`.
@@ -187,8 +349,33 @@ impl QueryState {
         QueryState {
             top: TopK::new(k),
             target: target.unwrap_or(f32::NAN),
+            target_raw: f32::NAN,
             greater: 0,
             equal: 0,
+        }
+    }
+
+    /// The state of a [`ColumnScoring::BankRank`] scoring, whose equal scores
+    /// are ordered by the raw similarity; `target` is (score, raw) of the
+    /// best ground-truth item.
+    pub fn by_bank_rank(k: usize, target: Option<(f32, f32)>) -> Self {
+        let (score, raw) = target.unwrap_or((f32::NAN, f32::NAN));
+        QueryState {
+            top: TopK::with_ties(k, TieBreak::RawThenRow),
+            target: score,
+            target_raw: raw,
+            greater: 0,
+            equal: 0,
+        }
+    }
+
+    /// The same targets with no candidates and no counts yet.
+    fn fresh(&self) -> Self {
+        QueryState {
+            top: TopK::with_ties(self.top.k(), self.top.ties()),
+            greater: 0,
+            equal: 0,
+            ..*self
         }
     }
 
@@ -236,12 +423,65 @@ impl Positives {
     }
 }
 
-/// Pass 2 kernel. For each query row `q` of `queries` and each method `m`
-/// (one correction slice per method, `corrections[m][j]` = h of gallery column
-/// `j`), offers the candidates s(q, j) − h(j) of this gallery block to
-/// `states[q * corrections.len() + m]`, and counts the items above the
-/// query's ground-truth score. `first_row` is the global gallery row of the
-/// block's first column; blocks must be offered in increasing row order.
+/// How pass 2 turns a similarity s(q, j) into a score, for the columns of one
+/// gallery block.
+#[derive(Debug, Clone, Copy)]
+pub enum ColumnScoring<'a> {
+    /// s − h(j), one correction per column (every additive method; zeros for
+    /// the raw baseline).
+    Subtract(&'a [f32]),
+    /// −|{b : s(b, j) > s}|, the rank of the query among the bank (`gc`),
+    /// from each column's `width` bank similarities sorted ascending; equal
+    /// scores are ordered by s.
+    BankRank { sorted: &'a [f32], width: usize },
+}
+
+impl<'a> ColumnScoring<'a> {
+    /// The scoring of columns `start..end` only.
+    pub fn columns(&self, start: usize, end: usize) -> ColumnScoring<'a> {
+        match *self {
+            ColumnScoring::Subtract(h) => ColumnScoring::Subtract(&h[start..end]),
+            ColumnScoring::BankRank { sorted, width } => ColumnScoring::BankRank {
+                sorted: &sorted[start * width..end * width],
+                width,
+            },
+        }
+    }
+
+    /// Number of columns described.
+    pub fn len(&self) -> usize {
+        match *self {
+            ColumnScoring::Subtract(h) => h.len(),
+            ColumnScoring::BankRank { sorted, width } => {
+                sorted.len().checked_div(width).unwrap_or(0)
+            }
+        }
+    }
+
+    /// Whether no column is described.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The score of similarity `s` in column `j`.
+    #[inline]
+    pub fn score(&self, j: usize, s: f32) -> f32 {
+        match *self {
+            ColumnScoring::Subtract(h) => s - h[j],
+            ColumnScoring::BankRank { sorted, width } => {
+                let column = &sorted[j * width..(j + 1) * width];
+                -((width - column.partition_point(|&b| b <= s)) as f32)
+            }
+        }
+    }
+}
+
+/// Pass 2 kernel. For each query row `q` of `queries` and each scoring `m`
+/// (one [`ColumnScoring`] per scoring, covering this block's columns), offers
+/// the candidates of this gallery block to `states[q * scorings.len() + m]`,
+/// and counts the items above the query's ground-truth score. `first_row` is
+/// the global gallery row of the block's first column; blocks must be offered
+/// in increasing row order.
 ///
 /// # Panics
 /// When the dimensions differ or a slice has the wrong length.
@@ -249,7 +489,7 @@ pub fn search_block(
     queries: Rows<'_>,
     gallery: Rows<'_>,
     first_row: u32,
-    corrections: &[&[f32]],
+    corrections: &[ColumnScoring<'_>],
     positives: &Positives,
     states: &mut [QueryState],
 ) {
@@ -315,12 +555,7 @@ pub fn search_block(
             let q1 = (q0 + TILE_ROWS).min(queries.rows);
             let mut fresh: Vec<QueryState> = states[q0 * nm..q1 * nm]
                 .iter()
-                .map(|s| QueryState {
-                    top: TopK::new(s.top.k()),
-                    target: s.target,
-                    greater: 0,
-                    equal: 0,
-                })
+                .map(QueryState::fresh)
                 .collect();
             let ctx = StripSearch {
                 queries,
@@ -348,7 +583,7 @@ struct StripSearch<'a> {
     queries: Rows<'a>,
     gallery: Rows<'a>,
     first_row: u32,
-    corrections: &'a [&'a [f32]],
+    corrections: &'a [ColumnScoring<'a>],
     positives: &'a Positives,
 }
 
@@ -377,9 +612,17 @@ impl StripSearch<'_> {
             for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
                 let scores = &tile[i * nc..(i + 1) * nc];
                 let col0 = self.first_row + c0 as u32;
-                for (state, h) in row_states.iter_mut().zip(self.corrections) {
-                    super::dispatch::scan_row(scores, &h[c0..c1], col0, state);
-                    exclude_positives(scores, &h[c0..c1], col0, self.positives.of(q0 + i), state);
+                for (state, scoring) in row_states.iter_mut().zip(self.corrections) {
+                    let scoring = scoring.columns(c0, c1);
+                    match scoring {
+                        ColumnScoring::Subtract(h) => {
+                            super::dispatch::scan_row(scores, h, col0, state)
+                        }
+                        ColumnScoring::BankRank { .. } => {
+                            scan_bank_rank(scores, &scoring, col0, state)
+                        }
+                    }
+                    exclude_positives(scores, &scoring, col0, self.positives.of(q0 + i), state);
                 }
             }
             c0 = c1;
@@ -391,7 +634,7 @@ impl StripSearch<'_> {
 /// positive columns that fall in this tile.
 fn exclude_positives(
     scores: &[f32],
-    h: &[f32],
+    scoring: &ColumnScoring<'_>,
     col0: u32,
     positives: &[u32],
     state: &mut QueryState,
@@ -402,12 +645,55 @@ fn exclude_positives(
     for &p in positives {
         if p >= col0 && ((p - col0) as usize) < scores.len() {
             let j = (p - col0) as usize;
-            let v = scores[j] - h[j];
-            if v > state.target {
-                state.greater -= 1;
-            } else if v == state.target {
-                state.equal -= 1;
+            match compare_to_target(scoring.score(j, scores[j]), scores[j], scoring, state) {
+                std::cmp::Ordering::Greater => state.greater -= 1,
+                std::cmp::Ordering::Equal => state.equal -= 1,
+                std::cmp::Ordering::Less => {}
             }
+        }
+    }
+}
+
+/// How a candidate (score `v`, raw similarity `s`) compares with the query's
+/// ground truth under `scoring`'s order.
+#[inline]
+fn compare_to_target(
+    v: f32,
+    s: f32,
+    scoring: &ColumnScoring<'_>,
+    state: &QueryState,
+) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    let by_score = v.partial_cmp(&state.target).unwrap_or(Ordering::Less);
+    match (scoring, by_score) {
+        (ColumnScoring::BankRank { .. }, Ordering::Equal) => {
+            s.partial_cmp(&state.target_raw).unwrap_or(Ordering::Less)
+        }
+        _ => by_score,
+    }
+}
+
+/// The `gc` scan of one query row: a binary search per column for the
+/// number of bank similarities above s. Not vectorised: `gc` is the
+/// small-bank evaluation method.
+fn scan_bank_rank(scores: &[f32], scoring: &ColumnScoring<'_>, col0: u32, state: &mut QueryState) {
+    let counting = !state.target.is_nan();
+    for (j, &s) in scores.iter().enumerate() {
+        let v = scoring.score(j, s);
+        if counting {
+            match compare_to_target(v, s, scoring, state) {
+                std::cmp::Ordering::Greater => state.greater += 1,
+                std::cmp::Ordering::Equal => state.equal += 1,
+                std::cmp::Ordering::Less => {}
+            }
+        }
+        // Equal scores may still win on the raw similarity: `push` decides.
+        if v >= state.top.threshold() {
+            state.top.push(Candidate {
+                score: v,
+                raw: s,
+                row: col0 + j as u32,
+            });
         }
     }
 }
@@ -432,6 +718,43 @@ pub(super) mod bodies {
         for row in tile.chunks_exact(nc) {
             for ((acc, &s), &m) in sum[..nc].iter_mut().zip(row).zip(&shift[..nc]) {
                 *acc += fast_exp(beta * s - m) as f64;
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub fn column_top_values(
+        tile: &[f32],
+        nc: usize,
+        thresholds: &mut [f32],
+        tops: &mut [TopValues],
+    ) {
+        let full = nc - nc % LANES;
+        for row in tile.chunks_exact(nc) {
+            let mut j0 = 0;
+            while j0 < full {
+                let s: &[f32; LANES] = row[j0..j0 + LANES].try_into().unwrap();
+                let t: &[f32; LANES] = thresholds[j0..j0 + LANES].try_into().unwrap();
+                let mut any = false;
+                for l in 0..LANES {
+                    any |= s[l] > t[l];
+                }
+                if any {
+                    for l in 0..LANES {
+                        let j = j0 + l;
+                        if s[l] > thresholds[j] {
+                            tops[j].push(s[l]);
+                            thresholds[j] = tops[j].threshold();
+                        }
+                    }
+                }
+                j0 += LANES;
+            }
+            for j in full..nc {
+                if row[j] > thresholds[j] {
+                    tops[j].push(row[j]);
+                    thresholds[j] = tops[j].threshold();
+                }
             }
         }
     }

@@ -11,8 +11,8 @@ pub mod topk;
 
 pub use dispatch::has_avx512;
 pub use fused::{
-    column_log_sum_exp, search_block, tile_workspace_bytes, Positives, QueryState, Rows, TILE_COLS,
-    TILE_ROWS,
+    column_log_sum_exp, column_statistics, search_block, tile_workspace_bytes, ColumnScoring,
+    ColumnStates, ColumnStatsRequest, Positives, QueryState, Rows, TILE_COLS, TILE_ROWS,
 };
 pub use lse::LogSumExp;
-pub use topk::{Candidate, TopK};
+pub use topk::{Candidate, TieBreak, TopK, TopValues};

@@ -18,6 +18,26 @@ impl Candidate {
     pub fn beats(&self, other: &Candidate) -> bool {
         self.score > other.score || (self.score == other.score && self.row < other.row)
     }
+
+    /// Whether `self` ranks before `other` when equal scores are broken by
+    /// the raw similarity first (globally corrected retrieval, whose scores
+    /// are integer ranks), then by the smaller row.
+    #[inline(always)]
+    pub fn beats_by_raw(&self, other: &Candidate) -> bool {
+        self.score > other.score
+            || (self.score == other.score
+                && (self.raw > other.raw || (self.raw == other.raw && self.row < other.row)))
+    }
+}
+
+/// How equal scores are ordered in a [`TopK`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TieBreak {
+    /// The smaller gallery row first (every additive method).
+    #[default]
+    Row,
+    /// The larger raw similarity first, then the smaller row (`gc`).
+    RawThenRow,
 }
 
 /// The `k` best candidates seen so far, kept as a binary min-heap whose root
@@ -26,15 +46,45 @@ impl Candidate {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TopK {
     k: usize,
+    ties: TieBreak,
     heap: Vec<Candidate>,
 }
 
 impl TopK {
     pub fn new(k: usize) -> Self {
+        Self::with_ties(k, TieBreak::Row)
+    }
+
+    /// A top-k whose equal scores are ordered by `ties`.
+    pub fn with_ties(k: usize, ties: TieBreak) -> Self {
         TopK {
             k,
+            ties,
             heap: Vec::with_capacity(k),
         }
+    }
+
+    pub fn ties(&self) -> TieBreak {
+        self.ties
+    }
+
+    #[inline(always)]
+    fn beats(&self, a: &Candidate, b: &Candidate) -> bool {
+        match self.ties {
+            TieBreak::Row => a.beats(b),
+            TieBreak::RawThenRow => a.beats_by_raw(b),
+        }
+    }
+
+    /// The best candidate kept, if any.
+    pub fn best(&self) -> Option<Candidate> {
+        let mut best: Option<Candidate> = None;
+        for c in &self.heap {
+            if best.is_none_or(|b| self.beats(c, &b)) {
+                best = Some(*c);
+            }
+        }
+        best
     }
 
     pub fn k(&self) -> usize {
@@ -67,16 +117,19 @@ impl TopK {
         if self.heap.len() < self.k {
             self.heap.push(candidate);
             self.sift_up(self.heap.len() - 1);
-        } else if self.k > 0 && candidate.beats(&self.heap[0]) {
+        } else if self.k > 0 && self.beats(&candidate, &self.heap[0]) {
             self.heap[0] = candidate;
             self.sift_down(0);
         }
     }
 
-    /// Adds every entry of `other` (same k). Associative and commutative.
+    /// Adds every entry of `other` (same k and tie rule). Associative and commutative.
     pub fn merge(&mut self, other: &TopK) {
         if self.k < other.k {
             self.k = other.k;
+        }
+        if self.heap.is_empty() {
+            self.ties = other.ties;
         }
         for c in &other.heap {
             self.push(*c);
@@ -87,9 +140,9 @@ impl TopK {
     pub fn sorted(&self) -> Vec<Candidate> {
         let mut out = self.heap.clone();
         out.sort_by(|a, b| {
-            if a.beats(b) {
+            if self.beats(a, b) {
                 std::cmp::Ordering::Less
-            } else if b.beats(a) {
+            } else if self.beats(b, a) {
                 std::cmp::Ordering::Greater
             } else {
                 std::cmp::Ordering::Equal
@@ -102,7 +155,7 @@ impl TopK {
         while i > 0 {
             let parent = (i - 1) / 2;
             // The root holds the worst entry: move up while we lose to the parent.
-            if self.heap[parent].beats(&self.heap[i]) {
+            if self.beats(&self.heap[parent], &self.heap[i]) {
                 self.heap.swap(parent, i);
                 i = parent;
             } else {
@@ -116,10 +169,10 @@ impl TopK {
         loop {
             let (l, r) = (2 * i + 1, 2 * i + 2);
             let mut worst = i;
-            if l < n && self.heap[worst].beats(&self.heap[l]) {
+            if l < n && self.beats(&self.heap[worst], &self.heap[l]) {
                 worst = l;
             }
-            if r < n && self.heap[worst].beats(&self.heap[r]) {
+            if r < n && self.beats(&self.heap[worst], &self.heap[r]) {
                 worst = r;
             }
             if worst == i {
@@ -128,6 +181,112 @@ impl TopK {
             self.heap.swap(i, worst);
             i = worst;
         }
+    }
+}
+
+/// The `k` largest values seen so far (no rows: the bank neighbours of a
+/// gallery item for NNN and CSLS), kept as a binary min-heap. A plain struct
+/// with `Default` (empty, k = 0) and an associative, commutative
+/// [`TopValues::merge`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TopValues {
+    k: usize,
+    heap: Vec<f32>,
+}
+
+impl TopValues {
+    pub fn new(k: usize) -> Self {
+        TopValues {
+            k,
+            heap: Vec::with_capacity(k),
+        }
+    }
+
+    /// The kept values, largest first (a state read back from a file).
+    pub fn from_values(k: usize, values: &[f32]) -> Self {
+        let mut top = TopValues::new(k);
+        values.iter().for_each(|&v| top.push(v));
+        top
+    }
+
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    pub fn len(&self) -> usize {
+        self.heap.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.heap.is_empty()
+    }
+
+    /// A value must be strictly above this to change the kept set.
+    #[inline(always)]
+    pub fn threshold(&self) -> f32 {
+        if self.heap.len() < self.k {
+            f32::NEG_INFINITY
+        } else {
+            self.heap.first().map_or(f32::INFINITY, |&v| v)
+        }
+    }
+
+    /// Offers one value.
+    #[inline]
+    pub fn push(&mut self, value: f32) {
+        if self.heap.len() < self.k {
+            self.heap.push(value);
+            let mut i = self.heap.len() - 1;
+            while i > 0 {
+                let parent = (i - 1) / 2;
+                if self.heap[parent] > self.heap[i] {
+                    self.heap.swap(parent, i);
+                    i = parent;
+                } else {
+                    break;
+                }
+            }
+        } else if self.k > 0 && value > self.heap[0] {
+            self.heap[0] = value;
+            let n = self.heap.len();
+            let mut i = 0;
+            loop {
+                let (l, r) = (2 * i + 1, 2 * i + 2);
+                let mut least = i;
+                if l < n && self.heap[l] < self.heap[least] {
+                    least = l;
+                }
+                if r < n && self.heap[r] < self.heap[least] {
+                    least = r;
+                }
+                if least == i {
+                    break;
+                }
+                self.heap.swap(i, least);
+                i = least;
+            }
+        }
+    }
+
+    /// Adds every value of `other`; the larger k wins.
+    pub fn merge(&mut self, other: &TopValues) {
+        self.k = self.k.max(other.k);
+        other.heap.iter().for_each(|&v| self.push(v));
+    }
+
+    /// The kept values, largest first.
+    pub fn sorted(&self) -> Vec<f32> {
+        let mut out = self.heap.clone();
+        out.sort_by(|a, b| b.total_cmp(a));
+        out
+    }
+
+    /// Mean of the `k` largest values kept (of all kept when fewer), summed
+    /// in f64 from the largest down; `None` when empty.
+    pub fn mean_of_largest(&self, k: usize) -> Option<f64> {
+        let sorted = self.sorted();
+        let take = k.min(sorted.len());
+        (take > 0).then(|| sorted[..take].iter().map(|&v| v as f64).sum::<f64>() / take as f64)
     }
 }
 
@@ -187,5 +346,36 @@ mod tests {
             merged.merge(&part);
         }
         assert_eq!(merged.sorted(), one.sorted());
+    }
+
+    #[test]
+    fn top_values_keep_the_largest_and_merge() {
+        let values: Vec<f32> = (0..200).map(|i| ((i * 7919) % 101) as f32).collect();
+        let mut expected = values.clone();
+        expected.sort_by(|a, b| b.total_cmp(a));
+        let mut one = TopValues::new(16);
+        values.iter().for_each(|&v| one.push(v));
+        assert_eq!(one.sorted(), expected[..16].to_vec());
+        let mut merged = TopValues::default();
+        for part in values.chunks(37).rev() {
+            let mut p = TopValues::new(16);
+            part.iter().for_each(|&v| p.push(v));
+            merged.merge(&p);
+        }
+        assert_eq!(merged.sorted(), one.sorted());
+        let mean = expected[..4].iter().map(|&v| v as f64).sum::<f64>() / 4.0;
+        assert_eq!(one.mean_of_largest(4), Some(mean));
+    }
+
+    #[test]
+    fn raw_tie_break_orders_equal_scores_by_raw_then_row() {
+        let cands = [(1.0, 0.5, 3), (1.0, 0.7, 4), (1.0, 0.7, 2), (2.0, 0.1, 9)];
+        let mut top = TopK::with_ties(3, TieBreak::RawThenRow);
+        for (score, raw, row) in cands {
+            top.push(Candidate { score, raw, row });
+        }
+        let rows: Vec<u32> = top.sorted().iter().map(|c| c.row).collect();
+        assert_eq!(rows, vec![9, 2, 4]);
+        assert_eq!(top.best().unwrap().row, 9);
     }
 }

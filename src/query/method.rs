@@ -1,26 +1,143 @@
-//! A scoring method as pass 2 sees it: score(q, g) = s(q, g) − h(g).
+//! Methods as pass 2 sees them.
+//!
+//! The kernel computes a few *scorings* per query (each an additive
+//! correction s − h(g), or `gc`'s rank among the bank) in one stream over
+//! the gallery. A method then reports one of them per query: always the
+//! same one, or, for DIS and DualDIS, the one its activation sets select
+//! from the query's raw top-1. Reported scores may also subtract a term that
+//! depends only on the query (CSLS's r_G(q), DN's shift), which never
+//! changes a ranking.
 
+use crate::kernel::ColumnScoring;
 use crate::options::MethodSpec;
 
-/// A method with its per-gallery correction h(g), one value per gallery row
-/// (all zeros for the baseline).
-#[derive(Debug, Clone)]
-pub struct ScoringMethod {
-    pub spec: MethodSpec,
-    pub corrections: Vec<f32>,
+/// One scoring the kernel computes for every (query, gallery item).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Scoring {
+    /// s − h(g), one f32 correction per gallery row (zeros: the raw score).
+    Subtract(Vec<f32>),
+    /// −|{b : s(b, g) > s}| from each gallery row's `width` bank
+    /// similarities, sorted ascending, row after row (`gc`).
+    BankRank { sorted: Vec<f32>, width: usize },
 }
 
-impl ScoringMethod {
+impl Scoring {
     /// The raw inner product.
-    pub fn baseline(gallery_rows: usize) -> Self {
-        ScoringMethod {
-            spec: MethodSpec::None,
-            corrections: vec![0.0; gallery_rows],
+    pub fn raw(gallery_rows: usize) -> Self {
+        Scoring::Subtract(vec![0.0; gallery_rows])
+    }
+
+    /// The kernel's view of gallery rows `start..end`.
+    pub fn columns(&self, start: usize, end: usize) -> ColumnScoring<'_> {
+        match self {
+            Scoring::Subtract(h) => ColumnScoring::Subtract(&h[start..end]),
+            Scoring::BankRank { sorted, width } => ColumnScoring::BankRank {
+                sorted: &sorted[start * width..end * width],
+                width: *width,
+            },
+        }
+    }
+
+    /// Gallery rows covered.
+    pub fn rows(&self) -> usize {
+        match self {
+            Scoring::Subtract(h) => h.len(),
+            Scoring::BankRank { sorted, width } => sorted.len().checked_div(*width).unwrap_or(0),
         }
     }
 
     /// Bytes held.
     pub fn memory_bytes(&self) -> usize {
-        self.corrections.capacity() * 4
+        match self {
+            Scoring::Subtract(h) => h.capacity() * 4,
+            Scoring::BankRank { sorted, .. } => sorted.capacity() * 4,
+        }
+    }
+}
+
+/// Which scoring a method reports for a query.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Selection {
+    /// Always scoring `0`.
+    Fixed(usize),
+    /// DIS-style gating on the query's raw top-1 g* (from scoring `raw`):
+    /// bit i of the choice is set when g* is in activation set `sets[i]`,
+    /// and `choices[bits]` is the scoring reported (`choices[0]` = raw).
+    Gated {
+        raw: usize,
+        sets: Vec<Vec<bool>>,
+        choices: Vec<usize>,
+    },
+}
+
+/// A term subtracted from every reported score of a query.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QueryTerm {
+    None,
+    /// CSLS: ½·mean of the query's `k` largest raw similarities over the
+    /// gallery, read from scoring `raw`'s top-k.
+    HalfNeighbourMean { raw: usize, k: usize },
+    /// DN: λ·⟨q, μ_G⟩ − λ²·⟨μ_Q, μ_G⟩, so the score is ⟨q − λμ_Q, g − λμ_G⟩.
+    DistributionShift {
+        lambda: f64,
+        gallery_mean: Vec<f64>,
+        constant: f64,
+    },
+}
+
+/// A method's rule for turning scorings into its reported results.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MethodRule {
+    pub spec: MethodSpec,
+    pub selection: Selection,
+    pub query_term: QueryTerm,
+}
+
+/// Everything pass 2 computes: the scorings and the methods reported from them.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ScoringPlan {
+    pub scorings: Vec<Scoring>,
+    pub methods: Vec<MethodRule>,
+}
+
+impl ScoringPlan {
+    /// Adds a scoring and returns its index.
+    pub fn add_scoring(&mut self, scoring: Scoring) -> usize {
+        self.scorings.push(scoring);
+        self.scorings.len() - 1
+    }
+
+    /// The index of the raw scoring, adding it when absent.
+    pub fn raw_scoring(&mut self, gallery_rows: usize) -> usize {
+        let raw = Scoring::raw(gallery_rows);
+        match self.scorings.iter().position(|s| *s == raw) {
+            Some(i) => i,
+            None => self.add_scoring(raw),
+        }
+    }
+
+    /// The largest k any query term needs from the raw top-k.
+    pub fn neighbours_needed(&self) -> usize {
+        self.methods
+            .iter()
+            .map(|m| match m.query_term {
+                QueryTerm::HalfNeighbourMean { k, .. } => k,
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Bytes held (corrections, sorted similarities, activation sets).
+    pub fn memory_bytes(&self) -> usize {
+        self.scorings.iter().map(Scoring::memory_bytes).sum::<usize>()
+            + self
+                .methods
+                .iter()
+                .map(|m| match &m.selection {
+                    Selection::Gated { sets, .. } => sets.iter().map(Vec::len).sum(),
+                    Selection::Fixed(_) => 0,
+                })
+                .sum::<usize>()
     }
 }

@@ -5,5 +5,5 @@ pub mod method;
 pub mod pass;
 pub mod targets;
 
-pub use method::ScoringMethod;
+pub use method::{MethodRule, QueryTerm, Scoring, ScoringPlan, Selection};
 pub use pass::{search, QueryBlockResult, SearchRequest};

@@ -1,18 +1,16 @@
 //! Pass 2 driver: for each query block that fits the budget, stream the
 //! gallery (cached when it fits) and keep k candidates per query and method.
 
-use arrow::array::ArrayRef;
-
 use crate::bank::pass::dimension_error;
 use crate::cache::TableBlocks;
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
-use crate::kernel::{search_block, QueryState, Rows, TILE_COLS, TILE_ROWS};
+use crate::kernel::{search_block, ColumnScoring, QueryState, Rows, TILE_COLS, TILE_ROWS};
 use crate::plan::PlanRequest;
 use crate::progress::{Progress, RowProgress};
 use crate::query::targets::{resolve_targets, target_scores};
-use crate::query::ScoringMethod;
-use crate::source::EmbeddingTable;
+use crate::query::method::Scoring;
+use crate::source::{EmbeddingBlock, EmbeddingTable};
 
 /// What pass 2 needs besides the tables.
 pub struct SearchRequest<'a> {
@@ -20,23 +18,24 @@ pub struct SearchRequest<'a> {
     pub gallery: &'a EmbeddingTable,
     /// The gallery's ids (for ground truth lookups).
     pub gallery_index: &'a IdIndex,
-    pub methods: &'a [ScoringMethod],
-    /// Candidates kept per query and method.
+    pub scorings: &'a [Scoring],
+    /// Candidates kept per query and scoring.
     pub k: usize,
     pub budget: usize,
     /// Memory the caller holds for the whole pass (index, corrections, counts).
     pub resident_bytes: usize,
+    /// Bytes per query the caller needs to turn a block into output rows.
+    pub output_row_bytes: usize,
 }
 
 /// The finished results of one query block.
 #[derive(Debug)]
 pub struct QueryBlockResult<'a> {
-    /// Global row of the block's first query.
-    pub first_row: u64,
-    pub query_ids: &'a ArrayRef,
-    /// `rows × methods` states, row-major (one row per query).
+    /// The queries (ids and embeddings).
+    pub queries: &'a EmbeddingBlock,
+    /// `rows × scorings` states, row-major (one row per query).
     pub states: &'a [QueryState],
-    pub methods: usize,
+    pub scorings: usize,
 }
 
 /// Runs pass 2 and hands each query block's results to `on_block` in order.
@@ -49,23 +48,20 @@ pub fn search(
         queries,
         gallery,
         gallery_index,
-        methods,
+        scorings,
         k,
         ..
     } = *request;
     if queries.dim != gallery.dim {
         return Err(dimension_error(queries, gallery));
     }
-    if methods
-        .iter()
-        .any(|m| m.corrections.len() as u64 != gallery.rows)
-    {
+    if scorings.iter().any(|m| m.rows() as u64 != gallery.rows) {
         return Err(HubnormError::Internal(
             "one correction per gallery item expected".into(),
         ));
     }
     let dim = gallery.dim;
-    let nm = methods.len();
+    let nm = scorings.len();
     let state_bytes =
         std::mem::size_of::<QueryState>() + k * std::mem::size_of::<crate::kernel::Candidate>();
     let plan = PlanRequest {
@@ -75,7 +71,7 @@ pub fn search(
         resident_bytes: request.resident_bytes,
         // Embedding, id, target lists, and per method the state plus the
         // output rows built from it (~48 bytes per result row).
-        outer_row_bytes: dim * 4 + 48 + nm * (state_bytes + k * 48),
+        outer_row_bytes: dim * 4 + 48 + nm * state_bytes + request.output_row_bytes,
         inner_row_bytes: dim * 4 + 32,
         outer_total_rows: queries.rows as usize,
         inner_total_rows: gallery.rows as usize,
@@ -85,18 +81,25 @@ pub fn search(
     .plan()?;
     let mut gallery_blocks =
         TableBlocks::new(gallery, plan.inner_rows, plan.batch_rows, plan.cache_inner)?;
-    let corrections: Vec<&[f32]> = methods.iter().map(|m| m.corrections.as_slice()).collect();
     let mut rows_done = RowProgress::start(progress, "pass 2: queries", queries.rows, gallery.rows);
     let query_table = queries.with_batch_rows(plan.batch_rows);
     let mut query_blocks = query_table.blocks(plan.outer_rows);
     while let Some(block) = query_blocks.next_block()? {
         let positives = resolve_targets(&block, queries, gallery_index)?;
-        let targets = target_scores(&block, &positives, &mut gallery_blocks, methods)?;
-        let mut states: Vec<QueryState> = targets.iter().map(|&t| QueryState::new(k, t)).collect();
+        let targets = target_scores(&block, &positives, &mut gallery_blocks, scorings)?;
+        let mut states: Vec<QueryState> = targets
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| match scorings[i % nm] {
+                Scoring::Subtract(_) => QueryState::new(k, t.map(|(score, _)| score)),
+                Scoring::BankRank { .. } => QueryState::by_bank_rank(k, t),
+            })
+            .collect();
         gallery_blocks.for_each(|g_block| {
-            let block_corrections: Vec<&[f32]> = corrections
+            let start = g_block.first_row as usize;
+            let block_corrections: Vec<ColumnScoring<'_>> = scorings
                 .iter()
-                .map(|h| &h[g_block.first_row as usize..g_block.first_row as usize + g_block.rows])
+                .map(|h| h.columns(start, start + g_block.rows))
                 .collect();
             search_block(
                 Rows::new(&block.data, dim),
@@ -110,10 +113,9 @@ pub fn search(
             Ok(())
         })?;
         on_block(QueryBlockResult {
-            first_row: block.first_row,
-            query_ids: &block.ids,
+            queries: &block,
             states: &states,
-            methods: nm,
+            scorings: nm,
         })?;
     }
     rows_done.finish();

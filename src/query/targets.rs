@@ -8,7 +8,7 @@ use crate::cache::TableBlocks;
 use crate::error::Result;
 use crate::ids::{id_at, IdIndex};
 use crate::kernel::Positives;
-use crate::query::ScoringMethod;
+use crate::query::method::Scoring;
 use crate::source::{EmbeddingBlock, EmbeddingTable};
 
 /// Gallery rows of each query's ground truth in `block` (empty lists when the
@@ -90,18 +90,19 @@ fn cast_ids(values: &ArrayRef, id_type: &DataType) -> Result<ArrayRef> {
     }
 }
 
-/// For each query of `block` and each method, the score of its best-scored
-/// positive (None without ground truth). The gallery streams past the block
-/// once, and only positive rows are used; the scores are computed as the
-/// kernel computes them (f32 similarity, minus the f32 correction).
+/// For each query of `block` and each scoring, the (score, raw similarity)
+/// of its best-ranked positive (None without ground truth). The gallery
+/// streams past the block once, and only positive rows are used; the scores
+/// are computed as the kernel computes them (f32 similarity, then the
+/// scoring's f32 arithmetic).
 pub fn target_scores(
     block: &EmbeddingBlock,
     positives: &Positives,
     gallery: &mut TableBlocks,
-    methods: &[ScoringMethod],
-) -> Result<Vec<Option<f32>>> {
-    let nm = methods.len();
-    let mut best: Vec<Option<f32>> = vec![None; block.rows * nm];
+    scorings: &[Scoring],
+) -> Result<Vec<Option<(f32, f32)>>> {
+    let nm = scorings.len();
+    let mut best: Vec<Option<(f32, f32)>> = vec![None; block.rows * nm];
     // (gallery row, query) pairs in gallery order.
     let mut wanted: Vec<(u32, u32)> = (0..block.rows)
         .flat_map(|q| positives.of(q).iter().map(move |&g| (g, q as u32)))
@@ -124,10 +125,17 @@ pub fn target_scores(
                 .zip(gv)
                 .map(|(a, b)| *a as f64 * *b as f64)
                 .sum::<f64>() as f32;
-            for (m, method) in methods.iter().enumerate() {
-                let v = s - method.corrections[g];
+            for (m, scoring) in scorings.iter().enumerate() {
+                let v = scoring.columns(g, g + 1).score(0, s);
                 let slot = &mut best[q * nm + m];
-                *slot = Some(slot.map_or(v, |b: f32| b.max(v)));
+                let better = match (*slot, scoring) {
+                    (None, _) => true,
+                    (Some((bv, _)), Scoring::Subtract(_)) => v > bv,
+                    (Some((bv, bs)), Scoring::BankRank { .. }) => v > bv || (v == bv && s > bs),
+                };
+                if better {
+                    *slot = Some((v, s));
+                }
             }
             next += 1;
         }

@@ -9,7 +9,7 @@ use arrow::array::{FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use clap::Args;
 use hubnorm::kernel::{
-    column_log_sum_exp, gemm::similarity_tile, has_avx512, search_block, LogSumExp, Positives,
+    column_log_sum_exp, gemm::similarity_tile, has_avx512, search_block, ColumnScoring, LogSumExp, Positives,
     QueryState, Rows, TILE_COLS, TILE_ROWS,
 };
 use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions};
@@ -238,7 +238,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                             Rows::new(&a, dim),
                             Rows::new(&b, dim),
                             0,
-                            &[&corrections],
+                            &[ColumnScoring::Subtract(&corrections)],
                             &Positives::none(m),
                             &mut states,
                         );
@@ -282,6 +282,8 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         let stats = pipeline::StatsJob {
             gallery: path("gallery.parquet"),
             bank: path("bank.parquet"),
+            gallery_bank: None,
+            bank_sample: None,
             methods: methods.clone(),
             out: dir.join("stats.parquet"),
             overwrite: true,

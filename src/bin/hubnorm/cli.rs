@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use hubnorm::options::{
-    Beta, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, ReadOptions,
+    BankSample, Beta, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, ReadOptions,
 };
 
 /// Hubness reduction for embedding retrieval: querybank normalisation as a
@@ -57,18 +57,66 @@ pub struct CommonArgs {
     pub quiet: bool,
 }
 
-/// Which methods, and their hyperparameters.
+/// Which methods, and their hyperparameters (defaults as in METHODS.md).
 #[derive(Debug, Clone, Args)]
 pub struct MethodArgs {
-    /// One method: none (raw inner product) or is (inverted softmax).
+    /// One method: none, is, dis, nnn, csls, gc, dn, dual-is or dual-dis
+    /// (see the README's method table).
     #[arg(long, conflicts_with = "methods")]
     pub method: Option<String>,
-    /// Several methods, comma separated, computed in one stream (e.g. none,is).
+    /// Several methods, comma separated, computed in one stream over the
+    /// bank and one over the gallery (e.g. is,dis,nnn,csls).
     #[arg(long, value_delimiter = ',')]
     pub methods: Vec<String>,
-    /// Inverse temperature β of inverted softmax, exp(β·s); β = 1/τ. Default 20.
+    /// β of is and dis: inverse temperature, exp(β·s); β = 1/τ. Default 20.
     #[arg(long)]
     pub beta: Option<f64>,
+    /// k_A of dis and dual-dis: a gallery item is activated when it is in the
+    /// top-k_A of some bank item. Default 1.
+    #[arg(long)]
+    pub activation_k: Option<usize>,
+    /// α of nnn: weight of the bank-neighbour mean subtracted. Default 0.75.
+    #[arg(long)]
+    pub alpha: Option<f64>,
+    /// k of nnn: bank neighbours averaged per gallery item (≤ bank size). Default 128.
+    #[arg(long)]
+    pub nnn_k: Option<usize>,
+    /// k of csls: neighbours averaged on each side. Default 10.
+    #[arg(long)]
+    pub csls_k: Option<usize>,
+    /// λ of dn: fraction of the bank means subtracted. Default 0.5.
+    #[arg(long)]
+    pub lambda: Option<f64>,
+    /// β₁ of dual-is and dual-dis (query-bank factor). Default 20.
+    #[arg(long)]
+    pub beta1: Option<f64>,
+    /// β₂ of dual-is and dual-dis (gallery-bank factor). Default 1.
+    #[arg(long)]
+    pub beta2: Option<f64>,
+}
+
+/// The banks of pass 1 besides the query bank.
+#[derive(Debug, Clone, Args)]
+pub struct BankArgs {
+    /// Gallery bank: items of the gallery modality from the training split
+    /// (needed by dual-is and dual-dis; used by dn for μ_G when given).
+    #[arg(long)]
+    pub gallery_bank: Option<String>,
+    /// Use a seeded uniform sample of N rows of each bank (e.g. to make gc fit).
+    #[arg(long, value_name = "N")]
+    pub bank_sample: Option<u64>,
+    /// Seed of --bank-sample.
+    #[arg(long, default_value_t = 0, requires = "bank_sample")]
+    pub seed: u64,
+}
+
+impl BankArgs {
+    pub fn sample(&self) -> Option<BankSample> {
+        self.bank_sample.map(|rows| BankSample {
+            rows,
+            seed: self.seed,
+        })
+    }
 }
 
 #[derive(Debug, Args)]
@@ -82,6 +130,8 @@ pub struct RunArgs {
     /// Query bank (training-split queries, never the test queries).
     #[arg(long)]
     pub bank: String,
+    #[command(flatten)]
+    pub banks: BankArgs,
     #[command(flatten)]
     pub method: MethodArgs,
     /// Results per query.
@@ -105,6 +155,8 @@ pub struct StatsArgs {
     /// Query bank (training-split queries).
     #[arg(long)]
     pub bank: String,
+    #[command(flatten)]
+    pub banks: BankArgs,
     #[command(flatten)]
     pub method: MethodArgs,
     /// Replace the output if it exists.
@@ -189,7 +241,41 @@ impl MethodArgs {
         if let Some(beta) = self.beta {
             p.beta = Beta(beta);
         }
+        if let Some(k) = self.activation_k {
+            p.activation_k = k;
+        }
+        if let Some(alpha) = self.alpha {
+            p.alpha = alpha;
+        }
+        if let Some(k) = self.nnn_k {
+            p.nnn_k = k;
+        }
+        if let Some(k) = self.csls_k {
+            p.csls_k = k;
+        }
+        if let Some(lambda) = self.lambda {
+            p.lambda = lambda;
+        }
+        if let Some(beta) = self.beta1 {
+            p.beta1 = Beta(beta);
+        }
+        if let Some(beta) = self.beta2 {
+            p.beta2 = Beta(beta);
+        }
         p
+    }
+
+    /// Whether any hyperparameter was given on the command line.
+    pub fn any_parameter(&self) -> bool {
+        self.params() != MethodParams::default()
+            || self.beta.is_some()
+            || self.activation_k.is_some()
+            || self.alpha.is_some()
+            || self.nnn_k.is_some()
+            || self.csls_k.is_some()
+            || self.lambda.is_some()
+            || self.beta1.is_some()
+            || self.beta2.is_some()
     }
 
     /// The methods with their parameters.

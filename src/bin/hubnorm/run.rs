@@ -12,6 +12,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         queries: args.queries,
         gallery: args.gallery,
         bank: args.bank,
+        gallery_bank: args.banks.gallery_bank.clone(),
+        bank_sample: args.banks.sample(),
         methods: args.method.specs(MethodKind::InvertedSoftmax)?,
         k: args.k,
         out_dir: args.out.clone(),
@@ -34,6 +36,8 @@ pub fn stats(args: StatsArgs) -> Result<()> {
     let job = StatsJob {
         gallery: args.gallery,
         bank: args.bank,
+        gallery_bank: args.banks.gallery_bank.clone(),
+        bank_sample: args.banks.sample(),
         methods,
         out: args.out,
         overwrite: args.overwrite,
@@ -49,7 +53,7 @@ pub fn stats(args: StatsArgs) -> Result<()> {
 
 pub fn search(args: SearchArgs) -> Result<()> {
     let kinds = args.method.kinds(MethodKind::InvertedSoftmax)?;
-    // Without --beta, take the statistic the stats file holds.
+    // Without parameter flags, take the statistic the stats file holds.
     let from_file = match &args.stats {
         Some(path) => pipeline::stats_file_methods(path)?,
         None => vec![],
@@ -63,9 +67,9 @@ pub fn search(args: SearchArgs) -> Result<()> {
             .filter(|m| m.kind() == kind)
             .copied()
             .collect();
-        let spec = match (kind, args.method.beta, candidates.as_slice()) {
-            (MethodKind::None, _, _) | (_, Some(_), _) => explicit,
-            (_, None, [only]) => *only,
+        let spec = match (kind, args.method.any_parameter(), candidates.as_slice()) {
+            (MethodKind::None, _, _) | (_, true, _) => explicit,
+            (_, false, [only]) => *only,
             _ => explicit,
         };
         methods.push(spec);

@@ -1,0 +1,395 @@
+//! Which statistics a set of methods needs from pass 1, and the columns of
+//! `gallery_stats.parquet` they become.
+//!
+//! Every method's columns start with its [`MethodSpec::column_prefix`]
+//! (method and parameters, e.g. `nnn_alpha0.75_k128`):
+//!
+//! | method | columns after the prefix |
+//! |---|---|
+//! | is | `_correction`, `_lse_max`, `_lse_sum` |
+//! | dis | as is, plus `_active` (in the activation set) |
+//! | nnn, csls | `_correction`, `_topk` (the k largest bank similarities, descending) |
+//! | gc | `_sorted_sims` (every bank similarity, ascending) |
+//! | dn | `_correction` (λ·⟨μ_Q, g⟩); the means are in the file's metadata |
+//! | dual-is | `_correction`, `_query_lse_max/_sum`, `_gallery_lse_max/_sum` |
+//! | dual-dis | as dual-is, plus `_query_correction`, `_gallery_correction`, `_query_active`, `_gallery_active` |
+//!
+//! `_correction` is h(g) in similarity units (score = s − h); the other
+//! columns are the mergeable states it came from. Activation columns are
+//! only known after the last gallery chunk, so they come last in the schema.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, BooleanArray, Float32Array, Float64Array, ListArray};
+use arrow::buffer::OffsetBuffer;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+
+use crate::bank::pass::{BankPassOutput, StatsChunk};
+use crate::error::Result;
+use crate::kernel::{ColumnStates, ColumnStatsRequest, LogSumExp};
+use crate::options::MethodSpec;
+use crate::source::IdKind;
+
+/// Metadata key of the query-bank mean used by `dn`.
+pub const DN_QUERY_BANK_MEAN_KEY: &str = "hubnorm.dn.query_bank_mean";
+/// Metadata key of the gallery(-bank) mean used by `dn`.
+pub const DN_GALLERY_MEAN_KEY: &str = "hubnorm.dn.gallery_mean";
+
+/// The means `dn` shifts by: of the query bank, and of the gallery bank
+/// (or of the gallery when there is no gallery bank).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DnMeans {
+    pub query_bank: Vec<f64>,
+    pub gallery: Vec<f64>,
+}
+
+/// One column's kind in the stats file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnKind {
+    Float64,
+    Boolean,
+    /// A list of f32 per gallery item.
+    ListFloat32,
+}
+
+impl ColumnKind {
+    fn data_type(self) -> DataType {
+        match self {
+            ColumnKind::Float64 => DataType::Float64,
+            ColumnKind::Boolean => DataType::Boolean,
+            ColumnKind::ListFloat32 => {
+                DataType::List(Arc::new(Field::new("item", DataType::Float32, false)))
+            }
+        }
+    }
+}
+
+/// The statistics requested from the banks by a set of methods, and how
+/// they turn into columns.
+#[derive(Debug, Clone)]
+pub struct StatsLayout {
+    methods: Vec<MethodSpec>,
+    bank_betas: Vec<f32>,
+    gallery_bank_betas: Vec<f32>,
+    column_top_k: usize,
+    keep_all: bool,
+    bank_activation_k: usize,
+    gallery_bank_activation_k: usize,
+}
+
+fn push_unique(list: &mut Vec<f32>, beta: f64) {
+    let beta = beta as f32;
+    if !list.contains(&beta) {
+        list.push(beta);
+    }
+}
+
+impl StatsLayout {
+    /// The layout for `methods` (`none` needs no statistic and is skipped).
+    pub fn new(methods: &[MethodSpec]) -> Self {
+        let mut layout = StatsLayout {
+            methods: methods
+                .iter()
+                .filter(|m| m.kind().needs_bank())
+                .copied()
+                .collect(),
+            bank_betas: Vec::new(),
+            gallery_bank_betas: Vec::new(),
+            column_top_k: 0,
+            keep_all: false,
+            bank_activation_k: 0,
+            gallery_bank_activation_k: 0,
+        };
+        for m in layout.methods.clone() {
+            match m {
+                MethodSpec::None | MethodSpec::DistributionNormalisation { .. } => {}
+                MethodSpec::InvertedSoftmax { beta } => push_unique(&mut layout.bank_betas, beta.0),
+                MethodSpec::DynamicInvertedSoftmax { beta, activation_k } => {
+                    push_unique(&mut layout.bank_betas, beta.0);
+                    layout.bank_activation_k = layout.bank_activation_k.max(activation_k);
+                }
+                MethodSpec::NearestNeighbour { k, .. } | MethodSpec::Csls { k } => {
+                    layout.column_top_k = layout.column_top_k.max(k)
+                }
+                MethodSpec::GloballyCorrected => layout.keep_all = true,
+                MethodSpec::DualInvertedSoftmax { beta1, beta2 } => {
+                    push_unique(&mut layout.bank_betas, beta1.0);
+                    push_unique(&mut layout.gallery_bank_betas, beta2.0);
+                }
+                MethodSpec::DualDynamicInvertedSoftmax {
+                    beta1,
+                    beta2,
+                    activation_k,
+                } => {
+                    push_unique(&mut layout.bank_betas, beta1.0);
+                    push_unique(&mut layout.gallery_bank_betas, beta2.0);
+                    layout.bank_activation_k = layout.bank_activation_k.max(activation_k);
+                    layout.gallery_bank_activation_k =
+                        layout.gallery_bank_activation_k.max(activation_k);
+                }
+            }
+        }
+        layout
+    }
+
+    /// The methods with statistics, in order.
+    pub fn methods(&self) -> &[MethodSpec] {
+        &self.methods
+    }
+
+    /// What pass 1 computes from the query bank.
+    pub fn bank_request(&self) -> ColumnStatsRequest<'_> {
+        ColumnStatsRequest {
+            betas: &self.bank_betas,
+            column_top_k: self.column_top_k,
+            keep_all: self.keep_all,
+            row_top_k: self.bank_activation_k,
+        }
+    }
+
+    /// What pass 1 computes from the gallery bank.
+    pub fn gallery_bank_request(&self) -> ColumnStatsRequest<'_> {
+        ColumnStatsRequest {
+            betas: &self.gallery_bank_betas,
+            row_top_k: self.gallery_bank_activation_k,
+            ..ColumnStatsRequest::default()
+        }
+    }
+
+    /// Whether some method reads the gallery bank's similarities.
+    pub fn needs_gallery_bank_tiles(&self) -> bool {
+        self.gallery_bank_request().needs_tiles()
+    }
+
+    /// Whether `dn` is among the methods.
+    pub fn needs_means(&self) -> bool {
+        self.methods
+            .iter()
+            .any(|m| matches!(m, MethodSpec::DistributionNormalisation { .. }))
+    }
+
+    /// Whether `gc` is among the methods.
+    pub fn keeps_all_similarities(&self) -> bool {
+        self.keep_all
+    }
+
+    /// Columns written as each chunk finishes, then the activation columns
+    /// known only at the end: (name, kind) in schema order after `gallery_id`.
+    pub fn columns(&self) -> (Vec<(String, ColumnKind)>, Vec<(String, ColumnKind)>) {
+        let mut early = Vec::new();
+        let mut late = Vec::new();
+        for m in &self.methods {
+            let p = m.column_prefix();
+            let f = |suffix: &str| (format!("{p}_{suffix}"), ColumnKind::Float64);
+            match m {
+                MethodSpec::None => {}
+                MethodSpec::InvertedSoftmax { .. } => {
+                    early.extend([f("correction"), f("lse_max"), f("lse_sum")])
+                }
+                MethodSpec::DynamicInvertedSoftmax { .. } => {
+                    early.extend([f("correction"), f("lse_max"), f("lse_sum")]);
+                    late.push((format!("{p}_active"), ColumnKind::Boolean));
+                }
+                MethodSpec::NearestNeighbour { .. } | MethodSpec::Csls { .. } => early.extend([
+                    f("correction"),
+                    (format!("{p}_topk"), ColumnKind::ListFloat32),
+                ]),
+                MethodSpec::GloballyCorrected => {
+                    early.push((format!("{p}_sorted_sims"), ColumnKind::ListFloat32))
+                }
+                MethodSpec::DistributionNormalisation { .. } => early.push(f("correction")),
+                MethodSpec::DualInvertedSoftmax { .. } => early.extend([
+                    f("correction"),
+                    f("query_lse_max"),
+                    f("query_lse_sum"),
+                    f("gallery_lse_max"),
+                    f("gallery_lse_sum"),
+                ]),
+                MethodSpec::DualDynamicInvertedSoftmax { .. } => {
+                    early.extend([
+                        f("correction"),
+                        f("query_correction"),
+                        f("gallery_correction"),
+                        f("query_lse_max"),
+                        f("query_lse_sum"),
+                        f("gallery_lse_max"),
+                        f("gallery_lse_sum"),
+                    ]);
+                    late.push((format!("{p}_query_active"), ColumnKind::Boolean));
+                    late.push((format!("{p}_gallery_active"), ColumnKind::Boolean));
+                }
+            }
+        }
+        (early, late)
+    }
+
+    /// Schema of `gallery_stats.parquet`: `gallery_id`, then every column.
+    pub fn schema(&self, id_kind: IdKind) -> SchemaRef {
+        let (early, late) = self.columns();
+        let mut fields = vec![Field::new("gallery_id", id_kind.data_type(), false)];
+        for (name, kind) in early.into_iter().chain(late) {
+            fields.push(Field::new(name, kind.data_type(), false));
+        }
+        Arc::new(Schema::new(fields))
+    }
+
+    /// Bytes per gallery item of one chunk's output columns.
+    pub fn output_row_bytes(&self) -> usize {
+        let (early, late) = self.columns();
+        early
+            .iter()
+            .chain(&late)
+            .map(|(_, kind)| match kind {
+                ColumnKind::Float64 => 8,
+                ColumnKind::Boolean => 1,
+                ColumnKind::ListFloat32 => 8,
+            })
+            .sum::<usize>()
+            + self.column_top_k * 4 * 2
+    }
+
+    /// The early columns of one finished gallery chunk, in schema order
+    /// (without `gallery_id`). `bank_rows` is the query bank's size (the
+    /// width of `gc`'s lists).
+    pub fn chunk_columns(
+        &self,
+        chunk: &StatsChunk<'_>,
+        means: Option<&DnMeans>,
+    ) -> Result<Vec<ArrayRef>> {
+        let rows = chunk.gallery.rows;
+        let lse = |states: &ColumnStates, betas: &[f32], beta: f64, i: usize| -> LogSumExp {
+            let nb = betas.len();
+            let b = betas
+                .iter()
+                .position(|&x| x == beta as f32)
+                .expect("β requested by the layout");
+            states.lse[i * nb + b]
+        };
+        let bank_lse = |beta: f64, i: usize| lse(chunk.bank, &self.bank_betas, beta, i);
+        let gallery_lse =
+            |beta: f64, i: usize| lse(chunk.gallery_bank, &self.gallery_bank_betas, beta, i);
+        let f64s = |f: &dyn Fn(usize) -> f64| -> ArrayRef {
+            Arc::new(Float64Array::from_iter_values((0..rows).map(f)))
+        };
+        let mut columns: Vec<ArrayRef> = Vec::new();
+        for m in &self.methods {
+            match *m {
+                MethodSpec::None => {}
+                MethodSpec::InvertedSoftmax { beta }
+                | MethodSpec::DynamicInvertedSoftmax { beta, .. } => {
+                    columns.push(f64s(&|i| bank_lse(beta.0, i).value() / beta.0));
+                    columns.push(f64s(&|i| bank_lse(beta.0, i).max));
+                    columns.push(f64s(&|i| bank_lse(beta.0, i).sum));
+                }
+                MethodSpec::NearestNeighbour { alpha, k } => {
+                    columns.push(f64s(&|i| {
+                        alpha * chunk.bank.top[i].mean_of_largest(k).unwrap_or(0.0)
+                    }));
+                    columns.push(top_lists(&chunk.bank.top, k));
+                }
+                MethodSpec::Csls { k } => {
+                    columns.push(f64s(&|i| {
+                        0.5 * chunk.bank.top[i].mean_of_largest(k).unwrap_or(0.0)
+                    }));
+                    columns.push(top_lists(&chunk.bank.top, k));
+                }
+                MethodSpec::GloballyCorrected => columns.push(sorted_lists(&chunk.bank.all)),
+                MethodSpec::DistributionNormalisation { lambda } => {
+                    let mean = &means.expect("means computed for dn").query_bank;
+                    let dim = chunk.gallery.dim;
+                    columns.push(f64s(&|i| {
+                        let g = &chunk.gallery.data[i * dim..(i + 1) * dim];
+                        lambda * g.iter().zip(mean).map(|(&a, b)| a as f64 * b).sum::<f64>()
+                    }));
+                }
+                MethodSpec::DualInvertedSoftmax { beta1, beta2 }
+                | MethodSpec::DualDynamicInvertedSoftmax { beta1, beta2, .. } => {
+                    let (b1, b2) = (beta1.0, beta2.0);
+                    columns.push(f64s(&|i| {
+                        (bank_lse(b1, i).value() + gallery_lse(b2, i).value()) / (b1 + b2)
+                    }));
+                    if matches!(m, MethodSpec::DualDynamicInvertedSoftmax { .. }) {
+                        columns.push(f64s(&|i| bank_lse(b1, i).value() / b1));
+                        columns.push(f64s(&|i| gallery_lse(b2, i).value() / b2));
+                    }
+                    columns.push(f64s(&|i| bank_lse(b1, i).max));
+                    columns.push(f64s(&|i| bank_lse(b1, i).sum));
+                    columns.push(f64s(&|i| gallery_lse(b2, i).max));
+                    columns.push(f64s(&|i| gallery_lse(b2, i).sum));
+                }
+            }
+        }
+        Ok(columns)
+    }
+
+    /// The activation columns, for the whole gallery, in schema order.
+    pub fn late_columns(&self, output: &BankPassOutput, gallery_rows: usize) -> Vec<Vec<bool>> {
+        let mut columns = Vec::new();
+        for m in &self.methods {
+            match m {
+                MethodSpec::DynamicInvertedSoftmax { activation_k, .. } => columns.push(
+                    restrict(&output.bank_activation, *activation_k).activated(gallery_rows),
+                ),
+                MethodSpec::DualDynamicInvertedSoftmax { activation_k, .. } => {
+                    columns.push(
+                        restrict(&output.bank_activation, *activation_k).activated(gallery_rows),
+                    );
+                    columns.push(
+                        restrict(&output.gallery_bank_activation, *activation_k)
+                            .activated(gallery_rows),
+                    );
+                }
+                _ => {}
+            }
+        }
+        columns
+    }
+}
+
+/// The activation state cut to the best `k` per bank item (the pass keeps
+/// the largest k any method asked for).
+fn restrict(
+    state: &crate::bank::states::ActivationState,
+    k: usize,
+) -> crate::bank::states::ActivationState {
+    state.truncated(k)
+}
+
+fn list_array(lengths: Vec<usize>, values: Vec<f32>) -> ArrayRef {
+    Arc::new(ListArray::new(
+        Arc::new(Field::new("item", DataType::Float32, false)),
+        OffsetBuffer::from_lengths(lengths),
+        Arc::new(Float32Array::from(values)),
+        None,
+    ))
+}
+
+/// The `k` largest values of each column, descending.
+fn top_lists(tops: &[crate::kernel::TopValues], k: usize) -> ArrayRef {
+    let mut lengths = Vec::with_capacity(tops.len());
+    let mut values = Vec::new();
+    for top in tops {
+        let sorted = top.sorted();
+        let take = k.min(sorted.len());
+        values.extend_from_slice(&sorted[..take]);
+        lengths.push(take);
+    }
+    list_array(lengths, values)
+}
+
+/// Every value of each column, ascending.
+fn sorted_lists(all: &[Vec<f32>]) -> ArrayRef {
+    let mut lengths = Vec::with_capacity(all.len());
+    let mut values = Vec::new();
+    for column in all {
+        let sorted = crate::bank::states::SortedSimilarities::from_unsorted(column.clone());
+        values.extend_from_slice(sorted.values());
+        lengths.push(column.len());
+    }
+    list_array(lengths, values)
+}
+
+/// A Boolean column.
+pub fn bool_array(values: &[bool]) -> ArrayRef {
+    Arc::new(BooleanArray::from(values.to_vec()))
+}

@@ -1,0 +1,558 @@
+//! `gallery_stats.parquet`: written by pass 1, read by pass 2.
+//!
+//! `hubnorm run` writes the file and reads its scorings back through the
+//! same code as `hubnorm search`, so `stats` followed by `search` gives
+//! exactly what `run` gives.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Float32Type, Float64Type, Schema};
+
+use crate::bank::layout::{bool_array, DN_GALLERY_MEAN_KEY, DN_QUERY_BANK_MEAN_KEY};
+use crate::bank::{
+    compute_bank_statistics, BankInput, BankPassRequest, DnMeans, StatsLayout, VectorMean,
+};
+use crate::error::{HubnormError, Result};
+use crate::ids::{id_at, IdIndex};
+use crate::options::{MethodKind, MethodSpec, PassOptions};
+use crate::progress::Progress;
+use crate::query::{MethodRule, QueryTerm, Scoring, ScoringPlan, Selection};
+use crate::sink::{AtomicFile, ParquetSink};
+use crate::source::EmbeddingTable;
+
+/// The tables pass 1 reads.
+#[derive(Debug, Clone, Copy)]
+pub struct StatsInputs<'a> {
+    pub gallery: &'a EmbeddingTable,
+    pub bank: &'a EmbeddingTable,
+    pub gallery_bank: Option<&'a EmbeddingTable>,
+    pub index: &'a IdIndex,
+}
+
+/// The mean row of a table, read block by block.
+fn table_mean(table: &EmbeddingTable) -> Result<Vec<f64>> {
+    let mut mean = VectorMean::default();
+    let mut blocks = table.blocks(4096);
+    while let Some(block) = blocks.next_block()? {
+        mean.add_rows(&block.data, block.dim);
+    }
+    Ok(mean.mean())
+}
+
+fn floats_json(values: &[f64]) -> String {
+    serde_json::Value::from(values.to_vec()).to_string()
+}
+
+/// Metadata pairs describing the methods (method, parameters, column prefix).
+pub fn methods_json(methods: &[MethodSpec]) -> String {
+    let list: Vec<_> = methods
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "method": m.kind().name(),
+                "parameters": parameters_json(m),
+                "column_prefix": m.column_prefix(),
+            })
+        })
+        .collect();
+    serde_json::Value::Array(list).to_string()
+}
+
+/// A method's parameters as a JSON object.
+pub fn parameters_json(m: &MethodSpec) -> serde_json::Map<String, serde_json::Value> {
+    m.parameters()
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), serde_json::json!(v)))
+        .collect()
+}
+
+/// Pass 1 into an uncommitted stats file at `out`. `metadata` is stored in
+/// the footer, with the methods, the means of `dn` and the tables added.
+pub fn write_stats(
+    inputs: &StatsInputs<'_>,
+    methods: &[MethodSpec],
+    out: &Path,
+    overwrite: bool,
+    options: &PassOptions,
+    mut metadata: Vec<(String, String)>,
+    progress: &dyn Progress,
+) -> Result<AtomicFile> {
+    let StatsInputs {
+        gallery,
+        bank,
+        gallery_bank,
+        index,
+    } = *inputs;
+    let layout = StatsLayout::new(methods);
+    let means = if layout.needs_means() {
+        let query_bank = table_mean(bank)?;
+        let gallery_mean = table_mean(gallery_bank.unwrap_or(gallery))?;
+        metadata.push((DN_QUERY_BANK_MEAN_KEY.into(), floats_json(&query_bank)));
+        metadata.push((DN_GALLERY_MEAN_KEY.into(), floats_json(&gallery_mean)));
+        Some(DnMeans {
+            query_bank,
+            gallery: gallery_mean,
+        })
+    } else {
+        None
+    };
+    metadata.push(("hubnorm.methods".into(), methods_json(layout.methods())));
+    let schema = layout.schema(gallery.id_kind);
+    let (early, late) = layout.columns();
+    // Activation columns are known only after the last chunk: the other
+    // columns go to a scratch file first and are copied next to them then.
+    let direct = late.is_empty();
+    let early_schema = std::sync::Arc::new(Schema::new(
+        schema.fields()[..1 + early.len()].to_vec(),
+    ));
+    let mut sink = if direct {
+        ParquetSink::create(out, schema.clone(), metadata.clone(), overwrite)?
+    } else {
+        ParquetSink::create(&spool_path(out), early_schema.clone(), vec![], true)?
+    };
+    let request = BankPassRequest {
+        gallery,
+        bank: Some(BankInput {
+            table: bank,
+            request: layout.bank_request(),
+        }),
+        gallery_bank: gallery_bank
+            .filter(|_| layout.needs_gallery_bank_tiles())
+            .map(|table| BankInput {
+                table,
+                request: layout.gallery_bank_request(),
+            }),
+        budget: options.memory.bytes(),
+        resident_bytes: index.memory_bytes()
+            + crate::bank::pass::activation_bytes(&Some(BankInput {
+                table: bank,
+                request: layout.bank_request(),
+            }))
+            + gallery_bank.map_or(0, |table| {
+                crate::bank::pass::activation_bytes(&Some(BankInput {
+                    table,
+                    request: layout.gallery_bank_request(),
+                }))
+            }),
+        output_row_bytes: layout.output_row_bytes(),
+    };
+    let output = compute_bank_statistics(&request, progress, |chunk| {
+        let mut columns = vec![chunk.gallery.ids.clone()];
+        columns.extend(layout.chunk_columns(&chunk, means.as_ref())?);
+        sink.write(&RecordBatch::try_new(early_schema.clone(), columns)?)
+    })?;
+    if direct {
+        return sink.close_uncommitted();
+    }
+    let spool = sink.close_uncommitted()?;
+    let late_columns = layout.late_columns(&output, gallery.rows as usize);
+    let mut final_sink = ParquetSink::create(out, schema.clone(), metadata, overwrite)?;
+    let reader = crate::source::open_parquet(spool.temporary_path())?
+        .build()
+        .map_err(|e| HubnormError::parquet(spool.temporary_path(), e))?;
+    let mut row = 0usize;
+    for batch in reader {
+        let batch = batch?;
+        let n = batch.num_rows();
+        let mut columns = batch.columns().to_vec();
+        columns.extend(
+            late_columns
+                .iter()
+                .map(|bits| bool_array(&bits[row..row + n])),
+        );
+        final_sink.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
+        row += n;
+    }
+    drop(spool);
+    final_sink.close_uncommitted()
+}
+
+/// The scratch file beside `out` that holds the columns written per chunk.
+fn spool_path(out: &Path) -> PathBuf {
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    out.with_file_name(format!(".{name}.spool"))
+}
+
+/// The key-value metadata of a Parquet file.
+fn file_metadata(path: &Path) -> Result<HashMap<String, String>> {
+    let builder = crate::source::open_parquet(path)?;
+    Ok(builder
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .map(|kv| {
+            kv.iter()
+                .map(|k| (k.key.clone(), k.value.clone().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// The methods recorded in a `gallery_stats.parquet` file.
+pub fn stats_file_methods(path: &Path) -> Result<Vec<MethodSpec>> {
+    let metadata = file_metadata(path)?;
+    let Some(json) = metadata.get("hubnorm.methods") else {
+        return Err(HubnormError::input(
+            path,
+            None,
+            None,
+            "not a hubnorm stats file (no hubnorm.methods metadata)",
+        ));
+    };
+    let bad = |why: &str| HubnormError::input(path, None, None, format!("hubnorm.methods: {why}"));
+    let list: serde_json::Value = serde_json::from_str(json).map_err(|e| bad(&e.to_string()))?;
+    let mut methods = Vec::new();
+    for entry in list.as_array().ok_or_else(|| bad("not a list"))? {
+        let kind: MethodKind = entry["method"]
+            .as_str()
+            .ok_or_else(|| bad("method name missing"))?
+            .parse()?;
+        let parameters: Vec<(String, f64)> = entry["parameters"]
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .filter_map(|(k, v)| v.as_f64().map(|v| (k.clone(), v)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        methods.push(MethodSpec::with_parameters(kind, &parameters)?);
+    }
+    Ok(methods)
+}
+
+/// Values of one stats column, aligned to gallery rows.
+#[derive(Debug, Clone, PartialEq)]
+enum ColumnValues {
+    Float64(Vec<f64>),
+    Boolean(Vec<bool>),
+    /// `width` values per gallery row, row after row.
+    ListFloat32 { values: Vec<f32>, width: usize },
+}
+
+/// Reads columns `names` of a stats file, aligned to the gallery's rows
+/// through its ids. Every gallery item must have exactly one row.
+fn read_columns(path: &Path, index: &IdIndex, names: &[String]) -> Result<Vec<ColumnValues>> {
+    let builder = crate::source::open_parquet(path)?;
+    let schema = builder.schema().clone();
+    let id_col = schema
+        .index_of("gallery_id")
+        .map_err(|_| HubnormError::input(path, None, Some("gallery_id"), "missing column"))?;
+    let n = index.len();
+    let mut positions = Vec::with_capacity(names.len());
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let col = schema.index_of(name).map_err(|_| {
+            let available: Vec<String> = stats_file_methods(path)
+                .unwrap_or_default()
+                .iter()
+                .map(|m| m.column_prefix())
+                .collect();
+            HubnormError::input(
+                path,
+                None,
+                Some(name),
+                format!(
+                    "the stats file has no statistic for this method and parameters (it has: {}); run `hubnorm stats` with this method",
+                    available.join(", ")
+                ),
+            )
+        })?;
+        positions.push(col);
+        out.push(match schema.field(col).data_type() {
+            DataType::Float64 => ColumnValues::Float64(vec![0.0; n]),
+            DataType::Boolean => ColumnValues::Boolean(vec![false; n]),
+            DataType::List(_) => ColumnValues::ListFloat32 {
+                values: Vec::new(),
+                width: 0,
+            },
+            other => {
+                return Err(HubnormError::input(
+                    path,
+                    None,
+                    Some(name),
+                    format!("unexpected type {other}"),
+                ))
+            }
+        });
+    }
+    let mut seen = vec![false; n];
+    let id_type = index.ids().data_type().clone();
+    let reader = builder
+        .build()
+        .map_err(|e| HubnormError::input(path, None, None, format!("cannot read: {e}")))?;
+    let mut file_row = 0u64;
+    for batch in reader {
+        let batch = batch.map_err(|e| {
+            HubnormError::input(path, Some(file_row), None, format!("cannot decode: {e}"))
+        })?;
+        let ids = crate::source::normalise_ids(batch.column(id_col))?;
+        let ids = if ids.data_type() == &id_type {
+            ids
+        } else {
+            arrow::compute::cast(&ids, &id_type)?
+        };
+        for i in 0..batch.num_rows() {
+            let row = file_row + i as u64;
+            let error = |column: &str, message: String| {
+                HubnormError::input(path, Some(row), Some(column), message)
+            };
+            if ids.is_null(i) {
+                return Err(error("gallery_id", "null or unconvertible id".into()));
+            }
+            let id = id_at(ids.as_ref(), i);
+            let g = index.find(id).ok_or_else(|| {
+                error(
+                    "gallery_id",
+                    format!("id {id} is not in the gallery (stats from another gallery?)"),
+                )
+            })? as usize;
+            if std::mem::replace(&mut seen[g], true) {
+                return Err(error("gallery_id", format!("duplicate id {id}")));
+            }
+            for ((values, &col), name) in out.iter_mut().zip(&positions).zip(names) {
+                let array = batch.column(col);
+                if array.is_null(i) {
+                    return Err(error(name, "null statistic".into()));
+                }
+                set_value(values, array, i, g, n).map_err(|m| error(name, m))?;
+            }
+        }
+        file_row += batch.num_rows() as u64;
+    }
+    if let Some(g) = seen.iter().position(|s| !s) {
+        return Err(HubnormError::input(
+            path,
+            None,
+            Some("gallery_id"),
+            format!(
+                "gallery item {} has no statistics in this file (stats from another gallery?)",
+                id_at(index.ids().as_ref(), g)
+            ),
+        ));
+    }
+    Ok(out)
+}
+
+/// Stores row `i` of `array` as gallery row `g` (of `n`).
+fn set_value(
+    values: &mut ColumnValues,
+    array: &ArrayRef,
+    i: usize,
+    g: usize,
+    n: usize,
+) -> std::result::Result<(), String> {
+    match values {
+        ColumnValues::Float64(v) => {
+            let x = array
+                .as_primitive_opt::<Float64Type>()
+                .ok_or("expected Float64")?
+                .value(i);
+            if !x.is_finite() {
+                return Err("statistic is not finite".into());
+            }
+            v[g] = x;
+        }
+        ColumnValues::Boolean(v) => {
+            v[g] = array.as_boolean_opt().ok_or("expected Boolean")?.value(i);
+        }
+        ColumnValues::ListFloat32 { values, width } => {
+            let list = array.as_list_opt::<i32>().ok_or("expected List<Float32>")?;
+            let item = list.value(i);
+            let item = item
+                .as_primitive_opt::<Float32Type>()
+                .ok_or("expected List<Float32>")?;
+            if values.is_empty() {
+                *width = item.len();
+                *values = vec![0.0; n * *width];
+            } else if item.len() != *width {
+                return Err(format!(
+                    "list of {} values, but earlier rows have {}",
+                    item.len(),
+                    width
+                ));
+            }
+            if item.values().iter().any(|x| !x.is_finite()) {
+                return Err("statistic is not finite".into());
+            }
+            values[g * *width..(g + 1) * *width].copy_from_slice(item.values());
+        }
+    }
+    Ok(())
+}
+
+fn corrections(values: ColumnValues) -> Scoring {
+    match values {
+        ColumnValues::Float64(v) => Scoring::Subtract(v.into_iter().map(|x| x as f32).collect()),
+        _ => unreachable!("correction columns are Float64"),
+    }
+}
+
+fn bits(values: ColumnValues) -> Vec<bool> {
+    match values {
+        ColumnValues::Boolean(v) => v,
+        _ => unreachable!("activation columns are Boolean"),
+    }
+}
+
+/// Reads a `dn` mean from the stats file's metadata.
+fn read_mean(path: &Path, metadata: &HashMap<String, String>, key: &str) -> Result<Vec<f64>> {
+    let text = metadata.get(key).ok_or_else(|| {
+        HubnormError::input(path, None, None, format!("metadata {key} is missing"))
+    })?;
+    serde_json::from_str(text)
+        .map_err(|e| HubnormError::input(path, None, None, format!("metadata {key}: {e}")))
+}
+
+/// The pass 2 plan for `methods` from a stats file (`none` needs no column).
+pub fn load_plan(path: Option<&Path>, index: &IdIndex, methods: &[MethodSpec]) -> Result<ScoringPlan> {
+    let n = index.len();
+    let mut plan = ScoringPlan::default();
+    let needs_raw = methods.iter().any(|m| {
+        matches!(
+            m.kind(),
+            MethodKind::None
+                | MethodKind::DynamicInvertedSoftmax
+                | MethodKind::DualDynamicInvertedSoftmax
+                | MethodKind::Csls
+        )
+    });
+    let raw = needs_raw.then(|| plan.raw_scoring(n));
+    let with_stats: Vec<&MethodSpec> = methods.iter().filter(|m| m.kind().needs_bank()).collect();
+    if with_stats.is_empty() {
+        for m in methods {
+            plan.methods.push(MethodRule {
+                spec: *m,
+                selection: Selection::Fixed(raw.expect("none needs the raw scoring")),
+                query_term: QueryTerm::None,
+            });
+        }
+        return Ok(plan);
+    }
+    let Some(path) = path else {
+        return Err(HubnormError::Usage(
+            "--stats FILE is needed for every method but 'none'".into(),
+        ));
+    };
+    // Every column any method needs, read in one pass over the file.
+    let mut names: Vec<String> = Vec::new();
+    let mut column = |name: String| -> usize {
+        names.iter().position(|n| *n == name).unwrap_or_else(|| {
+            names.push(name);
+            names.len() - 1
+        })
+    };
+    let mut wanted: Vec<Vec<usize>> = Vec::new();
+    for m in methods {
+        let p = m.column_prefix();
+        let mut c = |suffix: &str| column(format!("{p}_{suffix}"));
+        wanted.push(match m.kind() {
+            MethodKind::None => vec![],
+            MethodKind::GloballyCorrected => vec![c("sorted_sims")],
+            MethodKind::DynamicInvertedSoftmax => vec![c("correction"), c("active")],
+            MethodKind::DualDynamicInvertedSoftmax => vec![
+                c("correction"),
+                c("query_correction"),
+                c("gallery_correction"),
+                c("query_active"),
+                c("gallery_active"),
+            ],
+            _ => vec![c("correction")],
+        });
+    }
+    let mut values: Vec<Option<ColumnValues>> = read_columns(path, index, &names)?
+        .into_iter()
+        .map(Some)
+        .collect();
+    let mut take = |i: usize| values[i].take().expect("each column used once");
+    let metadata = file_metadata(path)?;
+    for (m, columns) in methods.iter().zip(wanted) {
+        let rule = |selection, query_term| MethodRule {
+            spec: *m,
+            selection,
+            query_term,
+        };
+        let rule = match *m {
+            MethodSpec::None => rule(Selection::Fixed(raw.expect("raw")), QueryTerm::None),
+            MethodSpec::GloballyCorrected => {
+                let (values, width) = match take(columns[0]) {
+                    ColumnValues::ListFloat32 { values, width } => (values, width),
+                    _ => unreachable!("gc's column is a list"),
+                };
+                let s = plan.add_scoring(Scoring::BankRank {
+                    sorted: values,
+                    width,
+                });
+                rule(Selection::Fixed(s), QueryTerm::None)
+            }
+            MethodSpec::DynamicInvertedSoftmax { .. } => {
+                let corrected = plan.add_scoring(corrections(take(columns[0])));
+                let raw = raw.expect("raw");
+                rule(
+                    Selection::Gated {
+                        raw,
+                        sets: vec![bits(take(columns[1]))],
+                        choices: vec![raw, corrected],
+                    },
+                    QueryTerm::None,
+                )
+            }
+            MethodSpec::DualDynamicInvertedSoftmax { .. } => {
+                let both = plan.add_scoring(corrections(take(columns[0])));
+                let query_only = plan.add_scoring(corrections(take(columns[1])));
+                let gallery_only = plan.add_scoring(corrections(take(columns[2])));
+                let raw = raw.expect("raw");
+                rule(
+                    Selection::Gated {
+                        raw,
+                        sets: vec![bits(take(columns[3])), bits(take(columns[4]))],
+                        choices: vec![raw, query_only, gallery_only, both],
+                    },
+                    QueryTerm::None,
+                )
+            }
+            MethodSpec::Csls { k } => {
+                let s = plan.add_scoring(corrections(take(columns[0])));
+                rule(
+                    Selection::Fixed(s),
+                    QueryTerm::HalfNeighbourMean {
+                        raw: raw.expect("raw"),
+                        k,
+                    },
+                )
+            }
+            MethodSpec::DistributionNormalisation { lambda } => {
+                let s = plan.add_scoring(corrections(take(columns[0])));
+                let query_bank = read_mean(path, &metadata, DN_QUERY_BANK_MEAN_KEY)?;
+                let gallery_mean = read_mean(path, &metadata, DN_GALLERY_MEAN_KEY)?;
+                let constant = lambda
+                    * lambda
+                    * query_bank
+                        .iter()
+                        .zip(&gallery_mean)
+                        .map(|(a, b)| a * b)
+                        .sum::<f64>();
+                rule(
+                    Selection::Fixed(s),
+                    QueryTerm::DistributionShift {
+                        lambda,
+                        gallery_mean,
+                        constant,
+                    },
+                )
+            }
+            MethodSpec::InvertedSoftmax { .. }
+            | MethodSpec::NearestNeighbour { .. }
+            | MethodSpec::DualInvertedSoftmax { .. } => {
+                let s = plan.add_scoring(corrections(take(columns[0])));
+                rule(Selection::Fixed(s), QueryTerm::None)
+            }
+        };
+        plan.methods.push(rule);
+    }
+    Ok(plan)
+}
