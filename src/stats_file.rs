@@ -136,12 +136,12 @@ pub fn write_stats(
                     request: layout.gallery_bank_request(),
                 }))
             }),
-        output_row_bytes: layout.output_row_bytes(),
+        output_row_bytes: layout.output_row_bytes(bank.rows),
     };
     let output = compute_bank_statistics(&request, progress, |chunk| {
         let mut columns = vec![chunk.gallery.ids.clone()];
         columns.extend(layout.chunk_columns(&chunk, means.as_ref())?);
-        sink.write(&RecordBatch::try_new(early_schema.clone(), columns)?)
+        write_in_slices(&mut sink, &RecordBatch::try_new(early_schema.clone(), columns)?)
     })?;
     if direct {
         return sink.close_uncommitted();
@@ -162,11 +162,26 @@ pub fn write_stats(
                 .iter()
                 .map(|bits| bool_array(&bits[row..row + n])),
         );
-        final_sink.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
+        write_in_slices(&mut final_sink, &RecordBatch::try_new(schema.clone(), columns)?)?;
         row += n;
     }
     drop(spool);
     final_sink.close_uncommitted()
+}
+
+/// Writes `batch` in slices of about the writer's buffer size, so the
+/// writer flushes row groups before wide rows (gc's lists) pile up.
+fn write_in_slices(sink: &mut ParquetSink, batch: &RecordBatch) -> Result<()> {
+    let rows = batch.num_rows().max(1);
+    let row_bytes = batch.get_array_memory_size() / rows;
+    let step = (crate::sink::WRITER_BUFFER_BYTES / row_bytes.max(1)).max(1);
+    let mut start = 0;
+    while start < batch.num_rows() {
+        let len = step.min(batch.num_rows() - start);
+        sink.write(&batch.slice(start, len))?;
+        start += len;
+    }
+    Ok(())
 }
 
 /// The scratch file beside `out` that holds the columns written per chunk.

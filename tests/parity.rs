@@ -7,7 +7,11 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use hubnorm::kernel::{column_log_sum_exp, LogSumExp, Rows, TILE_COLS, TILE_ROWS};
+use hubnorm::bank::{ActivationState, SortedSimilarities, VectorMean};
+use hubnorm::kernel::{
+    column_log_sum_exp, column_statistics, ColumnStates, ColumnStatsRequest, LogSumExp, Rows,
+    TopValues, TILE_COLS, TILE_ROWS,
+};
 use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions};
 use hubnorm::pipeline::{self, RunJob, RunSummary, SearchJob, StatsJob};
 use hubnorm::progress::Silent;
@@ -474,6 +478,100 @@ fn inverted_softmax_state_merges_like_one_pass() {
     for (m, w) in tree.iter().zip(&whole) {
         assert!((m.value() - w.value()).abs() < 1e-6);
     }
+}
+
+/// Issue 3: every other per-gallery state (bounded top-k values for NNN and
+/// CSLS, the sorted similarities of GC, the bank means of DN) merges over
+/// the same uneven bank partitions in any order into one pass's state, and
+/// the DIS activation state (per bank item, over the gallery) merges over
+/// gallery chunks, one of them cut off the tile grid.
+#[test]
+fn every_bank_state_merges_like_one_pass() {
+    let mut r = rng(12);
+    let dim = 16;
+    let (ng, nb) = (TILE_COLS + 300, 700);
+    let gallery = random_table(&mut r, "g", ng, dim);
+    let bank = random_table(&mut r, "b", nb, dim);
+    let norm = |t: &Table| -> Vec<f32> {
+        to_f64(t, true)
+            .into_iter()
+            .flatten()
+            .map(|v| v as f32)
+            .collect()
+    };
+    let (g, b) = (norm(&gallery), norm(&bank));
+    let request = ColumnStatsRequest {
+        betas: &[20.0],
+        column_top_k: 16,
+        keep_all: true,
+        row_top_k: 2,
+    };
+    // One pass over bank rows `rows` and gallery columns `cols`.
+    let pass = |rows: std::ops::Range<usize>, cols: std::ops::Range<usize>| {
+        let mut states = ColumnStates::new(cols.len(), &request, rows.len());
+        let row_tops = column_statistics(
+            Rows::new(&b[rows.start * dim..rows.end * dim], dim),
+            Rows::new(&g[cols.start * dim..cols.end * dim], dim),
+            cols.start as u32,
+            &request,
+            &mut states,
+        );
+        (states, row_tops)
+    };
+    let (whole, whole_tops) = pass(0..nb, 0..ng);
+    let cuts = [0, 0, 1, 300, 301, nb];
+    let parts: Vec<ColumnStates> = cuts.windows(2).map(|w| pass(w[0]..w[1], 0..ng).0).collect();
+    for order in [[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [2, 0, 4, 1, 3]] {
+        let mut top = vec![TopValues::default(); ng];
+        let mut sims = vec![SortedSimilarities::default(); ng];
+        let mut mean = VectorMean::default();
+        for &p in &order {
+            for j in 0..ng {
+                top[j].merge(&parts[p].top[j]);
+                sims[j].merge(&SortedSimilarities::from_unsorted(parts[p].all[j].clone()));
+            }
+            let (r0, r1) = (cuts[p], cuts[p + 1]);
+            let mut part_mean = VectorMean::default();
+            part_mean.add_rows(&b[r0 * dim..r1 * dim], dim);
+            mean.merge(&part_mean);
+        }
+        // The GEMM may round a similarity differently (by an ulp) when the
+        // bank rows are cut off the tile grid, as here: equal within 1e-6.
+        let close = |a: &[f32], b: &[f32]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-6)
+        };
+        for j in 0..ng {
+            assert_eq!(top[j].len(), 16);
+            assert!(
+                close(&top[j].sorted(), &whole.top[j].sorted()),
+                "order {order:?} column {j}: top-k differs"
+            );
+            let one = SortedSimilarities::from_unsorted(whole.all[j].clone());
+            assert!(
+                close(sims[j].values(), one.values()),
+                "order {order:?} column {j}: sorted similarities differ"
+            );
+        }
+        let mut one_mean = VectorMean::default();
+        one_mean.add_rows(&b, dim);
+        for (x, y) in mean.mean().iter().zip(one_mean.mean()) {
+            assert!((x - y).abs() < 1e-12);
+        }
+    }
+    // Activation: the bank against gallery chunks [0, 1000), [1000, ng) and back to front.
+    let mut one = ActivationState::new(nb, 2);
+    one.merge_rows(0, &whole_tops);
+    for chunks in [vec![0..1000, 1000..ng], vec![1000..ng, 0..1000]] {
+        let mut merged = ActivationState::default();
+        for cols in chunks {
+            let mut part = ActivationState::new(nb, 2);
+            part.merge_rows(0, &pass(0..nb, cols).1);
+            merged.merge(&part);
+        }
+        assert_eq!(merged.activated(ng), one.activated(ng));
+        assert_eq!(merged, one);
+    }
+    assert!(one.activated(ng).iter().filter(|&&a| a).count() >= 2);
 }
 
 /// A query block smaller than one strip on two threads: the gallery columns

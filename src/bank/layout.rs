@@ -233,8 +233,9 @@ impl StatsLayout {
         Arc::new(Schema::new(fields))
     }
 
-    /// Bytes per gallery item of one chunk's output columns.
-    pub fn output_row_bytes(&self) -> usize {
+    /// Bytes per gallery item of one chunk's output columns, with a query
+    /// bank of `bank_rows` rows.
+    pub fn output_row_bytes(&self, bank_rows: u64) -> usize {
         let (early, late) = self.columns();
         early
             .iter()
@@ -246,6 +247,7 @@ impl StatsLayout {
             })
             .sum::<usize>()
             + self.column_top_k * 4 * 2
+            + if self.keep_all { bank_rows as usize * 4 } else { 0 }
     }
 
     /// The early columns of one finished gallery chunk, in schema order
@@ -377,15 +379,10 @@ fn top_lists(tops: &[crate::kernel::TopValues], k: usize) -> ArrayRef {
     list_array(lengths, values)
 }
 
-/// Every value of each column, ascending.
+/// Every value of each column (sorted by the pass).
 fn sorted_lists(all: &[Vec<f32>]) -> ArrayRef {
-    let mut lengths = Vec::with_capacity(all.len());
-    let mut values = Vec::new();
-    for column in all {
-        let sorted = crate::bank::states::SortedSimilarities::from_unsorted(column.clone());
-        values.extend_from_slice(sorted.values());
-        lengths.push(column.len());
-    }
+    let lengths = all.iter().map(Vec::len).collect();
+    let values = all.iter().flatten().copied().collect();
     list_array(lengths, values)
 }
 

@@ -2,6 +2,8 @@
 //! bank block past it (the query bank, then the gallery bank when one is
 //! used) and fold the similarity tiles into per-item state.
 
+use rayon::prelude::*;
+
 use crate::bank::states::ActivationState;
 use crate::cache::TableBlocks;
 use crate::error::{HubnormError, Result};
@@ -42,7 +44,8 @@ pub struct BankPassRequest<'a> {
 pub struct StatsChunk<'a> {
     /// The gallery rows of the chunk (ids and embeddings).
     pub gallery: &'a EmbeddingBlock,
-    /// States from the query bank (empty when there is none).
+    /// States from the query bank (empty when there is none); every
+    /// similarity kept (`all`) is sorted ascending.
     pub bank: &'a ColumnStates,
     /// States from the gallery bank (empty when there is none).
     pub gallery_bank: &'a ColumnStates,
@@ -190,6 +193,11 @@ pub fn compute_bank_statistics(
                 rows_done.advance(chunk.rows, block.rows);
                 Ok(())
             })?;
+            // Every similarity kept (gc): sorted per column, in parallel.
+            chunk_states
+                .all
+                .par_iter_mut()
+                .for_each(|column| column.sort_unstable_by(f32::total_cmp));
             states.push(chunk_states);
         }
         if banks.is_empty() {

@@ -609,20 +609,22 @@ impl StripSearch<'_> {
                 nc,
                 gallery.dim,
             );
-            for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
-                let scores = &tile[i * nc..(i + 1) * nc];
-                let col0 = self.first_row + c0 as u32;
-                for (state, scoring) in row_states.iter_mut().zip(self.corrections) {
-                    let scoring = scoring.columns(c0, c1);
-                    match scoring {
-                        ColumnScoring::Subtract(h) => {
-                            super::dispatch::scan_row(scores, h, col0, state)
-                        }
-                        ColumnScoring::BankRank { .. } => {
-                            scan_bank_rank(scores, &scoring, col0, state)
-                        }
+            let col0 = self.first_row + c0 as u32;
+            let tile = &tile[..(q1 - q0) * nc];
+            for (m, scoring) in self.corrections.iter().enumerate() {
+                let scoring = scoring.columns(c0, c1);
+                if let ColumnScoring::Subtract(h) = scoring {
+                    for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
+                        let scores = &tile[i * nc..(i + 1) * nc];
+                        super::dispatch::scan_row(scores, h, col0, &mut row_states[m]);
                     }
-                    exclude_positives(scores, &scoring, col0, self.positives.of(q0 + i), state);
+                } else {
+                    scan_bank_rank(tile, nc, &scoring, col0, strip_states, m, nm);
+                }
+                for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
+                    let scores = &tile[i * nc..(i + 1) * nc];
+                    let positives = self.positives.of(q0 + i);
+                    exclude_positives(scores, &scoring, col0, positives, &mut row_states[m]);
                 }
             }
             c0 = c1;
@@ -673,27 +675,39 @@ fn compare_to_target(
     }
 }
 
-/// The `gc` scan of one query row: a binary search per column for the
-/// number of bank similarities above s. Not vectorised: `gc` is the
-/// small-bank evaluation method.
-fn scan_bank_rank(scores: &[f32], scoring: &ColumnScoring<'_>, col0: u32, state: &mut QueryState) {
-    let counting = !state.target.is_nan();
-    for (j, &s) in scores.iter().enumerate() {
-        let v = scoring.score(j, s);
-        if counting {
-            match compare_to_target(v, s, scoring, state) {
-                std::cmp::Ordering::Greater => state.greater += 1,
-                std::cmp::Ordering::Equal => state.equal += 1,
-                std::cmp::Ordering::Less => {}
+/// The `gc` scan of a tile for scoring `m` of `nm`: a binary search per
+/// (query, column) for the number of bank similarities above s. Column by
+/// column, so each column's sorted similarities stay in cache for every
+/// query of the strip. Not vectorised: `gc` is the small-bank method.
+fn scan_bank_rank(
+    tile: &[f32],
+    nc: usize,
+    scoring: &ColumnScoring<'_>,
+    col0: u32,
+    strip_states: &mut [QueryState],
+    m: usize,
+    nm: usize,
+) {
+    for j in 0..nc {
+        for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
+            let state = &mut row_states[m];
+            let s = tile[i * nc + j];
+            let v = scoring.score(j, s);
+            if !state.target.is_nan() {
+                match compare_to_target(v, s, scoring, state) {
+                    std::cmp::Ordering::Greater => state.greater += 1,
+                    std::cmp::Ordering::Equal => state.equal += 1,
+                    std::cmp::Ordering::Less => {}
+                }
             }
-        }
-        // Equal scores may still win on the raw similarity: `push` decides.
-        if v >= state.top.threshold() {
-            state.top.push(Candidate {
-                score: v,
-                raw: s,
-                row: col0 + j as u32,
-            });
+            // Equal scores may still win on the raw similarity: `push` decides.
+            if v >= state.top.threshold() {
+                state.top.push(Candidate {
+                    score: v,
+                    raw: s,
+                    row: col0 + j as u32,
+                });
+            }
         }
     }
 }
