@@ -80,6 +80,10 @@ pub struct MethodSummary {
     pub parameters: serde_json::Map<String, serde_json::Value>,
     /// Skewness of the k-occurrence distribution at k = 10 over all gallery items.
     pub k_occurrence_skewness: f64,
+    /// `dis`, `dual-dis`: the fraction of queries whose scores were
+    /// corrected (raw top-1 in an activation set); the others stay raw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub normalised_fraction: Option<f64>,
     /// R@1/5/10, MRR, mean rank: present when the queries carry ground truth.
     #[serde(flatten)]
     pub quality: Option<crate::report::quality::RecallSummary>,
@@ -320,6 +324,9 @@ struct ResultsCollector<'a> {
     k: usize,
     occurrence: Vec<KOccurrence>,
     quality: Vec<RetrievalMetrics>,
+    /// Per method, queries whose reported scoring was not the raw one (gated methods).
+    normalised: Vec<u64>,
+    queries: u64,
 }
 
 impl<'a> ResultsCollector<'a> {
@@ -332,6 +339,8 @@ impl<'a> ResultsCollector<'a> {
             k,
             occurrence: rules.iter().map(|_| KOccurrence::new(SKEWNESS_K, n)).collect(),
             quality: rules.iter().map(|_| RetrievalMetrics::default()).collect(),
+            normalised: vec![0; rules.len()],
+            queries: 0,
         }
     }
 
@@ -348,12 +357,17 @@ impl<'a> ResultsCollector<'a> {
         );
         // Query-major order (query, method, rank): the file's row order then
         // does not depend on the block sizes the memory limit chose.
+        self.queries += queries.rows as u64;
         for q in 0..queries.rows {
             let states = &block.states[q * ns..(q + 1) * ns];
             let embedding = &queries.data[q * queries.dim..(q + 1) * queries.dim];
             for (m, rule) in self.rules.iter().enumerate() {
                 let name = rule.spec.kind().name();
-                let state = &states[selected_scoring(rule, states)];
+                let selected = selected_scoring(rule, states);
+                if let Selection::Gated { choices, .. } = &rule.selection {
+                    self.normalised[m] += (selected != choices[0]) as u64;
+                }
+                let state = &states[selected];
                 let offset = query_offset(rule, states, embedding);
                 let list = state.top.sorted();
                 self.occurrence[m].add_list(list.iter().map(|c| c.row));
@@ -392,6 +406,8 @@ impl<'a> ResultsCollector<'a> {
                 method: rule.spec.kind().name().to_owned(),
                 parameters: parameters_json(&rule.spec),
                 k_occurrence_skewness: self.occurrence[m].skewness(),
+                normalised_fraction: matches!(rule.selection, Selection::Gated { .. })
+                    .then(|| self.normalised[m] as f64 / self.queries.max(1) as f64),
                 quality: self.quality[m].summary(),
             })
             .collect()

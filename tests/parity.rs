@@ -12,7 +12,7 @@ use hubnorm::kernel::{
     column_log_sum_exp, column_statistics, ColumnStates, ColumnStatsRequest, LogSumExp, Rows,
     TopValues, TILE_COLS, TILE_ROWS,
 };
-use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions};
+use hubnorm::options::{Beta, MemoryBudget, MethodKind, MethodSpec, PassOptions};
 use hubnorm::pipeline::{self, RunJob, RunSummary, SearchJob, StatsJob};
 use hubnorm::progress::Silent;
 
@@ -402,6 +402,94 @@ fn stats_then_search_equals_run_and_records_metadata() {
     .unwrap_err();
     assert_eq!(err.exit_code(), 2);
     assert!(err.to_string().contains("is_beta5_correction"), "{err}");
+}
+
+/// Every method in one `run` (one stream over the banks, one over the
+/// gallery) equals `stats` then `search` with the same methods, and the
+/// stats file has one column per statistic, named by method and parameters.
+#[test]
+fn every_method_stats_then_search_equals_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = case(13, 120, 700, 400, 12);
+    write_case(dir.path(), &c);
+    let mut r = rng(14);
+    let gallery_bank = random_table(&mut r, "gb", 350, 12);
+    write_table(
+        &dir.path().join("gallery_bank.parquet"),
+        &gallery_bank,
+        Layout::FixedF32,
+        false,
+    );
+    let path = |n: &str| dir.path().join(n).display().to_string();
+    let methods: Vec<MethodSpec> = MethodKind::ALL
+        .into_iter()
+        .map(MethodSpec::default_for)
+        .map(|m| match m {
+            MethodSpec::NearestNeighbour { alpha, .. } => MethodSpec::NearestNeighbour { alpha, k: 32 },
+            other => other,
+        })
+        .collect();
+    let mut job = run_job(dir.path(), "run", 10, "32MiB".parse().unwrap(), 2);
+    job.methods = methods.clone();
+    job.gallery_bank = Some(path("gallery_bank.parquet"));
+    let summary = pipeline::run(&job, &Silent).unwrap();
+    let names: Vec<&str> = summary.methods.iter().map(|m| m.method.as_str()).collect();
+    assert_eq!(
+        names,
+        ["none", "is", "dis", "nnn", "csls", "gc", "dn", "dual-is", "dual-dis"]
+    );
+    let stats_path = dir.path().join("stats.parquet");
+    pipeline::run_stats(
+        &StatsJob {
+            gallery: path("gallery.parquet"),
+            bank: path("bank.parquet"),
+            gallery_bank: Some(path("gallery_bank.parquet")),
+            bank_sample: None,
+            methods: methods.clone(),
+            out: stats_path.clone(),
+            overwrite: false,
+            options: PassOptions::default(),
+        },
+        &Silent,
+    )
+    .unwrap();
+    pipeline::run_search(
+        &SearchJob {
+            queries: path("queries.parquet"),
+            gallery: path("gallery.parquet"),
+            stats: Some(stats_path.clone()),
+            methods: methods.clone(),
+            k: 10,
+            out: dir.path().join("search.parquet"),
+            overwrite: false,
+            options: PassOptions::default(),
+        },
+        &Silent,
+    )
+    .unwrap();
+    assert_eq!(
+        read_results(&dir.path().join("search.parquet")),
+        results_of(dir.path(), "run")
+    );
+    let columns: Vec<String> = {
+        let file = std::fs::File::open(&stats_path).unwrap();
+        let builder =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+        builder.schema().fields().iter().map(|f| f.name().clone()).collect()
+    };
+    for expected in [
+        "gallery_id",
+        "is_beta20_correction",
+        "dis_beta20_ka1_active",
+        "nnn_alpha0.75_k32_topk",
+        "csls_k10_correction",
+        "gc_sorted_sims",
+        "dn_lambda0.5_correction",
+        "dual_is_beta1_20_beta2_1_gallery_lse_sum",
+        "dual_dis_beta1_20_beta2_1_ka1_query_active",
+    ] {
+        assert!(columns.iter().any(|c| c == expected), "{expected} not in {columns:?}");
+    }
 }
 
 /// DESIGN.md decision 2: the inverted-softmax state is a monoid. Splitting the

@@ -104,29 +104,43 @@ fn print_summary(summary: &RunSummary) {
             .bank
             .map(|b| format!(", bank {b}"))
             .unwrap_or_default()
+            + &summary
+                .gallery_bank
+                .map(|b| format!(", gallery bank {b}"))
+                .unwrap_or_default()
     );
+    let names: Vec<String> = summary
+        .methods
+        .iter()
+        .map(|m| {
+            let params: Vec<String> = m
+                .parameters
+                .iter()
+                .map(|(k, v)| match v.as_f64() {
+                    Some(x) if x.fract() == 0.0 => format!("{k}={x:.0}"),
+                    _ => format!("{k}={v}"),
+                })
+                .collect();
+            if params.is_empty() {
+                m.method.clone()
+            } else {
+                format!("{} {}", m.method, params.join(","))
+            }
+        })
+        .collect();
+    let width = names.iter().map(|n| n.chars().count()).max().unwrap_or(6).max(6);
     println!(
-        "{:<14} {:>10} {:>8} {:>8} {:>8} {:>8}",
+        "{:<width$} {:>10} {:>8} {:>8} {:>8} {:>8}",
         "method", "skew(N10)", "R@1", "R@5", "R@10", "MRR"
     );
-    for m in &summary.methods {
-        let params: Vec<String> = m
-            .parameters
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        let name = if params.is_empty() {
-            m.method.clone()
-        } else {
-            format!("{} {}", m.method, params.join(","))
-        };
+    for (m, name) in summary.methods.iter().zip(&names) {
         match &m.quality {
             Some(q) => println!(
-                "{:<14} {:>10.3} {:>8.4} {:>8.4} {:>8.4} {:>8.4}",
+                "{:<width$} {:>10.3} {:>8.4} {:>8.4} {:>8.4} {:>8.4}",
                 name, m.k_occurrence_skewness, q.r1, q.r5, q.r10, q.mrr
             ),
             None => println!(
-                "{:<14} {:>10.3} {:>8} {:>8} {:>8} {:>8}",
+                "{:<width$} {:>10.3} {:>8} {:>8} {:>8} {:>8}",
                 name, m.k_occurrence_skewness, "-", "-", "-", "-"
             ),
         }
