@@ -17,8 +17,9 @@ fn hubnorm(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-/// The README's main command, on data-samples/: all three outputs, with the
-/// documented schemas, and a summary where inverted softmax reduces hubness.
+/// The README's main command, on data-samples/: every method in one run, all
+/// three outputs with the documented schemas, and a summary where inverted
+/// softmax reduces hubness.
 #[test]
 fn run_on_samples_writes_documented_outputs() {
     let out = tempfile::tempdir().unwrap();
@@ -32,10 +33,10 @@ fn run_on_samples_writes_documented_outputs() {
         &s("gallery.parquet"),
         "--bank",
         &s("bank.parquet"),
-        "--method",
-        "is",
-        "--beta",
-        "20",
+        "--gallery-bank",
+        &s("gallery_bank.parquet"),
+        "--methods",
+        "is,dis,nnn,csls,gc,dn,dual-is,dual-dis",
         "--out",
         &dir.display().to_string(),
     ]);
@@ -70,8 +71,9 @@ fn run_on_samples_writes_documented_outputs() {
             "raw_score:Float32"
         ]
     );
+    let stats_schema = schema_of("gallery_stats.parquet");
     assert_eq!(
-        schema_of("gallery_stats.parquet"),
+        stats_schema[..4],
         [
             "gallery_id:Utf8",
             "is_beta20_correction:Float64",
@@ -79,11 +81,25 @@ fn run_on_samples_writes_documented_outputs() {
             "is_beta20_lse_sum:Float64"
         ]
     );
+    for column in [
+        "nnn_alpha0.75_k128_correction:Float64",
+        "gc_sorted_sims:List(non-null Float32)",
+        "dis_beta20_ka1_active:Boolean",
+        "dual_dis_beta1_20_beta2_1_ka1_gallery_active:Boolean",
+    ] {
+        assert!(
+            stats_schema.iter().any(|c| c == column),
+            "{column} missing from {stats_schema:?}"
+        );
+    }
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     let methods = summary["methods"].as_array().unwrap();
-    assert_eq!(methods[0]["method"], "none");
-    assert_eq!(methods[1]["method"], "is");
+    let names: Vec<&str> = methods.iter().map(|m| m["method"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        ["none", "is", "dis", "nnn", "csls", "gc", "dn", "dual-is", "dual-dis"]
+    );
     for key in ["k_occurrence_skewness", "R@1", "R@5", "R@10", "MRR"] {
         assert!(methods[1][key].is_number(), "summary has {key}");
     }
@@ -93,7 +109,7 @@ fn run_on_samples_writes_documented_outputs() {
     // Every query has k = 10 results under each method.
     assert_eq!(
         read_results(&dir.join("results.parquet")).len(),
-        600 * 2 * 10
+        600 * 9 * 10
     );
     // No temporary files are left behind.
     let names: Vec<String> = std::fs::read_dir(&dir)
@@ -149,4 +165,66 @@ fn stats_and_search_commands_compose() {
             .any(|(k, v)| k == "hubnorm.methods" && v.contains("\"beta\":30.0")),
         "{meta:?}"
     );
+}
+
+/// Method flags reach the statistics; a method that needs a gallery bank
+/// and `gc` beyond the memory limit are refused with exit code 2 and a
+/// message saying what to do; `--bank-sample` makes `gc` fit.
+#[test]
+fn method_flags_gallery_bank_and_bank_sample() {
+    let out = tempfile::tempdir().unwrap();
+    let s = |n: &str| samples().join(n).display().to_string();
+    let stats = out.path().join("stats.parquet");
+    let stats_arg = stats.display().to_string();
+    let common = [
+        "--gallery",
+        &s("gallery.parquet"),
+        "--bank",
+        &s("bank.parquet"),
+        "--quiet",
+    ];
+    let stats_with = |extra: &[&str]| {
+        let mut args = vec!["stats"];
+        args.extend(common);
+        args.extend(extra);
+        args.extend(["--out", &stats_arg, "--overwrite"]);
+        hubnorm(&args)
+    };
+    let r = stats_with(&["--methods", "nnn,csls", "--alpha", "0.5", "--nnn-k", "16", "--csls-k", "4"]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let names: Vec<String> = {
+        let f = std::fs::File::open(&stats).unwrap();
+        let b = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).unwrap();
+        b.schema().fields().iter().map(|f| f.name().clone()).collect()
+    };
+    assert_eq!(
+        names,
+        [
+            "gallery_id",
+            "nnn_alpha0.5_k16_correction",
+            "nnn_alpha0.5_k16_topk",
+            "csls_k4_correction",
+            "csls_k4_topk"
+        ]
+    );
+    let before = std::fs::read(&stats).unwrap();
+    let r = stats_with(&["--method", "dual-is"]);
+    assert_eq!(r.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("--gallery-bank"));
+    let r = stats_with(&["--method", "nnn", "--nnn-k", "5000"]);
+    assert_eq!(r.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("larger than the bank"));
+    // gc: 1000 bank × 600 gallery × 4 bytes = 2.3 MiB, more than half of 4 MiB.
+    let r = stats_with(&["--method", "gc", "--memory-limit", "4MiB"]);
+    assert_eq!(r.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(err.contains("2.3 MiB") && err.contains("--bank-sample"), "{err}");
+    // Refused jobs leave the earlier output (even with --overwrite) untouched.
+    assert_eq!(std::fs::read(&stats).unwrap(), before);
+    let r = stats_with(&["--method", "gc", "--memory-limit", "40MiB", "--bank-sample", "300", "--seed", "7"]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let meta = parquet_metadata(&stats);
+    let get = |k: &str| meta.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+    assert_eq!(get("hubnorm.bank.rows").as_deref(), Some("300"));
+    assert_eq!(get("hubnorm.bank_sample.seed").as_deref(), Some("7"));
 }
