@@ -101,19 +101,20 @@ pub struct ScoringPlan {
 }
 
 impl ScoringPlan {
-    /// Adds a scoring and returns its index.
+    /// Adds a scoring and returns its index; an identical scoring already
+    /// there is reused (e.g. `is` and `dis` with the same β), so the kernel
+    /// computes it once.
     pub fn add_scoring(&mut self, scoring: Scoring) -> usize {
+        if let Some(i) = self.scorings.iter().position(|s| *s == scoring) {
+            return i;
+        }
         self.scorings.push(scoring);
         self.scorings.len() - 1
     }
 
     /// The index of the raw scoring, adding it when absent.
     pub fn raw_scoring(&mut self, gallery_rows: usize) -> usize {
-        let raw = Scoring::raw(gallery_rows);
-        match self.scorings.iter().position(|s| *s == raw) {
-            Some(i) => i,
-            None => self.add_scoring(raw),
-        }
+        self.add_scoring(Scoring::raw(gallery_rows))
     }
 
     /// The largest k any query term needs from the raw top-k.
@@ -139,5 +140,21 @@ impl ScoringPlan {
                     Selection::Fixed(_) => 0,
                 })
                 .sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identical_scorings_are_computed_once() {
+        let mut plan = ScoringPlan::default();
+        let raw = plan.raw_scoring(3);
+        let is = plan.add_scoring(Scoring::Subtract(vec![0.1, 0.2, 0.3]));
+        assert_eq!(plan.add_scoring(Scoring::Subtract(vec![0.1, 0.2, 0.3])), is);
+        assert_eq!(plan.raw_scoring(3), raw);
+        assert_ne!(raw, is);
+        assert_eq!(plan.scorings.len(), 2);
     }
 }
