@@ -110,11 +110,15 @@ pub enum MethodKind {
     DualInvertedSoftmax,
     /// Dual inverted softmax with DIS gating per factor (Wang et al. 2023).
     DualDynamicInvertedSoftmax,
+    /// Sinkhorn normalisation over the query bank (Pan et al. 2025).
+    Sinkhorn,
+    /// Dual-bank Sinkhorn: targets are the gallery and the gallery bank (Pan et al. 2025).
+    DualBankSinkhorn,
 }
 
 impl MethodKind {
     /// Every method, for help texts and `compare`.
-    pub const ALL: [MethodKind; 9] = [
+    pub const ALL: [MethodKind; 11] = [
         MethodKind::None,
         MethodKind::InvertedSoftmax,
         MethodKind::DynamicInvertedSoftmax,
@@ -124,6 +128,8 @@ impl MethodKind {
         MethodKind::DistributionNormalisation,
         MethodKind::DualInvertedSoftmax,
         MethodKind::DualDynamicInvertedSoftmax,
+        MethodKind::Sinkhorn,
+        MethodKind::DualBankSinkhorn,
     ];
 
     /// The name used on the command line and in output files.
@@ -138,7 +144,17 @@ impl MethodKind {
             MethodKind::DistributionNormalisation => "dn",
             MethodKind::DualInvertedSoftmax => "dual-is",
             MethodKind::DualDynamicInvertedSoftmax => "dual-dis",
+            MethodKind::Sinkhorn => "sn",
+            MethodKind::DualBankSinkhorn => "dbsn",
         }
+    }
+
+    /// Whether the method can use the test queries as its bank (`--transductive`).
+    pub fn has_transductive_variant(self) -> bool {
+        matches!(
+            self,
+            MethodKind::None | MethodKind::InvertedSoftmax | MethodKind::Sinkhorn
+        )
     }
 
     /// Whether pass 1 (bank statistics) is needed.
@@ -150,7 +166,9 @@ impl MethodKind {
     pub fn needs_gallery_bank(self) -> bool {
         matches!(
             self,
-            MethodKind::DualInvertedSoftmax | MethodKind::DualDynamicInvertedSoftmax
+            MethodKind::DualInvertedSoftmax
+                | MethodKind::DualDynamicInvertedSoftmax
+                | MethodKind::DualBankSinkhorn
         )
     }
 
@@ -218,6 +236,16 @@ pub enum MethodSpec {
         beta2: Beta,
         activation_k: usize,
     },
+    Sinkhorn {
+        /// Temperature τ: the plan is exp((s − g − f)/τ).
+        tau: f64,
+        /// Iterations T.
+        iterations: usize,
+    },
+    DualBankSinkhorn {
+        tau: f64,
+        iterations: usize,
+    },
 }
 
 impl MethodSpec {
@@ -234,6 +262,8 @@ impl MethodSpec {
             MethodSpec::DualDynamicInvertedSoftmax { .. } => {
                 MethodKind::DualDynamicInvertedSoftmax
             }
+            MethodSpec::Sinkhorn { .. } => MethodKind::Sinkhorn,
+            MethodSpec::DualBankSinkhorn { .. } => MethodKind::DualBankSinkhorn,
         }
     }
 
@@ -263,6 +293,14 @@ impl MethodSpec {
                 beta1: params.beta1,
                 beta2: params.beta2,
                 activation_k: params.activation_k,
+            },
+            MethodKind::Sinkhorn => MethodSpec::Sinkhorn {
+                tau: params.tau,
+                iterations: params.iterations,
+            },
+            MethodKind::DualBankSinkhorn => MethodSpec::DualBankSinkhorn {
+                tau: params.tau,
+                iterations: params.iterations,
             },
         }
     }
@@ -311,6 +349,10 @@ impl MethodSpec {
                 ("beta2", beta2.0),
                 ("ka", activation_k as f64),
             ],
+            MethodSpec::Sinkhorn { tau, iterations }
+            | MethodSpec::DualBankSinkhorn { tau, iterations } => {
+                vec![("tau", tau), ("t", iterations as f64)]
+            }
         }
     }
 
@@ -330,6 +372,8 @@ impl MethodSpec {
                 (_, "lambda") => p.lambda = *value,
                 (_, "beta1") => p.beta1 = Beta(*value),
                 (_, "beta2") => p.beta2 = Beta(*value),
+                (_, "tau") => p.tau = *value,
+                (_, "t") => p.iterations = count(),
                 _ => {
                     return Err(HubnormError::Usage(format!(
                         "method {kind} has no parameter '{name}'"
@@ -401,6 +445,11 @@ impl MethodSpec {
                 positive("--beta2", beta2.0)?;
                 at_least_one("--activation-k", activation_k)
             }
+            MethodSpec::Sinkhorn { tau, iterations }
+            | MethodSpec::DualBankSinkhorn { tau, iterations } => {
+                positive("--tau", tau)?;
+                at_least_one("--iterations", iterations)
+            }
         }
     }
 }
@@ -426,6 +475,10 @@ pub struct MethodParams {
     pub beta1: Beta,
     /// β₂ of `dual-is`/`dual-dis` (gallery-bank factor); default 1.
     pub beta2: Beta,
+    /// τ of `sn`/`dbsn` (divides: exp(s/τ)); default 0.01.
+    pub tau: f64,
+    /// Iterations T of `sn`/`dbsn`; default 10.
+    pub iterations: usize,
 }
 
 impl Default for MethodParams {
@@ -439,6 +492,8 @@ impl Default for MethodParams {
             lambda: 0.5,
             beta1: Beta(20.0),
             beta2: Beta(1.0),
+            tau: 0.01,
+            iterations: 10,
         }
     }
 }
@@ -486,6 +541,9 @@ pub struct PassOptions {
     pub memory: MemoryBudget,
     /// Worker threads (0 = one per core).
     pub threads: usize,
+    /// `sn`/`dbsn`: stop iterating once the row marginals are within this
+    /// relative error of uniform (`--tol`).
+    pub sinkhorn_tolerance: Option<f64>,
 }
 
 impl Default for PassOptions {
@@ -494,6 +552,7 @@ impl Default for PassOptions {
             read: ReadOptions::default(),
             memory: MemoryBudget::DEFAULT,
             threads: 0,
+            sinkhorn_tolerance: None,
         }
     }
 }

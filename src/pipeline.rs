@@ -17,7 +17,9 @@ use crate::query::{search, MethodRule, QueryBlockResult, QueryTerm, ScoringPlan,
 use crate::report::{KOccurrence, RetrievalMetrics};
 use crate::sink::{write_text_atomically, AtomicFile, ParquetSink};
 use crate::source::{EmbeddingTable, IdKind};
-use crate::stats_file::{load_plan, methods_json, parameters_json, write_stats, StatsInputs};
+use crate::stats_file::{
+    load_plan, methods_json, parameters_json, write_stats, SinkhornReport, StatsInputs,
+};
 
 pub use crate::stats_file::stats_file_methods;
 
@@ -65,6 +67,10 @@ pub struct RunJob {
     pub gallery_bank: Option<String>,
     /// Use a seeded uniform sample of each bank.
     pub bank_sample: Option<BankSample>,
+    /// Use the test queries themselves as the query bank (`is`, `sn`). This
+    /// peeks at the test set: only legitimate for offline re-ranking of a
+    /// query set known in advance. `bank` is then ignored.
+    pub transductive: bool,
     /// Methods to apply; the baseline `none` is always added first.
     pub methods: Vec<MethodSpec>,
     pub k: usize,
@@ -84,6 +90,9 @@ pub struct MethodSummary {
     /// corrected (raw top-1 in an activation set); the others stay raw.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub normalised_fraction: Option<f64>,
+    /// `sn`, `dbsn`: iterations run and how far the plan is from its marginals.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sinkhorn: Option<SinkhornReport>,
     /// R@1/5/10, MRR, mean rank: present when the queries carry ground truth.
     #[serde(flatten)]
     pub quality: Option<crate::report::quality::RecallSummary>,
@@ -98,6 +107,8 @@ pub struct RunSummary {
     pub bank: Option<u64>,
     /// Gallery-bank rows used, when one was given.
     pub gallery_bank: Option<u64>,
+    /// Whether the test queries were the bank (`--transductive`).
+    pub transductive: bool,
     pub dim: usize,
     pub k: usize,
     pub normalize: bool,
@@ -408,6 +419,7 @@ impl<'a> ResultsCollector<'a> {
                 k_occurrence_skewness: self.occurrence[m].skewness(),
                 normalised_fraction: matches!(rule.selection, Selection::Gated { .. })
                     .then(|| self.normalised[m] as f64 / self.queries.max(1) as f64),
+                sinkhorn: None,
                 quality: self.quality[m].summary(),
             })
             .collect()
@@ -494,7 +506,7 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<PathBuf> {
         let mut metadata = common_metadata("gallery_stats", &job.options);
         metadata.extend(table_metadata("gallery", &gallery));
         metadata.extend(bank_metadata(&banks, job.bank_sample));
-        let file = write_stats(
+        let (file, _) = write_stats(
             &StatsInputs {
                 gallery: &gallery,
                 bank: &banks.bank,
@@ -544,6 +556,7 @@ pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary
             gallery: gallery.rows,
             bank: None,
             gallery_bank: None,
+            transductive: false,
             dim: gallery.dim,
             k: job.k,
             normalize: job.options.read.normalize,
@@ -562,6 +575,14 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
     let mut methods = vec![MethodSpec::None];
     methods.extend(job.methods.iter().filter(|m| m.kind() != MethodKind::None));
     let methods = check_methods(&methods, job.gallery_bank.is_some())?;
+    if job.transductive {
+        if let Some(m) = methods.iter().find(|m| !m.kind().has_transductive_variant()) {
+            return Err(HubnormError::Usage(format!(
+                "--transductive uses the test queries as the bank, which METHODS.md defines for is and sn only, not {}",
+                m.kind()
+            )));
+        }
+    }
     for name in RUN_OUTPUTS {
         refuse_existing(&job.out_dir.join(name), job.overwrite)?;
     }
@@ -571,8 +592,9 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
         if queries.dim != gallery.dim {
             return Err(crate::bank::pass::dimension_error(&queries, &gallery));
         }
+        let bank_spec = if job.transductive { &job.queries } else { &job.bank };
         let banks = open_banks(
-            &job.bank,
+            bank_spec,
             job.gallery_bank.as_deref(),
             job.bank_sample,
             &methods,
@@ -583,7 +605,8 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
         let mut metadata = common_metadata("gallery_stats", &job.options);
         metadata.extend(table_metadata("gallery", &gallery));
         metadata.extend(bank_metadata(&banks, job.bank_sample));
-        let stats_file = write_stats(
+        metadata.push(("hubnorm.transductive".into(), job.transductive.to_string()));
+        let (stats_file, sinkhorn) = write_stats(
             &StatsInputs {
                 gallery: &gallery,
                 bank: &banks.bank,
@@ -599,7 +622,7 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
         )?;
         // Read back through the same code as `hubnorm search`.
         let plan = load_plan(Some(stats_file.temporary_path()), &index, &methods)?;
-        let (results_file, summaries) = write_results(
+        let (results_file, mut summaries) = write_results(
             &queries,
             &gallery,
             &index,
@@ -611,10 +634,14 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
             bank_metadata(&banks, job.bank_sample),
             progress,
         )?;
+        for (summary, rule) in summaries.iter_mut().zip(&plan.methods) {
+            summary.sinkhorn = sinkhorn.iter().find(|r| r.method == rule.spec).cloned();
+        }
         let summary = RunSummary {
             queries: queries.rows,
             gallery: gallery.rows,
             bank: Some(banks.bank.rows),
+            transductive: job.transductive,
             gallery_bank: banks.gallery_bank.as_ref().map(|t| t.rows),
             dim: gallery.dim,
             k: job.k,

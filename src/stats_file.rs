@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float32Type, Float64Type, Schema};
 
-use crate::bank::layout::{bool_array, DN_GALLERY_MEAN_KEY, DN_QUERY_BANK_MEAN_KEY};
+use crate::bank::layout::{DN_GALLERY_MEAN_KEY, DN_QUERY_BANK_MEAN_KEY};
+use crate::bank::sinkhorn::{sinkhorn_potentials, SinkhornRequest};
 use crate::bank::{
     compute_bank_statistics, BankInput, BankPassRequest, DnMeans, StatsLayout, VectorMean,
 };
@@ -68,8 +69,9 @@ pub fn parameters_json(m: &MethodSpec) -> serde_json::Map<String, serde_json::Va
         .collect()
 }
 
-/// Pass 1 into an uncommitted stats file at `out`. `metadata` is stored in
-/// the footer, with the methods, the means of `dn` and the tables added.
+/// Pass 1 into an uncommitted stats file at `out`, with how each Sinkhorn
+/// method's iterations ended. `metadata` is stored in the footer, with the
+/// methods, the means of `dn`, and the Sinkhorn reports added.
 pub fn write_stats(
     inputs: &StatsInputs<'_>,
     methods: &[MethodSpec],
@@ -78,7 +80,7 @@ pub fn write_stats(
     options: &PassOptions,
     mut metadata: Vec<(String, String)>,
     progress: &dyn Progress,
-) -> Result<AtomicFile> {
+) -> Result<(AtomicFile, Vec<SinkhornReport>)> {
     let StatsInputs {
         gallery,
         bank,
@@ -144,10 +146,56 @@ pub fn write_stats(
         write_in_slices(&mut sink, &RecordBatch::try_new(early_schema.clone(), columns)?)
     })?;
     if direct {
-        return sink.close_uncommitted();
+        return Ok((sink.close_uncommitted()?, Vec::new()));
     }
     let spool = sink.close_uncommitted()?;
-    let late_columns = layout.late_columns(&output, gallery.rows as usize);
+    // Sinkhorn couples every target: its potentials come from their own
+    // sweeps over the whole bank × targets, after the single-pass statistics.
+    let mut reports = Vec::new();
+    let mut potentials = Vec::new();
+    for method in layout.sinkhorn_methods() {
+        let (tau, iterations, targets) = match method {
+            MethodSpec::Sinkhorn { tau, iterations } => (tau, iterations, vec![gallery]),
+            MethodSpec::DualBankSinkhorn { tau, iterations } => {
+                let gallery_bank = gallery_bank.ok_or_else(|| {
+                    HubnormError::Usage("method dbsn needs --gallery-bank PATH".into())
+                })?;
+                (tau, iterations, vec![gallery, gallery_bank])
+            }
+            _ => unreachable!("sinkhorn_methods"),
+        };
+        let outcome = sinkhorn_potentials(
+            &SinkhornRequest {
+                sources: bank,
+                targets: &targets,
+                tau,
+                iterations,
+                tolerance: options.sinkhorn_tolerance,
+                budget: options.memory.bytes(),
+                resident_bytes: index.memory_bytes()
+                    + potentials.iter().map(|p: &Vec<f64>| p.len() * 8).sum::<usize>(),
+            },
+            progress,
+        )?;
+        let report = SinkhornReport {
+            method,
+            iterations: outcome.iterations,
+            marginal_error: outcome.marginal_error,
+            cached_tiles: outcome.cached,
+            target_chunks: outcome.target_chunks,
+            bank_blocks: outcome.source_blocks,
+        };
+        let key = format!("hubnorm.sinkhorn.{}", method.column_prefix());
+        metadata.push((
+            key,
+            serde_json::to_string(&report.json()).map_err(|e| HubnormError::Internal(e.to_string()))?,
+        ));
+        reports.push(report);
+        let mut f = outcome.target_potential;
+        f.truncate(gallery.rows as usize);
+        potentials.push(f);
+    }
+    let late_columns = layout.late_columns(&output, gallery.rows as usize, &potentials);
     let mut final_sink = ParquetSink::create(out, schema.clone(), metadata, overwrite)?;
     let reader = crate::source::open_parquet(spool.temporary_path())?
         .build()
@@ -157,16 +205,42 @@ pub fn write_stats(
         let batch = batch?;
         let n = batch.num_rows();
         let mut columns = batch.columns().to_vec();
-        columns.extend(
-            late_columns
-                .iter()
-                .map(|bits| bool_array(&bits[row..row + n])),
-        );
+        columns.extend(late_columns.iter().map(|column| column.slice(row, n)));
         write_in_slices(&mut final_sink, &RecordBatch::try_new(schema.clone(), columns)?)?;
         row += n;
     }
     drop(spool);
-    final_sink.close_uncommitted()
+    Ok((final_sink.close_uncommitted()?, reports))
+}
+
+/// How a Sinkhorn method's iterations ended (summary and stats metadata).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SinkhornReport {
+    #[serde(skip)]
+    pub method: MethodSpec,
+    /// Iterations run (fewer than T when `--tol` was met).
+    pub iterations: usize,
+    /// Largest relative deviation of a row sum of the final plan from 1/|B|
+    /// (columns are exact after the last target update).
+    pub marginal_error: f64,
+    /// Whether the bank × targets similarities were cached between sweeps.
+    pub cached_tiles: bool,
+    /// Target chunks and bank blocks each sweep streamed (more than one of
+    /// either: the matrix did not fit the memory limit).
+    pub target_chunks: usize,
+    pub bank_blocks: usize,
+}
+
+impl SinkhornReport {
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "iterations": self.iterations,
+            "marginal_error": self.marginal_error,
+            "cached_tiles": self.cached_tiles,
+            "target_chunks": self.target_chunks,
+            "bank_blocks": self.bank_blocks,
+        })
+    }
 }
 
 /// Writes `batch` in slices of about the writer's buffer size, so the
@@ -562,7 +636,9 @@ pub fn load_plan(path: Option<&Path>, index: &IdIndex, methods: &[MethodSpec]) -
             }
             MethodSpec::InvertedSoftmax { .. }
             | MethodSpec::NearestNeighbour { .. }
-            | MethodSpec::DualInvertedSoftmax { .. } => {
+            | MethodSpec::DualInvertedSoftmax { .. }
+            | MethodSpec::Sinkhorn { .. }
+            | MethodSpec::DualBankSinkhorn { .. } => {
                 let s = plan.add_scoring(corrections(take(columns[0])));
                 rule(Selection::Fixed(s), QueryTerm::None)
             }

@@ -34,6 +34,7 @@ fn check(direction: &str, queries: &str, gallery: &str, bank: &str, memory: Memo
         bank: dir.join(bank).display().to_string(),
         gallery_bank: None,
         bank_sample: None,
+        transductive: false,
         methods: vec![MethodSpec::InvertedSoftmax {
             beta: Beta(expected["beta"].as_f64().unwrap()),
         }],
@@ -119,6 +120,7 @@ fn every_method_on_the_dev_data() {
         bank: dir.join("bank.parquet").display().to_string(),
         gallery_bank: Some(dir.join("gallery_bank.parquet").display().to_string()),
         bank_sample: None,
+        transductive: false,
         methods,
         k: 10,
         out_dir: out.path().join("run"),
@@ -130,7 +132,7 @@ fn every_method_on_the_dev_data() {
     };
     let summary = pipeline::run(&job, &Silent).unwrap();
     // The dev-data README's table: R@1, R@5, R@10, MRR, skew(N10).
-    let table: [(&str, [f64; 5]); 9] = [
+    let table: [(&str, [f64; 5]); 11] = [
         ("none", [0.3786, 0.5498, 0.6006, 0.4584, 1.992]),
         ("is", [0.3982, 0.5694, 0.6250, 0.4796, 0.655]),
         ("dis", [0.3980, 0.5660, 0.6228, 0.4780, 0.641]),
@@ -140,7 +142,10 @@ fn every_method_on_the_dev_data() {
         ("dn", [0.3794, 0.5522, 0.5996, 0.4600, 1.727]),
         ("dual-is", [0.4006, 0.5676, 0.6234, 0.4804, 0.680]),
         ("dual-dis", [0.3960, 0.5632, 0.6214, 0.4763, 0.690]),
+        ("sn", [0.4054, 0.5742, 0.6224, 0.4840, 1.454]),
+        ("dbsn", [0.3946, 0.5500, 0.6030, 0.4686, 2.108]),
     ];
+    assert_eq!(summary.methods.len(), table.len());
     for (ours, (name, want)) in summary.methods.iter().zip(table) {
         let q = ours.quality.as_ref().unwrap();
         eprintln!(

@@ -91,6 +91,7 @@ fn peak_heap_follows_the_memory_limit_not_the_input_size() {
         bank: dir.path().join("bank.parquet").display().to_string(),
         gallery_bank: None,
         bank_sample: None,
+        transductive: false,
         methods: vec![MethodSpec::InvertedSoftmax { beta: Beta(20.0) }],
         k: 10,
         out_dir: dir.path().join("out"),

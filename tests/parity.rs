@@ -59,6 +59,7 @@ fn run_job(dir: &Path, out: &str, k: usize, memory: MemoryBudget, threads: usize
         bank: dir.join("bank.parquet").display().to_string(),
         gallery_bank: None,
         bank_sample: None,
+        transductive: false,
         methods: vec![MethodSpec::InvertedSoftmax { beta: Beta(BETA) }],
         k,
         out_dir: dir.join(out),
@@ -436,7 +437,7 @@ fn every_method_stats_then_search_equals_run() {
     let names: Vec<&str> = summary.methods.iter().map(|m| m.method.as_str()).collect();
     assert_eq!(
         names,
-        ["none", "is", "dis", "nnn", "csls", "gc", "dn", "dual-is", "dual-dis"]
+        ["none", "is", "dis", "nnn", "csls", "gc", "dn", "dual-is", "dual-dis", "sn", "dbsn"]
     );
     let stats_path = dir.path().join("stats.parquet");
     pipeline::run_stats(
@@ -487,6 +488,8 @@ fn every_method_stats_then_search_equals_run() {
         "dn_lambda0.5_correction",
         "dual_is_beta1_20_beta2_1_gallery_lse_sum",
         "dual_dis_beta1_20_beta2_1_ka1_query_active",
+        "sn_tau0.01_t10_correction",
+        "dbsn_tau0.01_t10_correction",
     ] {
         assert!(columns.iter().any(|c| c == expected), "{expected} not in {columns:?}");
     }

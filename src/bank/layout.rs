@@ -102,7 +102,10 @@ impl StatsLayout {
         };
         for m in layout.methods.clone() {
             match m {
-                MethodSpec::None | MethodSpec::DistributionNormalisation { .. } => {}
+                MethodSpec::None
+                | MethodSpec::DistributionNormalisation { .. }
+                | MethodSpec::Sinkhorn { .. }
+                | MethodSpec::DualBankSinkhorn { .. } => {}
                 MethodSpec::InvertedSoftmax { beta } => push_unique(&mut layout.bank_betas, beta.0),
                 MethodSpec::DynamicInvertedSoftmax { beta, activation_k } => {
                     push_unique(&mut layout.bank_betas, beta.0);
@@ -183,6 +186,10 @@ impl StatsLayout {
             let f = |suffix: &str| (format!("{p}_{suffix}"), ColumnKind::Float64);
             match m {
                 MethodSpec::None => {}
+                // The potentials are known only after the last sweep.
+                MethodSpec::Sinkhorn { .. } | MethodSpec::DualBankSinkhorn { .. } => {
+                    late.push(f("correction"))
+                }
                 MethodSpec::InvertedSoftmax { .. } => {
                     early.extend([f("correction"), f("lse_max"), f("lse_sum")])
                 }
@@ -276,7 +283,9 @@ impl StatsLayout {
         let mut columns: Vec<ArrayRef> = Vec::new();
         for m in &self.methods {
             match *m {
-                MethodSpec::None => {}
+                MethodSpec::None
+                | MethodSpec::Sinkhorn { .. }
+                | MethodSpec::DualBankSinkhorn { .. } => {}
                 MethodSpec::InvertedSoftmax { beta }
                 | MethodSpec::DynamicInvertedSoftmax { beta, .. } => {
                     columns.push(f64s(&|i| bank_lse(beta.0, i).value() / beta.0));
@@ -324,27 +333,52 @@ impl StatsLayout {
         Ok(columns)
     }
 
-    /// The activation columns, for the whole gallery, in schema order.
-    pub fn late_columns(&self, output: &BankPassOutput, gallery_rows: usize) -> Vec<Vec<bool>> {
+    /// The columns known only after the last gallery chunk, for the whole
+    /// gallery, in schema order: activation sets from `output`, and each
+    /// Sinkhorn method's target potential over the gallery from `potentials`
+    /// (in the order of the methods).
+    pub fn late_columns(
+        &self,
+        output: &BankPassOutput,
+        gallery_rows: usize,
+        potentials: &[Vec<f64>],
+    ) -> Vec<ArrayRef> {
         let mut columns = Vec::new();
+        let mut potentials = potentials.iter();
+        let active = |state: &crate::bank::states::ActivationState, k: usize| {
+            bool_array(&restrict(state, k).activated(gallery_rows))
+        };
         for m in &self.methods {
             match m {
-                MethodSpec::DynamicInvertedSoftmax { activation_k, .. } => columns.push(
-                    restrict(&output.bank_activation, *activation_k).activated(gallery_rows),
-                ),
+                MethodSpec::DynamicInvertedSoftmax { activation_k, .. } => {
+                    columns.push(active(&output.bank_activation, *activation_k))
+                }
                 MethodSpec::DualDynamicInvertedSoftmax { activation_k, .. } => {
-                    columns.push(
-                        restrict(&output.bank_activation, *activation_k).activated(gallery_rows),
-                    );
-                    columns.push(
-                        restrict(&output.gallery_bank_activation, *activation_k)
-                            .activated(gallery_rows),
-                    );
+                    columns.push(active(&output.bank_activation, *activation_k));
+                    columns.push(active(&output.gallery_bank_activation, *activation_k));
+                }
+                MethodSpec::Sinkhorn { .. } | MethodSpec::DualBankSinkhorn { .. } => {
+                    let f = potentials.next().expect("one potential per Sinkhorn method");
+                    columns.push(Arc::new(Float64Array::from(f[..gallery_rows].to_vec())));
                 }
                 _ => {}
             }
         }
         columns
+    }
+
+    /// The Sinkhorn methods, in order.
+    pub fn sinkhorn_methods(&self) -> Vec<MethodSpec> {
+        self.methods
+            .iter()
+            .filter(|m| {
+                matches!(
+                    m,
+                    MethodSpec::Sinkhorn { .. } | MethodSpec::DualBankSinkhorn { .. }
+                )
+            })
+            .copied()
+            .collect()
     }
 }
 

@@ -9,6 +9,7 @@
 
 pub mod layout;
 pub mod pass;
+pub mod sinkhorn;
 pub mod states;
 
 pub use layout::{DnMeans, StatsLayout};

@@ -4,6 +4,7 @@
 //! has them. (The GEMM itself dispatches inside the `gemm` crate.)
 
 use super::fused::{bodies, QueryState};
+use super::lse::LogSumExp;
 use super::topk::TopValues;
 
 /// Whether the AVX-512 versions run on this CPU.
@@ -22,30 +23,34 @@ pub fn has_avx512() -> bool {
 }
 
 macro_rules! dispatched {
-    ($(fn $name:ident($($arg:ident : $ty:ty),*);)*) => {
+    ($(fn $name:ident($($arg:ident : $ty:ty),*) $(-> $ret:ty)? = $body:path;)*) => {
         $(
             #[inline]
-            pub(super) fn $name($($arg: $ty),*) {
+            pub(super) fn $name($($arg: $ty),*) $(-> $ret)? {
                 #[cfg(target_arch = "x86_64")]
                 {
                     #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma")]
-                    fn wide($($arg: $ty),*) {
-                        bodies::$name($($arg),*)
+                    fn wide($($arg: $ty),*) $(-> $ret)? {
+                        $body($($arg),*)
                     }
                     if has_avx512() {
                         // SAFETY: the features `wide` was compiled for were detected above.
                         return unsafe { wide($($arg),*) };
                     }
                 }
-                bodies::$name($($arg),*)
+                $body($($arg),*)
             }
         )*
     };
 }
 
 dispatched! {
-    fn column_max(tile: &[f32], nc: usize, out: &mut [f32]);
-    fn add_exp_columns(tile: &[f32], nc: usize, beta: f32, shift: &[f32], sum: &mut [f64]);
-    fn scan_row(scores: &[f32], h: &[f32], col0: u32, state: &mut QueryState);
-    fn column_top_values(tile: &[f32], nc: usize, thresholds: &mut [f32], tops: &mut [TopValues]);
+    fn column_max(tile: &[f32], nc: usize, out: &mut [f32]) = bodies::column_max;
+    fn add_exp_columns(tile: &[f32], nc: usize, beta: f32, shift: &[f32], sum: &mut [f64])
+        = bodies::add_exp_columns;
+    fn scan_row(scores: &[f32], h: &[f32], col0: u32, state: &mut QueryState) = bodies::scan_row;
+    fn column_top_values(tile: &[f32], nc: usize, thresholds: &mut [f32], tops: &mut [TopValues])
+        = bodies::column_top_values;
+    fn shifted_row_lse(scores: &[f32], shifts: &[f32], inv_tau: f32) -> LogSumExp
+        = super::sinkhorn::shifted_row_lse_body;
 }

@@ -7,6 +7,7 @@ pub mod exp;
 pub mod fused;
 pub mod gemm;
 pub mod lse;
+pub mod sinkhorn;
 pub mod topk;
 
 pub use dispatch::has_avx512;
@@ -15,4 +16,5 @@ pub use fused::{
     ColumnStates, ColumnStatsRequest, Positives, QueryState, Rows, TILE_COLS, TILE_ROWS,
 };
 pub use lse::LogSumExp;
+pub use sinkhorn::{lse_sweep, Sweep, TileSource};
 pub use topk::{Candidate, TieBreak, TopK, TopValues};

@@ -368,3 +368,5 @@ pub fn assert_ranking_matches(
         }
     }
 }
+
+pub mod reference;

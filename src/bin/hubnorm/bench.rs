@@ -75,6 +75,10 @@ pub struct BenchArgs {
     /// Queries, gallery items and bank rows of the end-to-end passes.
     #[arg(long, default_value_t = 20000)]
     pub pass_rows: usize,
+    /// Gallery items and bank rows of the sn-versus-is comparison (its
+    /// similarity matrix must fit half the default limit to be cached).
+    #[arg(long, default_value_t = 10000)]
+    pub sinkhorn_rows: usize,
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
@@ -322,11 +326,62 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                 }
             }),
         );
+        if let Err(e) = sinkhorn_cost(&dir, rows.min(args.sinkhorn_rows), dim, &args) {
+            failure = Some(e);
+        }
         let _ = std::fs::remove_dir_all(&dir);
         if let Some(e) = failure {
             return Err(e);
         }
     }
+    Ok(())
+}
+
+/// The cost of `sn` (T = 10) relative to `is` in pass 1 on `rows` gallery
+/// items × `rows` bank rows: with the similarity tiles cached (the default
+/// limit holds them) and streamed (a limit that cannot hold them).
+fn sinkhorn_cost(dir: &Path, rows: usize, dim: usize, args: &BenchArgs) -> Result<()> {
+    for (name, seed) in [("sn_gallery", 6), ("sn_bank", 7)] {
+        write_bench_table(&dir.join(format!("{name}.parquet")), rows, dim, seed)?;
+    }
+    let matrix = (rows * rows * 4) as u64;
+    let stats_time = |method: MethodSpec, memory: MemoryBudget| -> Result<f64> {
+        let job = pipeline::StatsJob {
+            gallery: dir.join("sn_gallery.parquet").display().to_string(),
+            bank: dir.join("sn_bank.parquet").display().to_string(),
+            gallery_bank: None,
+            bank_sample: None,
+            methods: vec![method],
+            out: dir.join("sn_stats.parquet"),
+            overwrite: true,
+            options: PassOptions {
+                memory,
+                threads: args.threads,
+                ..PassOptions::default()
+            },
+        };
+        let mut failure = None;
+        let (secs, _) = time(args.repeats.min(3), || {
+            if let Err(e) = pipeline::run_stats(&job, &hubnorm::progress::Silent) {
+                failure = Some(e);
+            }
+        });
+        failure.map_or(Ok(secs), Err)
+    };
+    let is = stats_time(MethodSpec::InvertedSoftmax { beta: Beta(20.0) }, MemoryBudget::DEFAULT)?;
+    let sn = MethodSpec::Sinkhorn {
+        tau: 0.01,
+        iterations: 10,
+    };
+    let cached = stats_time(sn, MemoryBudget::DEFAULT)?;
+    // Half the matrix: too small to cache it, so every sweep recomputes the GEMM.
+    let streamed = stats_time(sn, MemoryBudget((matrix / 2).max(64 << 20) as usize))?;
+    println!(
+        "pass 1 sn (T = 10) vs is, {rows}² d={dim}: is {is:.3}s, sn cached {cached:.3}s ({:.2}× is), sn streamed {streamed:.3}s ({:.2}× is); median of {}",
+        cached / is,
+        streamed / is,
+        args.repeats.min(3)
+    );
     Ok(())
 }
 

@@ -93,6 +93,16 @@ pub struct MethodArgs {
     /// β₂ of dual-is and dual-dis (gallery-bank factor). Default 1.
     #[arg(long)]
     pub beta2: Option<f64>,
+    /// τ of sn and dbsn: temperature that divides, exp(s/τ); τ = 1/β. Default 0.01.
+    #[arg(long)]
+    pub tau: Option<f64>,
+    /// Iterations T of sn and dbsn. Default 10.
+    #[arg(long)]
+    pub iterations: Option<usize>,
+    /// sn, dbsn: stop iterating once every row of the plan sums to 1/|B|
+    /// within this relative error (the columns are exact after each iteration).
+    #[arg(long)]
+    pub tol: Option<f64>,
 }
 
 /// The banks of pass 1 besides the query bank.
@@ -128,8 +138,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub gallery: String,
     /// Query bank (training-split queries, never the test queries).
-    #[arg(long)]
-    pub bank: String,
+    #[arg(long, required_unless_present = "transductive")]
+    pub bank: Option<String>,
+    /// Use the test queries themselves as the bank (is, sn). This PEEKS AT THE
+    /// TEST SET: legitimate only for offline re-ranking of a query set known in
+    /// advance (e.g. a query log), never for evaluating a deployable system.
+    #[arg(long, conflicts_with = "bank")]
+    pub transductive: bool,
     #[command(flatten)]
     pub banks: BankArgs,
     #[command(flatten)]
@@ -211,6 +226,7 @@ impl CommonArgs {
             },
             memory: self.memory_limit,
             threads: self.threads,
+            ..PassOptions::default()
         }
     }
 }
@@ -262,7 +278,21 @@ impl MethodArgs {
         if let Some(beta) = self.beta2 {
             p.beta2 = Beta(beta);
         }
+        if let Some(tau) = self.tau {
+            p.tau = tau;
+        }
+        if let Some(t) = self.iterations {
+            p.iterations = t;
+        }
         p
+    }
+
+    /// The pass options, with the Sinkhorn tolerance.
+    pub fn pass_options(&self, common: &CommonArgs) -> PassOptions {
+        PassOptions {
+            sinkhorn_tolerance: self.tol,
+            ..common.pass_options()
+        }
     }
 
     /// Whether any hyperparameter was given on the command line.
@@ -276,6 +306,8 @@ impl MethodArgs {
             || self.lambda.is_some()
             || self.beta1.is_some()
             || self.beta2.is_some()
+            || self.tau.is_some()
+            || self.iterations.is_some()
     }
 
     /// The methods with their parameters.

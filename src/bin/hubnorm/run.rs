@@ -11,14 +11,15 @@ pub fn run(args: RunArgs) -> Result<()> {
     let job = RunJob {
         queries: args.queries,
         gallery: args.gallery,
-        bank: args.bank,
+        bank: args.bank.unwrap_or_default(),
         gallery_bank: args.banks.gallery_bank.clone(),
         bank_sample: args.banks.sample(),
+        transductive: args.transductive,
         methods: args.method.specs(MethodKind::InvertedSoftmax)?,
         k: args.k,
         out_dir: args.out.clone(),
         overwrite: args.overwrite,
-        options: args.common.pass_options(),
+        options: args.method.pass_options(&args.common),
     };
     let progress = reporter(args.common.quiet);
     let summary = pipeline::run(&job, progress.as_ref())?;
@@ -41,7 +42,7 @@ pub fn stats(args: StatsArgs) -> Result<()> {
         methods,
         out: args.out,
         overwrite: args.overwrite,
-        options: args.common.pass_options(),
+        options: args.method.pass_options(&args.common),
     };
     let progress = reporter(args.common.quiet);
     let path = pipeline::run_stats(&job, progress.as_ref())?;

@@ -1,0 +1,342 @@
+//! Sinkhorn potentials out of core (METHODS.md, `sn` and `dbsn`).
+//!
+//! Unlike the single-pass statistics, Sinkhorn couples every target: each
+//! iteration needs the source potentials over the *whole* target set, then
+//! the target potentials over the whole bank, so gallery shards cannot be
+//! normalised separately and merged. Each iteration is therefore two sweeps
+//! over bank × targets, chunk by chunk within the memory limit. When the
+//! whole similarity matrix fits in half the limit, the first sweep caches its
+//! tiles (f32) and later sweeps read them instead of recomputing the GEMM.
+
+use crate::cache::TableBlocks;
+use crate::error::Result;
+use crate::kernel::{lse_sweep, LogSumExp, Rows, Sweep, TileSource, TILE_COLS, TILE_ROWS};
+use crate::plan::PlanRequest;
+use crate::progress::Progress;
+use crate::source::EmbeddingTable;
+
+/// What to normalise and how.
+#[derive(Debug, Clone, Copy)]
+pub struct SinkhornRequest<'a> {
+    /// The sources (the query bank, or the test queries when transductive).
+    pub sources: &'a EmbeddingTable,
+    /// The targets, concatenated in this order (the gallery, then the gallery
+    /// bank for `dbsn`).
+    pub targets: &'a [&'a EmbeddingTable],
+    /// Temperature τ (the plan is exp((s − g − f)/τ)).
+    pub tau: f64,
+    /// Iterations T (each a source update, then a target update).
+    pub iterations: usize,
+    /// Stop early once the row marginals are within this relative error.
+    pub tolerance: Option<f64>,
+    pub budget: usize,
+    /// Memory the caller holds for the whole pass.
+    pub resident_bytes: usize,
+}
+
+/// The potentials and how far the plan is from its marginals.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SinkhornOutcome {
+    /// f(t), one per target row (all target tables, concatenated).
+    pub target_potential: Vec<f64>,
+    /// g(b), one per source row.
+    pub source_potential: Vec<f64>,
+    /// Iterations run (fewer than asked when the tolerance was met).
+    pub iterations: usize,
+    /// max over sources of |‖row‖₁·|B| − 1| for the returned potentials
+    /// (columns sum to 1/|T| exactly after the last target update).
+    pub marginal_error: f64,
+    /// Whether the similarity tiles were cached between sweeps.
+    pub cached: bool,
+    /// Target chunks and source blocks each sweep streamed.
+    pub target_chunks: usize,
+    pub source_blocks: usize,
+}
+
+/// One chunk of targets: its first global target row and its size.
+#[derive(Debug, Clone, Copy)]
+struct Chunk {
+    offset: usize,
+    rows: usize,
+}
+
+/// Runs T iterations of log-domain Sinkhorn with uniform marginals.
+pub fn sinkhorn_potentials(
+    request: &SinkhornRequest<'_>,
+    progress: &dyn Progress,
+) -> Result<SinkhornOutcome> {
+    let sources = request.sources;
+    let dim = sources.dim;
+    for t in request.targets {
+        if t.dim != dim {
+            return Err(crate::bank::pass::dimension_error(t, sources));
+        }
+    }
+    let m = sources.rows as usize;
+    let n: usize = request.targets.iter().map(|t| t.rows as usize).sum();
+    let matrix_bytes = m * n * 4;
+    // Potentials in f64 and their f32 copies for the kernel.
+    let potential_bytes = (m + n) * 12;
+    let threads = rayon::current_num_threads();
+    let free = request
+        .budget
+        .saturating_sub(request.resident_bytes + potential_bytes);
+    let cache = matrix_bytes <= free / 2;
+    let plan = PlanRequest {
+        budget: request.budget,
+        threads,
+        dim,
+        resident_bytes: request.resident_bytes
+            + potential_bytes
+            + if cache { matrix_bytes } else { 0 },
+        // A target row: embedding, column state and its working copies.
+        outer_row_bytes: dim * 4 + 48,
+        // A source row: embedding, one row state per strip task.
+        inner_row_bytes: dim * 4 + 16 * (threads + 1),
+        outer_total_rows: n,
+        inner_total_rows: m,
+        outer_align: TILE_COLS,
+        inner_align: TILE_ROWS,
+    }
+    .plan()?;
+    let mut sweeps = Sweeper {
+        sources,
+        targets: request
+            .targets
+            .iter()
+            .map(|t| t.with_batch_rows(plan.batch_rows))
+            .collect(),
+        bank: TableBlocks::new(sources, plan.inner_rows, plan.batch_rows, plan.cache_inner)?,
+        chunk_rows: plan.outer_rows,
+        inv_tau: (1.0 / request.tau) as f32,
+        cache,
+        tiles: Vec::new(),
+        chunks: Vec::new(),
+        source_blocks: 0,
+    };
+    let tau = request.tau;
+    let mut f = vec![0f64; n];
+    let mut g = vec![0f64; m];
+    progress.start("pass 1: sinkhorn sweeps", 2 * request.iterations as u64 + 1);
+    let log_m = (m as f64).ln();
+    let log_n = (n as f64).ln();
+    // The source update from a row sweep: the new g, and the relative
+    // row-marginal error of the plan with the old g, since
+    // |B|·Σ_t π(b, t) = exp((g_new(b) − g(b))/τ).
+    let source_update = |rows: Vec<LogSumExp>, g: &[f64]| -> (Vec<f64>, f64) {
+        let g_new: Vec<f64> = rows.iter().map(|s| tau * s.value() + tau * log_m).collect();
+        let error = g_new
+            .iter()
+            .zip(g)
+            .map(|(new, old)| (((new - old) / tau).exp() - 1.0).abs())
+            .fold(0.0, f64::max);
+        (g_new, error)
+    };
+    let mut iterations = 0;
+    let mut marginal_error = f64::INFINITY;
+    let mut stopped_early = false;
+    for it in 0..request.iterations {
+        let rows = sweeps.sweep(SweepKind::Rows, &f, &g)?;
+        progress.advance(1);
+        let (g_new, error) = source_update(rows, &g);
+        if it > 0 {
+            marginal_error = error;
+            if request.tolerance.is_some_and(|tol| error <= tol) {
+                stopped_early = true;
+                break;
+            }
+        }
+        g = g_new;
+        let cols = sweeps.sweep(SweepKind::Columns, &f, &g)?;
+        progress.advance(1);
+        f = cols.iter().map(|s| tau * s.value() + tau * log_n).collect();
+        iterations = it + 1;
+    }
+    if !stopped_early && iterations > 0 {
+        // Measure the final plan's row marginals (one more row sweep).
+        let rows = sweeps.sweep(SweepKind::Rows, &f, &g)?;
+        marginal_error = source_update(rows, &g).1;
+    }
+    progress.finish();
+    Ok(SinkhornOutcome {
+        target_potential: f,
+        source_potential: g,
+        iterations,
+        marginal_error,
+        cached: cache,
+        target_chunks: sweeps.chunks.len(),
+        source_blocks: sweeps.source_blocks,
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SweepKind {
+    Rows,
+    Columns,
+}
+
+/// The tables, the tile cache and the chunk shapes shared by the sweeps.
+struct Sweeper<'a> {
+    sources: &'a EmbeddingTable,
+    targets: Vec<EmbeddingTable>,
+    bank: TableBlocks,
+    chunk_rows: usize,
+    inv_tau: f32,
+    cache: bool,
+    /// Tiles of each (chunk, bank block) pair in sweep order, once filled.
+    tiles: Vec<Vec<f32>>,
+    /// Target chunks seen by the first sweep.
+    chunks: Vec<Chunk>,
+    /// Source blocks per target chunk.
+    source_blocks: usize,
+}
+
+impl Sweeper<'_> {
+    /// One sweep over every (target chunk, bank block) pair: LSE per source
+    /// row (`Rows`, shifted by f) or per target column (`Columns`, shifted by g).
+    fn sweep(&mut self, kind: SweepKind, f: &[f64], g: &[f64]) -> Result<Vec<LogSumExp>> {
+        let m = self.sources.rows as usize;
+        let n = f.len();
+        let dim = self.sources.dim;
+        let mut states = vec![LogSumExp::default(); if kind == SweepKind::Rows { m } else { n }];
+        let g32: Vec<f32> = g.iter().map(|&v| v as f32).collect();
+        let inv_tau = self.inv_tau;
+        let mut pair = 0usize;
+        if self.cache && !self.chunks.is_empty() {
+            // Every tile is cached: no embedding is read.
+            for &chunk in &self.chunks {
+                let cols = Rows {
+                    data: &[],
+                    rows: chunk.rows,
+                    dim: 0,
+                };
+                let mut fold = ChunkFold::new(kind, chunk, f, &g32, inv_tau);
+                let mut first_row = 0;
+                while first_row < m {
+                    let tile = &self.tiles[pair];
+                    let rows = Rows {
+                        data: &[],
+                        rows: tile.len() / chunk.rows.max(1),
+                        dim: 0,
+                    };
+                    fold.visit(rows, cols, first_row, TileSource::Cached(tile), &mut states);
+                    first_row += rows.rows;
+                    pair += 1;
+                }
+                fold.finish(&mut states);
+            }
+            return Ok(states);
+        }
+        let mut chunks = Vec::new();
+        let mut offset = 0;
+        let mut blocks = 0;
+        for table in &self.targets {
+            let mut reader = table.blocks(self.chunk_rows);
+            while let Some(block) = reader.next_block()? {
+                if block.dim != dim {
+                    return Err(crate::bank::pass::dimension_error(table, self.sources));
+                }
+                let chunk = Chunk {
+                    offset,
+                    rows: block.rows,
+                };
+                let cols = Rows::new(&block.data, dim);
+                let mut fold = ChunkFold::new(kind, chunk, f, &g32, inv_tau);
+                let (tiles, cache) = (&mut self.tiles, self.cache);
+                self.bank.for_each(|bank_block| {
+                    let rows = Rows::new(&bank_block.data, dim);
+                    let source = if cache {
+                        tiles.push(vec![0f32; rows.rows * chunk.rows]);
+                        TileSource::Fill(tiles.last_mut().expect("pushed"))
+                    } else {
+                        TileSource::Compute
+                    };
+                    fold.visit(rows, cols, bank_block.first_row as usize, source, &mut states);
+                    blocks += 1;
+                    Ok(())
+                })?;
+                fold.finish(&mut states);
+                chunks.push(chunk);
+                offset += block.rows;
+            }
+        }
+        self.source_blocks = blocks / chunks.len().max(1);
+        self.chunks = chunks;
+        Ok(states)
+    }
+}
+
+/// The sweep of one target chunk against every bank block.
+struct ChunkFold<'a> {
+    kind: SweepKind,
+    chunk: Chunk,
+    /// f of the chunk's targets, as the kernel's f32 shifts.
+    col_shift: Vec<f32>,
+    g32: &'a [f32],
+    inv_tau: f32,
+    col_states: Vec<LogSumExp>,
+}
+
+impl<'a> ChunkFold<'a> {
+    fn new(kind: SweepKind, chunk: Chunk, f: &[f64], g32: &'a [f32], inv_tau: f32) -> Self {
+        ChunkFold {
+            kind,
+            chunk,
+            col_shift: f[chunk.offset..chunk.offset + chunk.rows]
+                .iter()
+                .map(|&v| v as f32)
+                .collect(),
+            g32,
+            inv_tau,
+            col_states: if kind == SweepKind::Columns {
+                vec![LogSumExp::default(); chunk.rows]
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    /// Folds the bank rows `first_row..first_row + rows.rows` into the states.
+    fn visit(
+        &mut self,
+        rows: Rows<'_>,
+        cols: Rows<'_>,
+        first_row: usize,
+        source: TileSource<'_>,
+        states: &mut [LogSumExp],
+    ) {
+        let range = first_row..first_row + rows.rows;
+        match self.kind {
+            SweepKind::Rows => lse_sweep(
+                rows,
+                cols,
+                source,
+                Sweep::Rows {
+                    col_shift: &self.col_shift,
+                },
+                self.inv_tau,
+                &mut states[range],
+                &mut [],
+            ),
+            SweepKind::Columns => lse_sweep(
+                rows,
+                cols,
+                source,
+                Sweep::Columns {
+                    row_shift: &self.g32[range],
+                },
+                self.inv_tau,
+                &mut [],
+                &mut self.col_states,
+            ),
+        }
+    }
+
+    /// Stores the chunk's column states (target sweeps).
+    fn finish(self, states: &mut [LogSumExp]) {
+        if self.kind == SweepKind::Columns {
+            states[self.chunk.offset..self.chunk.offset + self.chunk.rows]
+                .copy_from_slice(&self.col_states);
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! Log-domain Sinkhorn sweeps over similarity tiles (METHODS.md, `sn` and
+//! `dbsn`).
+//!
+//! A sweep streams the tiles of source rows (bank) × target columns
+//! (gallery, and the gallery bank for `dbsn`) and folds (s − shift)/τ into a
+//! log-sum-exp per row (the source update, shifted by the target potentials)
+//! or per column (the target update, shifted by the source potentials).
+//! Tiles come from the GEMM, or from a cache filled on the first sweep when
+//! the whole bank × targets matrix fits the memory limit, so later sweeps
+//! cost a memory pass instead of a GEMM.
+//!
+//! Strips of [`TILE_COLS`] columns run in parallel; row states are merged
+//! from per-strip partials in strip order, so results do not depend on the
+//! thread count.
+
+use rayon::prelude::*;
+
+use super::exp::fast_exp;
+use super::fused::{Rows, TILE_COLS, TILE_ROWS};
+use super::gemm::similarity_tile;
+use super::lse::LogSumExp;
+
+/// Which potential a sweep prepares.
+#[derive(Debug, Clone, Copy)]
+pub enum Sweep<'a> {
+    /// For every row: LSE over the columns of (s − col_shift[j]) / τ.
+    Rows { col_shift: &'a [f32] },
+    /// For every column: LSE over the rows of (s − row_shift[i]) / τ.
+    Columns { row_shift: &'a [f32] },
+}
+
+/// Where a block's similarities come from.
+#[derive(Debug)]
+pub enum TileSource<'a> {
+    /// Computed by the GEMM each time.
+    Compute,
+    /// Computed by the GEMM and stored into this buffer (`rows × cols`,
+    /// strip after strip) for later sweeps.
+    Fill(&'a mut [f32]),
+    /// Read from a buffer filled by an earlier sweep.
+    Cached(&'a [f32]),
+}
+
+/// Runs one sweep over the block `rows × cols` (the rows' first global row
+/// is `row_offset` within `row_states`, used only for `Sweep::Rows`).
+/// `row_states` has one entry per row of the block, `col_states` one per
+/// column; the sweep folds into them (so blocks accumulate).
+///
+/// # Panics
+/// When the shapes disagree.
+pub fn lse_sweep(
+    rows: Rows<'_>,
+    cols: Rows<'_>,
+    source: TileSource<'_>,
+    sweep: Sweep<'_>,
+    inv_tau: f32,
+    row_states: &mut [LogSumExp],
+    col_states: &mut [LogSumExp],
+) {
+    let (nr, nc) = (rows.rows, cols.rows);
+    match sweep {
+        Sweep::Rows { col_shift } => {
+            assert_eq!(col_shift.len(), nc, "one shift per column");
+            assert_eq!(row_states.len(), nr, "one state per row");
+        }
+        Sweep::Columns { row_shift } => {
+            assert_eq!(row_shift.len(), nr, "one shift per row");
+            assert_eq!(col_states.len(), nc, "one state per column");
+        }
+    }
+    if nr == 0 || nc == 0 {
+        return;
+    }
+    let strips = nc.div_ceil(TILE_COLS);
+    // Each strip's part of the cache: `nr × strip width`, contiguous.
+    let mut caches: Vec<TileSource<'_>> = match source {
+        TileSource::Compute => (0..strips).map(|_| TileSource::Compute).collect(),
+        TileSource::Fill(buffer) => buffer[..nr * nc]
+            .chunks_mut(nr * TILE_COLS)
+            .map(TileSource::Fill)
+            .collect(),
+        TileSource::Cached(buffer) => buffer[..nr * nc]
+            .chunks(nr * TILE_COLS)
+            .map(TileSource::Cached)
+            .collect(),
+    };
+    let mut col_parts: Vec<&mut [LogSumExp]> = if col_states.is_empty() {
+        (0..strips).map(|_| <&mut [LogSumExp]>::default()).collect()
+    } else {
+        col_states.chunks_mut(TILE_COLS).collect()
+    };
+    let tasks: Vec<_> = caches
+        .drain(..)
+        .zip(col_parts.drain(..))
+        .enumerate()
+        .collect();
+    let row_partials: Vec<Option<Vec<LogSumExp>>> = tasks
+        .into_par_iter()
+        .map(|(strip, (cache, col_part))| {
+            let c0 = strip * TILE_COLS;
+            let c1 = (c0 + TILE_COLS).min(nc);
+            let strip_cols = Rows {
+                data: &cols.data[c0 * cols.dim..c1 * cols.dim],
+                rows: c1 - c0,
+                dim: cols.dim,
+            };
+            sweep_strip(rows, strip_cols, c0, cache, sweep, inv_tau, col_part)
+        })
+        .collect();
+    for part in row_partials.into_iter().flatten() {
+        for (state, p) in row_states.iter_mut().zip(&part) {
+            state.merge(p);
+        }
+    }
+}
+
+/// One column strip of a sweep; returns the strip's row states for
+/// `Sweep::Rows`.
+fn sweep_strip(
+    rows: Rows<'_>,
+    cols: Rows<'_>,
+    c0: usize,
+    mut cache: TileSource<'_>,
+    sweep: Sweep<'_>,
+    inv_tau: f32,
+    col_states: &mut [LogSumExp],
+) -> Option<Vec<LogSumExp>> {
+    let nc = cols.rows;
+    let mut tile = vec![0f32; TILE_ROWS * nc];
+    let mut work = match sweep {
+        Sweep::Columns { .. } => vec![0f32; TILE_ROWS * nc],
+        Sweep::Rows { .. } => Vec::new(),
+    };
+    let mut row_out = match sweep {
+        Sweep::Rows { .. } => Some(vec![LogSumExp::default(); rows.rows]),
+        Sweep::Columns { .. } => None,
+    };
+    let mut max: Vec<f64> = col_states.iter().map(|s| s.max).collect();
+    let mut sum: Vec<f64> = col_states.iter().map(|s| s.sum).collect();
+    let mut col_max = vec![0f32; nc];
+    let mut shift = vec![0f32; nc];
+    let mut r0 = 0;
+    while r0 < rows.rows {
+        let r1 = (r0 + TILE_ROWS).min(rows.rows);
+        let nr = r1 - r0;
+        let similarities: &[f32] = match &mut cache {
+            TileSource::Cached(buffer) => &buffer[r0 * nc..r1 * nc],
+            TileSource::Compute | TileSource::Fill(_) => {
+                similarity_tile(
+                    &mut tile,
+                    nc,
+                    &rows.data[r0 * rows.dim..r1 * rows.dim],
+                    nr,
+                    cols.data,
+                    nc,
+                    cols.dim,
+                );
+                if let TileSource::Fill(buffer) = &mut cache {
+                    buffer[r0 * nc..r1 * nc].copy_from_slice(&tile[..nr * nc]);
+                }
+                &tile[..nr * nc]
+            }
+        };
+        match sweep {
+            Sweep::Rows { col_shift } => {
+                let shifts = &col_shift[c0..c0 + nc];
+                let out = row_out.as_mut().expect("row sweep");
+                for (i, state) in out[r0..r1].iter_mut().enumerate() {
+                    *state = super::dispatch::shifted_row_lse(
+                        &similarities[i * nc..(i + 1) * nc],
+                        shifts,
+                        inv_tau,
+                    );
+                }
+            }
+            Sweep::Columns { row_shift } => {
+                // (s − g_i)/τ, column by column, as the pass-1 log-sum-exp.
+                let shifted = &mut work[..nr * nc];
+                for ((out, row), &g) in shifted
+                    .chunks_exact_mut(nc)
+                    .zip(similarities.chunks_exact(nc))
+                    .zip(&row_shift[r0..r1])
+                {
+                    for (o, &s) in out.iter_mut().zip(row) {
+                        *o = (s - g) * inv_tau;
+                    }
+                }
+                let shifted = &work[..nr * nc];
+                super::dispatch::column_max(shifted, nc, &mut col_max);
+                for j in 0..nc {
+                    let candidate = col_max[j] as f64;
+                    if candidate > max[j] {
+                        if sum[j] != 0.0 {
+                            sum[j] *= (max[j] - candidate).exp();
+                        }
+                        max[j] = candidate;
+                    }
+                    shift[j] = max[j] as f32;
+                }
+                super::dispatch::add_exp_columns(shifted, nc, 1.0, &shift, &mut sum);
+            }
+        }
+        r0 = r1;
+    }
+    for (j, state) in col_states.iter_mut().enumerate() {
+        *state = LogSumExp {
+            max: max[j],
+            sum: sum[j],
+        };
+    }
+    row_out
+}
+
+/// Epilogue body: LSE over one row of (s − shift)·inv_tau, with f32 lanes
+/// summed into f64 at the end.
+#[inline(always)]
+pub(super) fn shifted_row_lse_body(scores: &[f32], shifts: &[f32], inv_tau: f32) -> LogSumExp {
+    const LANES: usize = 16;
+    let n = scores.len();
+    let full = n - n % LANES;
+    let mut lane_max = [f32::NEG_INFINITY; LANES];
+    for j0 in (0..full).step_by(LANES) {
+        for l in 0..LANES {
+            let v = (scores[j0 + l] - shifts[j0 + l]) * inv_tau;
+            lane_max[l] = if v > lane_max[l] { v } else { lane_max[l] };
+        }
+    }
+    let mut m = lane_max.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    for j in full..n {
+        m = m.max((scores[j] - shifts[j]) * inv_tau);
+    }
+    let mut lane_sum = [0f32; LANES];
+    for j0 in (0..full).step_by(LANES) {
+        for l in 0..LANES {
+            lane_sum[l] += fast_exp((scores[j0 + l] - shifts[j0 + l]) * inv_tau - m);
+        }
+    }
+    let mut total: f64 = lane_sum.iter().map(|&v| v as f64).sum();
+    for j in full..n {
+        total += fast_exp((scores[j] - shifts[j]) * inv_tau - m) as f64;
+    }
+    LogSumExp {
+        max: m as f64,
+        sum: total,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pseudo_random(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    /// Both sweeps against direct f64 sums, with a cache filled and reused,
+    /// across tile edges in both directions.
+    #[test]
+    fn sweeps_match_direct_sums_and_the_cache_changes_nothing() {
+        let dim = 6;
+        let (nr, nc) = (TILE_ROWS + 5, TILE_COLS + 9);
+        let a = pseudo_random(nr * dim, 3);
+        let b = pseudo_random(nc * dim, 4);
+        let row_shift = pseudo_random(nr, 5);
+        let col_shift = pseudo_random(nc, 6);
+        let inv_tau = 10.0f32;
+        let s = |i: usize, j: usize| -> f64 {
+            (0..dim).map(|d| a[i * dim + d] as f64 * b[j * dim + d] as f64).sum()
+        };
+        let (rows, cols) = (Rows::new(&a, dim), Rows::new(&b, dim));
+        let mut cache = vec![0f32; nr * nc];
+        let mut by_row = vec![LogSumExp::default(); nr];
+        lse_sweep(
+            rows,
+            cols,
+            TileSource::Fill(&mut cache),
+            Sweep::Rows { col_shift: &col_shift },
+            inv_tau,
+            &mut by_row,
+            &mut [],
+        );
+        let mut by_col = vec![LogSumExp::default(); nc];
+        lse_sweep(
+            rows,
+            cols,
+            TileSource::Cached(&cache),
+            Sweep::Columns { row_shift: &row_shift },
+            inv_tau,
+            &mut [],
+            &mut by_col,
+        );
+        let mut by_col_computed = vec![LogSumExp::default(); nc];
+        lse_sweep(
+            rows,
+            cols,
+            TileSource::Compute,
+            Sweep::Columns { row_shift: &row_shift },
+            inv_tau,
+            &mut [],
+            &mut by_col_computed,
+        );
+        assert_eq!(by_col, by_col_computed);
+        for i in [0, 1, TILE_ROWS - 1, TILE_ROWS, nr - 1] {
+            let mut direct = LogSumExp::default();
+            (0..nc).for_each(|j| direct.push((s(i, j) - col_shift[j] as f64) * inv_tau as f64));
+            assert!((by_row[i].value() - direct.value()).abs() < 1e-4, "row {i}");
+        }
+        for j in [0, 1, TILE_COLS - 1, TILE_COLS, nc - 1] {
+            let mut direct = LogSumExp::default();
+            (0..nr).for_each(|i| direct.push((s(i, j) - row_shift[i] as f64) * inv_tau as f64));
+            assert!((by_col[j].value() - direct.value()).abs() < 1e-4, "column {j}");
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! `sn` and `dbsn` (METHODS.md, log-domain Sinkhorn) against a dense f64
+//! log-domain reference written here: scores to 1e-5 and identical rankings,
+//! with the tiles cached and with the gallery and the bank streamed in
+//! several chunks by a small memory limit; the plan's marginals after enough
+//! iterations; one target update from g ≡ 0 equals `is` with β = 1/τ; `--tol`
+//! stops early; the transductive bank.
+mod common;
+
+use std::path::Path;
+
+use common::reference::log_sum_exp;
+use common::*;
+use hubnorm::bank::sinkhorn::{sinkhorn_potentials, SinkhornRequest};
+use hubnorm::kernel::{lse_sweep, LogSumExp, Rows, Sweep, TileSource, TILE_COLS, TILE_ROWS};
+use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions, ReadOptions};
+use hubnorm::pipeline::{self, RunJob, RunSummary};
+use hubnorm::progress::Silent;
+use hubnorm::source::EmbeddingTable;
+
+/// The dense reference: T iterations from f ≡ 0, source update first.
+/// Returns (f over the targets, g over the sources).
+fn reference_sinkhorn(s: &[Vec<f64>], tau: f64, iterations: usize) -> (Vec<f64>, Vec<f64>) {
+    let (m, n) = (s.len(), s[0].len());
+    let mut f = vec![0.0; n];
+    let mut g = vec![0.0; m];
+    for _ in 0..iterations {
+        for b in 0..m {
+            let row = (0..n).map(|t| s[b][t] - f[t]);
+            g[b] = tau * log_sum_exp(row, 1.0 / tau) + tau * (m as f64).ln();
+        }
+        for t in 0..n {
+            let column = (0..m).map(|b| s[b][t] - g[b]);
+            f[t] = tau * log_sum_exp(column, 1.0 / tau) + tau * (n as f64).ln();
+        }
+    }
+    (f, g)
+}
+
+fn similarities(rows: &[Vec<f64>], cols: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    rows.iter()
+        .map(|r| cols.iter().map(|c| dot(r, c)).collect())
+        .collect()
+}
+
+struct Case {
+    queries: Table,
+    gallery: Table,
+    bank: Table,
+    gallery_bank: Table,
+}
+
+fn case(seed: u64, nq: usize, ng: usize, nb: usize, ngb: usize, dim: usize) -> Case {
+    let mut r = rng(seed);
+    let gallery = random_table(&mut r, "g", ng, dim);
+    let queries = queries_near(&mut r, &gallery, nq, 0.8);
+    let bank = random_table(&mut r, "b", nb, dim);
+    let gallery_bank = random_table(&mut r, "gb", ngb, dim);
+    Case {
+        queries,
+        gallery,
+        bank,
+        gallery_bank,
+    }
+}
+
+fn write_case(dir: &Path, c: &Case) {
+    for (name, table) in [
+        ("queries", &c.queries),
+        ("gallery", &c.gallery),
+        ("bank", &c.bank),
+        ("gallery_bank", &c.gallery_bank),
+    ] {
+        write_table(&dir.join(format!("{name}.parquet")), table, Layout::FixedF32, false);
+    }
+}
+
+fn job(dir: &Path, out: &str, methods: Vec<MethodSpec>, memory: &str, threads: usize) -> RunJob {
+    let path = |n: &str| dir.join(n).display().to_string();
+    RunJob {
+        queries: path("queries.parquet"),
+        gallery: path("gallery.parquet"),
+        bank: path("bank.parquet"),
+        gallery_bank: Some(path("gallery_bank.parquet")),
+        bank_sample: None,
+        transductive: false,
+        methods,
+        k: 10,
+        out_dir: dir.join(out),
+        overwrite: false,
+        options: PassOptions {
+            memory: memory.parse::<MemoryBudget>().unwrap(),
+            threads,
+            ..PassOptions::default()
+        },
+    }
+}
+
+/// Checks every method's results against s(q, g) − f(g) with the reference f.
+fn check(c: &Case, dir: &Path, out: &str, summary: &RunSummary, expected: &[(&str, Vec<f64>)]) {
+    let q = to_f64(&c.queries, true);
+    let g = to_f64(&c.gallery, true);
+    let rows = read_results(&dir.join(out).join("results.parquet"));
+    let gallery_row = |id: &str| c.gallery.ids.iter().position(|x| x == id).unwrap();
+    for (name, f) in expected {
+        let scores = reference_scores(&q, &g, &f[..g.len()]);
+        for (qi, qid) in c.queries.ids.iter().enumerate() {
+            let ours: Vec<(usize, f32)> = rows
+                .iter()
+                .filter(|r| r.method == *name && &r.query_id == qid)
+                .map(|r| (gallery_row(&r.gallery_id), r.score))
+                .collect();
+            assert_ranking_matches(&ours, &scores[qi], 10, 1e-5, &format!("{name} query {qi}"));
+        }
+        let ours = summary.methods.iter().find(|m| m.method == *name).unwrap();
+        let report = ours.sinkhorn.as_ref().expect("sinkhorn report");
+        assert_eq!(report.iterations, 10);
+        assert!(report.marginal_error.is_finite());
+    }
+}
+
+/// sn and dbsn with τ = 0.05 (10 iterations move f far from IS), sizes past
+/// the tile shape, against the reference: once with every tile cached, once
+/// under a limit where neither the gallery nor the bank fits, so every sweep
+/// streams several gallery chunks against several bank blocks and
+/// recomputes the GEMM. Both give the reference's results.
+#[test]
+fn sn_and_dbsn_match_the_dense_reference_cached_and_streamed() {
+    let dir = tempfile::tempdir().unwrap();
+    let dim = 256;
+    let c = case(21, 60, TILE_COLS * 2 + 7, TILE_ROWS * 3 + 3, TILE_COLS + 5, dim);
+    write_case(dir.path(), &c);
+    let tau = 0.05;
+    let methods = vec![
+        MethodSpec::Sinkhorn { tau, iterations: 10 },
+        MethodSpec::DualBankSinkhorn { tau, iterations: 10 },
+    ];
+    let g = to_f64(&c.gallery, true);
+    let b = to_f64(&c.bank, true);
+    let gb = to_f64(&c.gallery_bank, true);
+    let (f_sn, _) = reference_sinkhorn(&similarities(&b, &g), tau, 10);
+    let targets: Vec<Vec<f64>> = g.iter().chain(&gb).cloned().collect();
+    let (f_dbsn, _) = reference_sinkhorn(&similarities(&b, &targets), tau, 10);
+    let expected = [("sn", f_sn), ("dbsn", f_dbsn)];
+
+    let cached = pipeline::run(&job(dir.path(), "cached", methods.clone(), "2GiB", 2), &Silent).unwrap();
+    for m in &cached.methods[1..] {
+        let report = m.sinkhorn.as_ref().unwrap();
+        assert!(report.cached_tiles && report.bank_blocks == 1, "{}: {report:?}", m.method);
+    }
+    check(&c, dir.path(), "cached", &cached, &expected);
+
+    // 18 MiB on one thread at d = 256: the 1539-row bank (1.6 MB) no longer
+    // fits beside a 2048-item gallery chunk, nor does any matrix.
+    let streamed = pipeline::run(&job(dir.path(), "streamed", methods, "18MiB", 1), &Silent).unwrap();
+    for m in &streamed.methods[1..] {
+        let report = m.sinkhorn.as_ref().unwrap();
+        assert!(
+            !report.cached_tiles && report.target_chunks >= 3 && report.bank_blocks >= 2,
+            "{}: {report:?}",
+            m.method
+        );
+    }
+    check(&c, dir.path(), "streamed", &streamed, &expected);
+}
+
+/// The potentials of the library, through its API, define a plan whose rows
+/// and columns sum to the uniform marginals within 1e-3 after enough
+/// iterations (checked densely here), and the reported marginal error is the
+/// plan's own; with `tolerance` the iterations stop early.
+#[test]
+fn plan_marginals_converge_and_tolerance_stops_early() {
+    let dir = tempfile::tempdir().unwrap();
+    let dim = 12;
+    let c = case(22, 10, 900, 300, 10, dim);
+    write_case(dir.path(), &c);
+    let options = ReadOptions::default();
+    let open = |name: &str| {
+        EmbeddingTable::open(
+            name,
+            &dir.path().join(format!("{name}.parquet")).display().to_string(),
+            &options,
+            false,
+        )
+        .unwrap()
+    };
+    let (gallery, bank) = (open("gallery"), open("bank"));
+    let tau = 0.1;
+    let targets = [&gallery];
+    let request = |iterations, tolerance| SinkhornRequest {
+        sources: &bank,
+        targets: &targets,
+        tau,
+        iterations,
+        tolerance,
+        budget: 1 << 30,
+        resident_bytes: 0,
+    };
+    let outcome = sinkhorn_potentials(&request(300, None), &Silent).unwrap();
+    let s = similarities(&to_f64(&c.bank, true), &to_f64(&c.gallery, true));
+    let (m, n) = (s.len(), s[0].len());
+    let plan = |b: usize, t: usize| {
+        ((s[b][t] - outcome.source_potential[b] - outcome.target_potential[t]) / tau).exp()
+    };
+    let worst_row = (0..m)
+        .map(|b| ((0..n).map(|t| plan(b, t)).sum::<f64>() * m as f64 - 1.0).abs())
+        .fold(0.0, f64::max);
+    let worst_column = (0..n)
+        .map(|t| ((0..m).map(|b| plan(b, t)).sum::<f64>() * n as f64 - 1.0).abs())
+        .fold(0.0, f64::max);
+    assert!(worst_row < 1e-3, "row marginals off by {worst_row}");
+    assert!(worst_column < 1e-3, "column marginals off by {worst_column}");
+    // The reported error is the plan's row error (up to the f32 similarities).
+    assert!((outcome.marginal_error - worst_row).abs() < 1e-4, "{}", outcome.marginal_error);
+    // After 2 iterations the plan is far from converged; a tolerance of 10×
+    // the 300-iteration error stops before 300 with an error within it.
+    let early = sinkhorn_potentials(&request(2, None), &Silent).unwrap();
+    assert!(early.marginal_error > 10.0 * outcome.marginal_error);
+    let tolerance = (outcome.marginal_error * 10.0).max(1e-6);
+    let stopped = sinkhorn_potentials(&request(300, Some(tolerance)), &Silent).unwrap();
+    assert!(stopped.iterations < 300 && stopped.iterations > 2, "{}", stopped.iterations);
+    assert!(stopped.marginal_error <= tolerance);
+}
+
+/// METHODS.md: with the source update skipped (g ≡ 0), one target update is
+/// f(t) = τ·LSE_b s(b, t)/τ + τ·log|T|, i.e. `is` with β = 1/τ plus a constant.
+#[test]
+fn one_target_update_without_the_source_update_is_inverted_softmax() {
+    let dir = tempfile::tempdir().unwrap();
+    let dim = 10;
+    let c = case(23, 30, TILE_COLS + 3, TILE_ROWS + 1, 10, dim);
+    write_case(dir.path(), &c);
+    let tau = 0.0625; // β = 16 exactly
+    let mut j = job(dir.path(), "is", vec![MethodSpec::InvertedSoftmax { beta: Beta(1.0 / tau) }], "2GiB", 2);
+    j.gallery_bank = None;
+    pipeline::run(&j, &Silent).unwrap();
+    let stats = dir.path().join("is").join("gallery_stats.parquet");
+    let file = std::fs::File::open(&stats).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut h = Vec::new();
+    for batch in reader {
+        let batch = batch.unwrap();
+        use arrow::array::AsArray;
+        let column = batch.column_by_name("is_beta16_correction").unwrap();
+        h.extend(column.as_primitive::<arrow::datatypes::Float64Type>().values().iter().copied());
+    }
+    let norm = |t: &Table| -> Vec<f32> {
+        to_f64(t, true).into_iter().flatten().map(|v| v as f32).collect()
+    };
+    let (g, b) = (norm(&c.gallery), norm(&c.bank));
+    let n = c.gallery.rows();
+    let mut states = vec![LogSumExp::default(); n];
+    lse_sweep(
+        Rows::new(&b, dim),
+        Rows::new(&g, dim),
+        TileSource::Compute,
+        Sweep::Columns {
+            row_shift: &vec![0.0; c.bank.rows()],
+        },
+        (1.0 / tau) as f32,
+        &mut [],
+        &mut states,
+    );
+    for t in 0..n {
+        let f = tau * states[t].value() + tau * (n as f64).ln();
+        let expected = h[t] + tau * (n as f64).ln();
+        assert!((f - expected).abs() < 1e-6, "target {t}: {f} vs {expected}");
+    }
+}
+
+/// `--transductive`: the test queries are the bank, for is and sn; other
+/// methods are refused.
+#[test]
+fn transductive_uses_the_queries_as_the_bank() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = case(24, 200, 500, 50, 10, 12);
+    write_case(dir.path(), &c);
+    let tau = 0.05;
+    let mut j = job(
+        dir.path(),
+        "tr",
+        vec![
+            MethodSpec::InvertedSoftmax { beta: Beta(20.0) },
+            MethodSpec::Sinkhorn { tau, iterations: 10 },
+        ],
+        "2GiB",
+        2,
+    );
+    j.transductive = true;
+    j.gallery_bank = None;
+    j.bank = String::new();
+    let summary = pipeline::run(&j, &Silent).unwrap();
+    assert!(summary.transductive);
+    assert_eq!(summary.bank, Some(200));
+    let q = to_f64(&c.queries, true);
+    let g = to_f64(&c.gallery, true);
+    let (f, _) = reference_sinkhorn(&similarities(&q, &g), tau, 10);
+    let h_is = reference_is_corrections(&q, &g, 20.0);
+    let rows = read_results(&dir.path().join("tr").join("results.parquet"));
+    let gallery_row = |id: &str| c.gallery.ids.iter().position(|x| x == id).unwrap();
+    for (name, h) in [("is", &h_is), ("sn", &f)] {
+        let scores = reference_scores(&q, &g, h);
+        for (qi, qid) in c.queries.ids.iter().enumerate() {
+            let ours: Vec<(usize, f32)> = rows
+                .iter()
+                .filter(|r| r.method == name && &r.query_id == qid)
+                .map(|r| (gallery_row(&r.gallery_id), r.score))
+                .collect();
+            assert_ranking_matches(&ours, &scores[qi], 10, 1e-5, &format!("{name} {qi}"));
+        }
+    }
+    j.methods = vec![MethodSpec::NearestNeighbour { alpha: 0.5, k: 8 }];
+    j.out_dir = dir.path().join("refused");
+    let err = pipeline::run(&j, &Silent).unwrap_err();
+    assert_eq!(err.exit_code(), 2);
+    assert!(err.to_string().contains("--transductive"), "{err}");
+}
