@@ -114,11 +114,13 @@ pub enum MethodKind {
     Sinkhorn,
     /// Dual-bank Sinkhorn: targets are the gallery and the gallery bank (Pan et al. 2025).
     DualBankSinkhorn,
+    /// Dual softmax: s times the column softmax over the bank and the query (Cheng et al. 2021).
+    DualSoftmax,
 }
 
 impl MethodKind {
     /// Every method, for help texts and `compare`.
-    pub const ALL: [MethodKind; 11] = [
+    pub const ALL: [MethodKind; 12] = [
         MethodKind::None,
         MethodKind::InvertedSoftmax,
         MethodKind::DynamicInvertedSoftmax,
@@ -130,6 +132,7 @@ impl MethodKind {
         MethodKind::DualDynamicInvertedSoftmax,
         MethodKind::Sinkhorn,
         MethodKind::DualBankSinkhorn,
+        MethodKind::DualSoftmax,
     ];
 
     /// The name used on the command line and in output files.
@@ -146,6 +149,7 @@ impl MethodKind {
             MethodKind::DualDynamicInvertedSoftmax => "dual-dis",
             MethodKind::Sinkhorn => "sn",
             MethodKind::DualBankSinkhorn => "dbsn",
+            MethodKind::DualSoftmax => "dsl",
         }
     }
 
@@ -153,7 +157,10 @@ impl MethodKind {
     pub fn has_transductive_variant(self) -> bool {
         matches!(
             self,
-            MethodKind::None | MethodKind::InvertedSoftmax | MethodKind::Sinkhorn
+            MethodKind::None
+                | MethodKind::InvertedSoftmax
+                | MethodKind::Sinkhorn
+                | MethodKind::DualSoftmax
         )
     }
 
@@ -246,6 +253,10 @@ pub enum MethodSpec {
         tau: f64,
         iterations: usize,
     },
+    DualSoftmax {
+        /// Temperature θ of the column softmax, exp(s/θ).
+        theta: f64,
+    },
 }
 
 impl MethodSpec {
@@ -264,6 +275,7 @@ impl MethodSpec {
             }
             MethodSpec::Sinkhorn { .. } => MethodKind::Sinkhorn,
             MethodSpec::DualBankSinkhorn { .. } => MethodKind::DualBankSinkhorn,
+            MethodSpec::DualSoftmax { .. } => MethodKind::DualSoftmax,
         }
     }
 
@@ -301,6 +313,9 @@ impl MethodSpec {
             MethodKind::DualBankSinkhorn => MethodSpec::DualBankSinkhorn {
                 tau: params.tau,
                 iterations: params.iterations,
+            },
+            MethodKind::DualSoftmax => MethodSpec::DualSoftmax {
+                theta: params.theta,
             },
         }
     }
@@ -353,6 +368,7 @@ impl MethodSpec {
             | MethodSpec::DualBankSinkhorn { tau, iterations } => {
                 vec![("tau", tau), ("t", iterations as f64)]
             }
+            MethodSpec::DualSoftmax { theta } => vec![("theta", theta)],
         }
     }
 
@@ -374,6 +390,7 @@ impl MethodSpec {
                 (_, "beta2") => p.beta2 = Beta(*value),
                 (_, "tau") => p.tau = *value,
                 (_, "t") => p.iterations = count(),
+                (_, "theta") => p.theta = *value,
                 _ => {
                     return Err(HubnormError::Usage(format!(
                         "method {kind} has no parameter '{name}'"
@@ -450,6 +467,7 @@ impl MethodSpec {
                 positive("--tau", tau)?;
                 at_least_one("--iterations", iterations)
             }
+            MethodSpec::DualSoftmax { theta } => positive("--theta", theta),
         }
     }
 }
@@ -479,6 +497,8 @@ pub struct MethodParams {
     pub tau: f64,
     /// Iterations T of `sn`/`dbsn`; default 10.
     pub iterations: usize,
+    /// θ of `dsl` (divides: exp(s/θ)); default 0.01.
+    pub theta: f64,
 }
 
 impl Default for MethodParams {
@@ -494,6 +514,7 @@ impl Default for MethodParams {
             beta2: Beta(1.0),
             tau: 0.01,
             iterations: 10,
+            theta: 0.01,
         }
     }
 }

@@ -578,7 +578,7 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
     if job.transductive {
         if let Some(m) = methods.iter().find(|m| !m.kind().has_transductive_variant()) {
             return Err(HubnormError::Usage(format!(
-                "--transductive uses the test queries as the bank, which METHODS.md defines for is and sn only, not {}",
+                "--transductive uses the test queries as the bank, which METHODS.md defines for is, sn and dsl only, not {}",
                 m.kind()
             )));
         }

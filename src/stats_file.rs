@@ -542,6 +542,7 @@ pub fn load_plan(path: Option<&Path>, index: &IdIndex, methods: &[MethodSpec]) -
         wanted.push(match m.kind() {
             MethodKind::None => vec![],
             MethodKind::GloballyCorrected => vec![c("sorted_sims")],
+            MethodKind::DualSoftmax => vec![c("log_normaliser")],
             MethodKind::DynamicInvertedSoftmax => vec![c("correction"), c("active")],
             MethodKind::DualDynamicInvertedSoftmax => vec![
                 c("correction"),
@@ -575,6 +576,21 @@ pub fn load_plan(path: Option<&Path>, index: &IdIndex, methods: &[MethodSpec]) -
                 let s = plan.add_scoring(Scoring::BankRank {
                     sorted: values,
                     width,
+                });
+                rule(Selection::Fixed(s), QueryTerm::None)
+            }
+            MethodSpec::DualSoftmax { theta } => {
+                let log_normaliser = match take(columns[0]) {
+                    ColumnValues::Float64(v) => v,
+                    _ => unreachable!("dsl's column is Float64"),
+                };
+                // Transductive: the test queries (q among them) are the bank;
+                // otherwise the softmax is over B ∪ {q}.
+                let transductive = metadata.get("hubnorm.transductive").is_some_and(|v| v == "true");
+                let s = plan.add_scoring(Scoring::DualSoftmax {
+                    log_normaliser,
+                    inv_theta: 1.0 / theta,
+                    include_query: !transductive,
                 });
                 rule(Selection::Fixed(s), QueryTerm::None)
             }

@@ -11,6 +11,8 @@
 //! | nnn, csls | `_correction`, `_topk` (the k largest bank similarities, descending) |
 //! | gc | `_sorted_sims` (every bank similarity, ascending) |
 //! | dn | `_correction` (λ·⟨μ_Q, g⟩); the means are in the file's metadata |
+//! | dsl | `_log_normaliser` (L(g) = LSE_b s(b, g)/θ), `_lse_max`, `_lse_sum` |
+//! | sn, dbsn | `_correction` (the target potential f(g), known after the last sweep) |
 //! | dual-is | `_correction`, `_query_lse_max/_sum`, `_gallery_lse_max/_sum` |
 //! | dual-dis | as dual-is, plus `_query_correction`, `_gallery_correction`, `_query_active`, `_gallery_active` |
 //!
@@ -107,6 +109,7 @@ impl StatsLayout {
                 | MethodSpec::Sinkhorn { .. }
                 | MethodSpec::DualBankSinkhorn { .. } => {}
                 MethodSpec::InvertedSoftmax { beta } => push_unique(&mut layout.bank_betas, beta.0),
+                MethodSpec::DualSoftmax { theta } => push_unique(&mut layout.bank_betas, 1.0 / theta),
                 MethodSpec::DynamicInvertedSoftmax { beta, activation_k } => {
                     push_unique(&mut layout.bank_betas, beta.0);
                     layout.bank_activation_k = layout.bank_activation_k.max(activation_k);
@@ -192,6 +195,9 @@ impl StatsLayout {
                 }
                 MethodSpec::InvertedSoftmax { .. } => {
                     early.extend([f("correction"), f("lse_max"), f("lse_sum")])
+                }
+                MethodSpec::DualSoftmax { .. } => {
+                    early.extend([f("log_normaliser"), f("lse_max"), f("lse_sum")])
                 }
                 MethodSpec::DynamicInvertedSoftmax { .. } => {
                     early.extend([f("correction"), f("lse_max"), f("lse_sum")]);
@@ -291,6 +297,13 @@ impl StatsLayout {
                     columns.push(f64s(&|i| bank_lse(beta.0, i).value() / beta.0));
                     columns.push(f64s(&|i| bank_lse(beta.0, i).max));
                     columns.push(f64s(&|i| bank_lse(beta.0, i).sum));
+                }
+                MethodSpec::DualSoftmax { theta } => {
+                    // L(g) = LSE_b s(b, g)/θ, the log of the column softmax's denominator.
+                    let beta = 1.0 / theta;
+                    columns.push(f64s(&|i| bank_lse(beta, i).value()));
+                    columns.push(f64s(&|i| bank_lse(beta, i).max));
+                    columns.push(f64s(&|i| bank_lse(beta, i).sum));
                 }
                 MethodSpec::NearestNeighbour { alpha, k } => {
                     columns.push(f64s(&|i| {

@@ -434,6 +434,15 @@ pub enum ColumnScoring<'a> {
     /// from each column's `width` bank similarities sorted ascending; equal
     /// scores are ordered by s.
     BankRank { sorted: &'a [f32], width: usize },
+    /// Dual softmax: s · exp(s/θ − L), L = `log_normaliser[j]` (the log of
+    /// Σ exp(s(b, j)/θ) over the bank, or over the test queries when
+    /// transductive), with exp(s/θ) added to it when `include_query`
+    /// (the softmax over B ∪ {q}). Computed in f64.
+    DualSoftmax {
+        log_normaliser: &'a [f64],
+        inv_theta: f64,
+        include_query: bool,
+    },
 }
 
 impl<'a> ColumnScoring<'a> {
@@ -445,6 +454,15 @@ impl<'a> ColumnScoring<'a> {
                 sorted: &sorted[start * width..end * width],
                 width,
             },
+            ColumnScoring::DualSoftmax {
+                log_normaliser,
+                inv_theta,
+                include_query,
+            } => ColumnScoring::DualSoftmax {
+                log_normaliser: &log_normaliser[start..end],
+                inv_theta,
+                include_query,
+            },
         }
     }
 
@@ -455,6 +473,7 @@ impl<'a> ColumnScoring<'a> {
             ColumnScoring::BankRank { sorted, width } => {
                 sorted.len().checked_div(width).unwrap_or(0)
             }
+            ColumnScoring::DualSoftmax { log_normaliser, .. } => log_normaliser.len(),
         }
     }
 
@@ -471,6 +490,21 @@ impl<'a> ColumnScoring<'a> {
             ColumnScoring::BankRank { sorted, width } => {
                 let column = &sorted[j * width..(j + 1) * width];
                 -((width - column.partition_point(|&b| b <= s)) as f32)
+            }
+            ColumnScoring::DualSoftmax {
+                log_normaliser,
+                inv_theta,
+                include_query,
+            } => {
+                let x = s as f64 * inv_theta;
+                let l = log_normaliser[j];
+                let l = if include_query {
+                    // log(e^l + e^x), stably.
+                    l.max(x) + (-(l - x).abs()).exp().ln_1p()
+                } else {
+                    l
+                };
+                (s as f64 * (x - l).exp()) as f32
             }
         }
     }
@@ -613,13 +647,22 @@ impl StripSearch<'_> {
             let tile = &tile[..(q1 - q0) * nc];
             for (m, scoring) in self.corrections.iter().enumerate() {
                 let scoring = scoring.columns(c0, c1);
-                if let ColumnScoring::Subtract(h) = scoring {
-                    for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
-                        let scores = &tile[i * nc..(i + 1) * nc];
-                        super::dispatch::scan_row(scores, h, col0, &mut row_states[m]);
+                match scoring {
+                    ColumnScoring::Subtract(h) => {
+                        for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
+                            let scores = &tile[i * nc..(i + 1) * nc];
+                            super::dispatch::scan_row(scores, h, col0, &mut row_states[m]);
+                        }
                     }
-                } else {
-                    scan_bank_rank(tile, nc, &scoring, col0, strip_states, m, nm);
+                    ColumnScoring::BankRank { .. } => {
+                        scan_bank_rank(tile, nc, &scoring, col0, strip_states, m, nm)
+                    }
+                    ColumnScoring::DualSoftmax { .. } => {
+                        for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
+                            let scores = &tile[i * nc..(i + 1) * nc];
+                            scan_transformed(scores, &scoring, col0, &mut row_states[m]);
+                        }
+                    }
                 }
                 for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
                     let scores = &tile[i * nc..(i + 1) * nc];
@@ -672,6 +715,27 @@ fn compare_to_target(
             s.partial_cmp(&state.target_raw).unwrap_or(Ordering::Less)
         }
         _ => by_score,
+    }
+}
+
+/// A scan for scorings that are not a vectorisable subtraction (`dsl`):
+/// each score computed by [`ColumnScoring::score`], columns in increasing
+/// order so the strict threshold prefilter keeps ties by row.
+fn scan_transformed(scores: &[f32], scoring: &ColumnScoring<'_>, col0: u32, state: &mut QueryState) {
+    let counting = !state.target.is_nan();
+    for (j, &s) in scores.iter().enumerate() {
+        let v = scoring.score(j, s);
+        if counting {
+            state.greater += (v > state.target) as u64;
+            state.equal += (v == state.target) as u64;
+        }
+        if v > state.top.threshold() {
+            state.top.push(Candidate {
+                score: v,
+                raw: s,
+                row: col0 + j as u32,
+            });
+        }
     }
 }
 

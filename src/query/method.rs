@@ -8,7 +8,7 @@
 //! depends only on the query (CSLS's r_G(q), DN's shift), which never
 //! changes a ranking.
 
-use crate::kernel::ColumnScoring;
+pub use crate::kernel::ColumnScoring;
 use crate::options::MethodSpec;
 
 /// One scoring the kernel computes for every (query, gallery item).
@@ -19,6 +19,13 @@ pub enum Scoring {
     /// −|{b : s(b, g) > s}| from each gallery row's `width` bank
     /// similarities, sorted ascending, row after row (`gc`).
     BankRank { sorted: Vec<f32>, width: usize },
+    /// Dual softmax (`dsl`): s · exp(s/θ − L(g)), see
+    /// [`ColumnScoring::DualSoftmax`].
+    DualSoftmax {
+        log_normaliser: Vec<f64>,
+        inv_theta: f64,
+        include_query: bool,
+    },
 }
 
 impl Scoring {
@@ -35,6 +42,15 @@ impl Scoring {
                 sorted: &sorted[start * width..end * width],
                 width: *width,
             },
+            Scoring::DualSoftmax {
+                log_normaliser,
+                inv_theta,
+                include_query,
+            } => ColumnScoring::DualSoftmax {
+                log_normaliser: &log_normaliser[start..end],
+                inv_theta: *inv_theta,
+                include_query: *include_query,
+            },
         }
     }
 
@@ -43,6 +59,7 @@ impl Scoring {
         match self {
             Scoring::Subtract(h) => h.len(),
             Scoring::BankRank { sorted, width } => sorted.len().checked_div(*width).unwrap_or(0),
+            Scoring::DualSoftmax { log_normaliser, .. } => log_normaliser.len(),
         }
     }
 
@@ -51,6 +68,7 @@ impl Scoring {
         match self {
             Scoring::Subtract(h) => h.capacity() * 4,
             Scoring::BankRank { sorted, .. } => sorted.capacity() * 4,
+            Scoring::DualSoftmax { log_normaliser, .. } => log_normaliser.capacity() * 8,
         }
     }
 }

@@ -91,8 +91,8 @@ pub fn search(
             .iter()
             .enumerate()
             .map(|(i, &t)| match scorings[i % nm] {
-                Scoring::Subtract(_) => QueryState::new(k, t.map(|(score, _)| score)),
                 Scoring::BankRank { .. } => QueryState::by_bank_rank(k, t),
+                _ => QueryState::new(k, t.map(|(score, _)| score)),
             })
             .collect();
         gallery_blocks.for_each(|g_block| {

@@ -130,8 +130,8 @@ pub fn target_scores(
                 let slot = &mut best[q * nm + m];
                 let better = match (*slot, scoring) {
                     (None, _) => true,
-                    (Some((bv, _)), Scoring::Subtract(_)) => v > bv,
                     (Some((bv, bs)), Scoring::BankRank { .. }) => v > bv || (v == bv && s > bs),
+                    (Some((bv, _)), _) => v > bv,
                 };
                 if better {
                     *slot = Some((v, s));

@@ -99,6 +99,9 @@ pub struct MethodArgs {
     /// Iterations T of sn and dbsn. Default 10.
     #[arg(long)]
     pub iterations: Option<usize>,
+    /// θ of dsl: temperature of the column softmax, exp(s/θ). Default 0.01.
+    #[arg(long)]
+    pub theta: Option<f64>,
     /// sn, dbsn: stop iterating once every row of the plan sums to 1/|B|
     /// within this relative error (the columns are exact after each iteration).
     #[arg(long)]
@@ -140,7 +143,7 @@ pub struct RunArgs {
     /// Query bank (training-split queries, never the test queries).
     #[arg(long, required_unless_present = "transductive")]
     pub bank: Option<String>,
-    /// Use the test queries themselves as the bank (is, sn). This PEEKS AT THE
+    /// Use the test queries themselves as the bank (is, sn, dsl). This PEEKS AT THE
     /// TEST SET: legitimate only for offline re-ranking of a query set known in
     /// advance (e.g. a query log), never for evaluating a deployable system.
     #[arg(long, conflicts_with = "bank")]
@@ -284,6 +287,9 @@ impl MethodArgs {
         if let Some(t) = self.iterations {
             p.iterations = t;
         }
+        if let Some(theta) = self.theta {
+            p.theta = theta;
+        }
         p
     }
 
@@ -308,6 +314,7 @@ impl MethodArgs {
             || self.beta2.is_some()
             || self.tau.is_some()
             || self.iterations.is_some()
+            || self.theta.is_some()
     }
 
     /// The methods with their parameters.
