@@ -116,11 +116,13 @@ pub enum MethodKind {
     DualBankSinkhorn,
     /// Dual softmax: s times the column softmax over the bank and the query (Cheng et al. 2021).
     DualSoftmax,
+    /// Single-query Sinkhorn protocol: each query normalised with a pseudo-test set (Yakovlev et al. 2023).
+    SinkhornPp,
 }
 
 impl MethodKind {
     /// Every method, for help texts and `compare`.
-    pub const ALL: [MethodKind; 12] = [
+    pub const ALL: [MethodKind; 13] = [
         MethodKind::None,
         MethodKind::InvertedSoftmax,
         MethodKind::DynamicInvertedSoftmax,
@@ -133,6 +135,7 @@ impl MethodKind {
         MethodKind::Sinkhorn,
         MethodKind::DualBankSinkhorn,
         MethodKind::DualSoftmax,
+        MethodKind::SinkhornPp,
     ];
 
     /// The name used on the command line and in output files.
@@ -150,6 +153,7 @@ impl MethodKind {
             MethodKind::Sinkhorn => "sn",
             MethodKind::DualBankSinkhorn => "dbsn",
             MethodKind::DualSoftmax => "dsl",
+            MethodKind::SinkhornPp => "sinkhorn-pp",
         }
     }
 
@@ -161,6 +165,7 @@ impl MethodKind {
                 | MethodKind::InvertedSoftmax
                 | MethodKind::Sinkhorn
                 | MethodKind::DualSoftmax
+                | MethodKind::SinkhornPp
         )
     }
 
@@ -257,6 +262,12 @@ pub enum MethodSpec {
         /// Temperature θ of the column softmax, exp(s/θ).
         theta: f64,
     },
+    SinkhornPp {
+        tau: f64,
+        iterations: usize,
+        /// m − 1: bank queries stacked with each test query.
+        pseudo_queries: usize,
+    },
 }
 
 impl MethodSpec {
@@ -276,6 +287,7 @@ impl MethodSpec {
             MethodSpec::Sinkhorn { .. } => MethodKind::Sinkhorn,
             MethodSpec::DualBankSinkhorn { .. } => MethodKind::DualBankSinkhorn,
             MethodSpec::DualSoftmax { .. } => MethodKind::DualSoftmax,
+            MethodSpec::SinkhornPp { .. } => MethodKind::SinkhornPp,
         }
     }
 
@@ -316,6 +328,11 @@ impl MethodSpec {
             },
             MethodKind::DualSoftmax => MethodSpec::DualSoftmax {
                 theta: params.theta,
+            },
+            MethodKind::SinkhornPp => MethodSpec::SinkhornPp {
+                tau: params.tau,
+                iterations: params.iterations,
+                pseudo_queries: params.pseudo_queries,
             },
         }
     }
@@ -369,6 +386,15 @@ impl MethodSpec {
                 vec![("tau", tau), ("t", iterations as f64)]
             }
             MethodSpec::DualSoftmax { theta } => vec![("theta", theta)],
+            MethodSpec::SinkhornPp {
+                tau,
+                iterations,
+                pseudo_queries,
+            } => vec![
+                ("tau", tau),
+                ("t", iterations as f64),
+                ("m", pseudo_queries as f64 + 1.0),
+            ],
         }
     }
 
@@ -391,6 +417,7 @@ impl MethodSpec {
                 (_, "tau") => p.tau = *value,
                 (_, "t") => p.iterations = count(),
                 (_, "theta") => p.theta = *value,
+                (_, "m") => p.pseudo_queries = count().saturating_sub(1),
                 _ => {
                     return Err(HubnormError::Usage(format!(
                         "method {kind} has no parameter '{name}'"
@@ -468,6 +495,15 @@ impl MethodSpec {
                 at_least_one("--iterations", iterations)
             }
             MethodSpec::DualSoftmax { theta } => positive("--theta", theta),
+            MethodSpec::SinkhornPp {
+                tau,
+                iterations,
+                pseudo_queries,
+            } => {
+                positive("--tau", tau)?;
+                at_least_one("--iterations", iterations)?;
+                at_least_one("--pseudo-queries", pseudo_queries)
+            }
         }
     }
 }
@@ -499,6 +535,8 @@ pub struct MethodParams {
     pub iterations: usize,
     /// θ of `dsl` (divides: exp(s/θ)); default 0.01.
     pub theta: f64,
+    /// m − 1 of `sinkhorn-pp`: bank queries stacked with each test query; default 127.
+    pub pseudo_queries: usize,
 }
 
 impl Default for MethodParams {
@@ -515,14 +553,17 @@ impl Default for MethodParams {
             tau: 0.01,
             iterations: 10,
             theta: 0.01,
+            pseudo_queries: 127,
         }
     }
 }
 
-/// A seeded uniform subsample of each bank (`--bank-sample N`).
+/// A seeded uniform subsample of each bank (`--bank-sample N`); the seed
+/// also draws `sinkhorn-pp`'s pseudo-test set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BankSample {
-    /// Rows kept (all rows when the bank is smaller).
+    /// Rows kept (all rows when the bank is smaller; `u64::MAX`: no sample,
+    /// only a seed).
     pub rows: u64,
     pub seed: u64,
 }

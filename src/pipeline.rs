@@ -13,6 +13,7 @@ use crate::ids::IdIndex;
 use crate::kernel::{QueryState, TopK};
 use crate::options::{human_bytes, BankSample, MethodKind, MethodSpec, PassOptions};
 use crate::progress::Progress;
+use crate::query::sinkhorn_pp::SingleQuerySinkhorn;
 use crate::query::{search, MethodRule, QueryBlockResult, QueryTerm, ScoringPlan, SearchRequest, Selection};
 use crate::report::{KOccurrence, RetrievalMetrics};
 use crate::sink::{write_text_atomically, AtomicFile, ParquetSink};
@@ -243,7 +244,9 @@ fn bank_metadata(banks: &Banks, sample: Option<BankSample>) -> Vec<(String, Stri
         metadata.extend(table_metadata("gallery bank", gallery_bank));
     }
     if let Some(s) = sample {
-        metadata.push(("hubnorm.bank_sample.rows".into(), s.rows.to_string()));
+        if s.rows != u64::MAX {
+            metadata.push(("hubnorm.bank_sample.rows".into(), s.rows.to_string()));
+        }
         metadata.push(("hubnorm.bank_sample.seed".into(), s.seed.to_string()));
     }
     metadata
@@ -287,6 +290,7 @@ pub fn results_schema(query_ids: IdKind, gallery_ids: IdKind) -> SchemaRef {
 fn selected_scoring(rule: &MethodRule, states: &[QueryState]) -> usize {
     match &rule.selection {
         Selection::Fixed(s) => *s,
+        Selection::SingleQuery => unreachable!("single-query methods have their own states"),
         Selection::Gated { raw, sets, choices } => {
             // The raw top-1 g*; a query with no candidate stays raw.
             let Some(top1) = states[*raw].top.best() else {
@@ -331,6 +335,10 @@ fn query_offset(rule: &MethodRule, states: &[QueryState], query: &[f32]) -> f64 
 struct ResultsCollector<'a> {
     schema: SchemaRef,
     rules: &'a [MethodRule],
+    /// `sinkhorn-pp`'s inputs, when it is among the methods.
+    protocol: Option<&'a SingleQuerySinkhorn>,
+    /// Candidates kept per query (at least `k` and the skewness's 10).
+    search_k: usize,
     gallery_ids: &'a ArrayRef,
     k: usize,
     occurrence: Vec<KOccurrence>,
@@ -341,11 +349,20 @@ struct ResultsCollector<'a> {
 }
 
 impl<'a> ResultsCollector<'a> {
-    fn new(schema: SchemaRef, rules: &'a [MethodRule], gallery_ids: &'a ArrayRef, k: usize) -> Self {
+    fn new(
+        schema: SchemaRef,
+        rules: &'a [MethodRule],
+        protocol: Option<&'a SingleQuerySinkhorn>,
+        gallery_ids: &'a ArrayRef,
+        k: usize,
+        search_k: usize,
+    ) -> Self {
         let n = gallery_ids.len();
         ResultsCollector {
             schema,
             rules,
+            protocol,
+            search_k,
             gallery_ids,
             k,
             occurrence: rules.iter().map(|_| KOccurrence::new(SKEWNESS_K, n)).collect(),
@@ -366,6 +383,10 @@ impl<'a> ResultsCollector<'a> {
             Vec::new(),
             Vec::new(),
         );
+        let protocol_states: Vec<QueryState> = match self.protocol {
+            Some(p) => p.search_block(&queries.data, block.positives, self.search_k),
+            None => Vec::new(),
+        };
         // Query-major order (query, method, rank): the file's row order then
         // does not depend on the block sizes the memory limit chose.
         self.queries += queries.rows as u64;
@@ -374,11 +395,15 @@ impl<'a> ResultsCollector<'a> {
             let embedding = &queries.data[q * queries.dim..(q + 1) * queries.dim];
             for (m, rule) in self.rules.iter().enumerate() {
                 let name = rule.spec.kind().name();
-                let selected = selected_scoring(rule, states);
-                if let Selection::Gated { choices, .. } = &rule.selection {
-                    self.normalised[m] += (selected != choices[0]) as u64;
-                }
-                let state = &states[selected];
+                let state = if rule.selection == Selection::SingleQuery {
+                    &protocol_states[q]
+                } else {
+                    let selected = selected_scoring(rule, states);
+                    if let Selection::Gated { choices, .. } = &rule.selection {
+                        self.normalised[m] += (selected != choices[0]) as u64;
+                    }
+                    &states[selected]
+                };
                 let offset = query_offset(rule, states, embedding);
                 let list = state.top.sorted();
                 self.occurrence[m].add_list(list.iter().map(|c| c.row));
@@ -438,6 +463,7 @@ fn write_results(
     overwrite: bool,
     options: &PassOptions,
     mut metadata: Vec<(String, String)>,
+    protocol: Option<&SingleQuerySinkhorn>,
     progress: &dyn Progress,
 ) -> Result<(AtomicFile, Vec<MethodSummary>)> {
     let schema = results_schema(queries.id_kind, gallery.id_kind);
@@ -450,7 +476,9 @@ fn write_results(
     metadata.extend(table_metadata("queries", queries));
     metadata.extend(table_metadata("gallery", gallery));
     let mut sink = ParquetSink::create(out, schema.clone(), metadata, overwrite)?;
-    let mut collector = ResultsCollector::new(schema, &plan.methods, index.ids(), k);
+    let search_k = k.max(SKEWNESS_K).max(plan.neighbours_needed());
+    let mut collector =
+        ResultsCollector::new(schema, &plan.methods, protocol, index.ids(), k, search_k);
     let resident = index.memory_bytes()
         + plan.memory_bytes()
         + plan.methods.len() * index.len() * 4;
@@ -459,7 +487,7 @@ fn write_results(
         gallery,
         gallery_index: index,
         scorings: &plan.scorings,
-        k: k.max(SKEWNESS_K).max(plan.neighbours_needed()),
+        k: search_k,
         budget: options.memory.bytes(),
         resident_bytes: resident,
         // The result rows built from each query (~48 bytes per row).
@@ -478,6 +506,16 @@ fn check_k(k: usize) -> Result<()> {
     Ok(())
 }
 
+/// `sinkhorn-pp` has no gallery statistic: it runs in `hubnorm run` only.
+fn refuse_protocol(methods: &[MethodSpec], command: &str) -> Result<()> {
+    if methods.iter().any(|m| m.kind() == MethodKind::SinkhornPp) {
+        return Err(HubnormError::Usage(format!(
+            "sinkhorn-pp normalises every query with its own pseudo-test stack and has no gallery statistic; it runs in `hubnorm run`, not `hubnorm {command}`"
+        )));
+    }
+    Ok(())
+}
+
 fn refuse_existing(path: &Path, overwrite: bool) -> Result<()> {
     if !overwrite && path.exists() {
         return Err(HubnormError::Usage(format!(
@@ -491,6 +529,7 @@ fn refuse_existing(path: &Path, overwrite: bool) -> Result<()> {
 /// `hubnorm stats`: pass 1 only; writes `gallery_stats.parquet`.
 pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<PathBuf> {
     let methods = check_methods(&job.methods, job.gallery_bank.is_some())?;
+    refuse_protocol(&methods, "stats")?;
     refuse_existing(&job.out, job.overwrite)?;
     with_threads(job.options.threads, || {
         let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
@@ -528,6 +567,7 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<PathBuf> {
 pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary> {
     check_k(job.k)?;
     let methods = check_methods(&job.methods, true)?;
+    refuse_protocol(&methods, "search")?;
     refuse_existing(&job.out, job.overwrite)?;
     with_threads(job.options.threads, || {
         let queries = open_table("queries", &job.queries, &job.options, true)?;
@@ -548,6 +588,7 @@ pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary
             job.overwrite,
             &job.options,
             metadata,
+            None,
             progress,
         )?;
         file.commit()?;
@@ -578,7 +619,7 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
     if job.transductive {
         if let Some(m) = methods.iter().find(|m| !m.kind().has_transductive_variant()) {
             return Err(HubnormError::Usage(format!(
-                "--transductive uses the test queries as the bank, which METHODS.md defines for is, sn and dsl only, not {}",
+                "--transductive uses the test queries as the bank, which METHODS.md defines for is, sn, dsl and sinkhorn-pp only, not {}",
                 m.kind()
             )));
         }
@@ -622,6 +663,26 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
         )?;
         // Read back through the same code as `hubnorm search`.
         let plan = load_plan(Some(stats_file.temporary_path()), &index, &methods)?;
+        let protocol = methods
+            .iter()
+            .find_map(|m| match *m {
+                MethodSpec::SinkhornPp {
+                    tau,
+                    iterations,
+                    pseudo_queries,
+                } => Some(SingleQuerySinkhorn::prepare(
+                    &gallery,
+                    &banks.bank,
+                    queries.rows,
+                    pseudo_queries,
+                    job.bank_sample.map_or(0, |s| s.seed),
+                    tau,
+                    iterations,
+                    job.options.memory.bytes(),
+                )),
+                _ => None,
+            })
+            .transpose()?;
         let (results_file, mut summaries) = write_results(
             &queries,
             &gallery,
@@ -632,6 +693,7 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
             job.overwrite,
             &job.options,
             bank_metadata(&banks, job.bank_sample),
+            protocol.as_ref(),
             progress,
         )?;
         for (summary, rule) in summaries.iter_mut().zip(&plan.methods) {

@@ -511,12 +511,18 @@ pub fn load_plan(path: Option<&Path>, index: &IdIndex, methods: &[MethodSpec]) -
         )
     });
     let raw = needs_raw.then(|| plan.raw_scoring(n));
-    let with_stats: Vec<&MethodSpec> = methods.iter().filter(|m| m.kind().needs_bank()).collect();
+    let with_stats: Vec<&MethodSpec> = methods
+        .iter()
+        .filter(|m| m.kind().needs_bank() && m.kind() != MethodKind::SinkhornPp)
+        .collect();
     if with_stats.is_empty() {
         for m in methods {
             plan.methods.push(MethodRule {
                 spec: *m,
-                selection: Selection::Fixed(raw.expect("none needs the raw scoring")),
+                selection: match m.kind() {
+                    MethodKind::SinkhornPp => Selection::SingleQuery,
+                    _ => Selection::Fixed(raw.expect("none needs the raw scoring")),
+                },
                 query_term: QueryTerm::None,
             });
         }
@@ -543,6 +549,7 @@ pub fn load_plan(path: Option<&Path>, index: &IdIndex, methods: &[MethodSpec]) -
             MethodKind::None => vec![],
             MethodKind::GloballyCorrected => vec![c("sorted_sims")],
             MethodKind::DualSoftmax => vec![c("log_normaliser")],
+            MethodKind::SinkhornPp => vec![],
             MethodKind::DynamicInvertedSoftmax => vec![c("correction"), c("active")],
             MethodKind::DualDynamicInvertedSoftmax => vec![
                 c("correction"),
@@ -579,6 +586,7 @@ pub fn load_plan(path: Option<&Path>, index: &IdIndex, methods: &[MethodSpec]) -
                 });
                 rule(Selection::Fixed(s), QueryTerm::None)
             }
+            MethodSpec::SinkhornPp { .. } => rule(Selection::SingleQuery, QueryTerm::None),
             MethodSpec::DualSoftmax { theta } => {
                 let log_normaliser = match take(columns[0]) {
                     ColumnValues::Float64(v) => v,

@@ -377,3 +377,49 @@ fn dual_softmax_matches_the_dense_reference_with_a_bank_and_transductive() {
         assert!((r1 - hits as f64 / q.len() as f64).abs() < 1e-12, "{out}: R@1 {r1}");
     }
 }
+
+/// `sinkhorn-pp`: every query stacked with the pseudo-test set (here the
+/// whole 31-row bank, m = 32, so the sample is known) and normalised on its
+/// own, against the dense reference run on each stack; a job above the
+/// protocol's size limit is refused with the cost and a pointer to `sn`.
+#[test]
+fn single_query_sinkhorn_matches_the_dense_reference_and_refuses_large_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let dim = 16;
+    let c = case(26, 40, TILE_COLS + 5, 31, 10, dim);
+    write_case(dir.path(), &c);
+    let (tau, iterations) = (0.05, 10);
+    let spec = MethodSpec::SinkhornPp {
+        tau,
+        iterations,
+        pseudo_queries: 31,
+    };
+    let mut j = job(dir.path(), "pp", vec![spec], "12MiB", 1);
+    j.gallery_bank = None;
+    pipeline::run(&j, &Silent).unwrap();
+    let q = to_f64(&c.queries, true);
+    let g = to_f64(&c.gallery, true);
+    let b = to_f64(&c.bank, true);
+    let rows = read_results(&dir.path().join("pp").join("results.parquet"));
+    let gallery_row = |id: &str| c.gallery.ids.iter().position(|x| x == id).unwrap();
+    for (qi, qid) in c.queries.ids.iter().enumerate() {
+        let stack: Vec<Vec<f64>> = std::iter::once(q[qi].clone()).chain(b.iter().cloned()).collect();
+        let (f, _) = reference_sinkhorn(&similarities(&stack, &g), tau, iterations);
+        let scores: Vec<f64> = (0..g.len()).map(|t| dot(&q[qi], &g[t]) - f[t]).collect();
+        let ours: Vec<(usize, f32)> = rows
+            .iter()
+            .filter(|r| r.method == "sinkhorn-pp" && &r.query_id == qid)
+            .map(|r| (gallery_row(&r.gallery_id), r.score))
+            .collect();
+        assert_ranking_matches(&ours, &scores, 10, 1e-5, &format!("sinkhorn-pp {qi}"));
+    }
+    j.methods = vec![MethodSpec::SinkhornPp {
+        tau,
+        iterations: 1_000_000_000,
+        pseudo_queries: 31,
+    }];
+    j.out_dir = dir.path().join("refused");
+    let err = pipeline::run(&j, &Silent).unwrap_err().to_string();
+    assert!(err.contains("exp evaluations") && err.contains("--method sn"), "{err}");
+    assert!(!dir.path().join("refused").join("results.parquet").exists());
+}

@@ -107,7 +107,8 @@ impl StatsLayout {
                 MethodSpec::None
                 | MethodSpec::DistributionNormalisation { .. }
                 | MethodSpec::Sinkhorn { .. }
-                | MethodSpec::DualBankSinkhorn { .. } => {}
+                | MethodSpec::DualBankSinkhorn { .. }
+                | MethodSpec::SinkhornPp { .. } => {}
                 MethodSpec::InvertedSoftmax { beta } => push_unique(&mut layout.bank_betas, beta.0),
                 MethodSpec::DualSoftmax { theta } => push_unique(&mut layout.bank_betas, 1.0 / theta),
                 MethodSpec::DynamicInvertedSoftmax { beta, activation_k } => {
@@ -188,7 +189,8 @@ impl StatsLayout {
             let p = m.column_prefix();
             let f = |suffix: &str| (format!("{p}_{suffix}"), ColumnKind::Float64);
             match m {
-                MethodSpec::None => {}
+                // sinkhorn-pp normalises each query with its own stack: no statistic.
+                MethodSpec::None | MethodSpec::SinkhornPp { .. } => {}
                 // The potentials are known only after the last sweep.
                 MethodSpec::Sinkhorn { .. } | MethodSpec::DualBankSinkhorn { .. } => {
                     late.push(f("correction"))
@@ -291,7 +293,8 @@ impl StatsLayout {
             match *m {
                 MethodSpec::None
                 | MethodSpec::Sinkhorn { .. }
-                | MethodSpec::DualBankSinkhorn { .. } => {}
+                | MethodSpec::DualBankSinkhorn { .. }
+                | MethodSpec::SinkhornPp { .. } => {}
                 MethodSpec::InvertedSoftmax { beta }
                 | MethodSpec::DynamicInvertedSoftmax { beta, .. } => {
                     columns.push(f64s(&|i| bank_lse(beta.0, i).value() / beta.0));

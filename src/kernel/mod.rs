@@ -16,5 +16,5 @@ pub use fused::{
     ColumnStates, ColumnStatsRequest, Positives, QueryState, Rows, TILE_COLS, TILE_ROWS,
 };
 pub use lse::LogSumExp;
-pub use sinkhorn::{lse_sweep, Sweep, TileSource};
+pub use sinkhorn::{lse_sweep, stack_column_potential, Sweep, TileSource};
 pub use topk::{Candidate, TieBreak, TopK, TopValues};

@@ -211,33 +211,125 @@ fn sweep_strip(
     row_out
 }
 
+/// T iterations of log-domain Sinkhorn (row update, then column update,
+/// uniform marginals) on a small stack of `n`-wide rows held in memory:
+/// `first` and then `others` (row-major). Returns the column potential f
+/// (`sinkhorn-pp`: one such stack per test query).
+pub fn stack_column_potential(
+    first: &[f32],
+    others: &[f32],
+    tau: f32,
+    iterations: usize,
+) -> Vec<f32> {
+    let n = first.len();
+    let m = 1 + others.len() / n.max(1);
+    let row = |r: usize| -> &[f32] {
+        if r == 0 {
+            first
+        } else {
+            &others[(r - 1) * n..r * n]
+        }
+    };
+    let inv_tau = 1.0 / tau;
+    let (log_m, log_n) = ((m as f32).ln(), (n as f32).ln());
+    let mut f = vec![0f32; n];
+    let mut g = vec![0f32; m];
+    let mut column_max = vec![0f32; n];
+    let mut column_sum = vec![0f32; n];
+    for _ in 0..iterations {
+        // Rows: g_r = τ·LSE_t (s − f)/τ + τ·log m.
+        for (r, g_r) in g.iter_mut().enumerate() {
+            let lse = super::dispatch::shifted_row_lse(row(r), &f, inv_tau);
+            *g_r = tau * lse.value() as f32 + tau * log_m;
+        }
+        // Columns: f_t = τ·LSE_r (s − g_r)/τ + τ·log n.
+        column_max.fill(f32::NEG_INFINITY);
+        for (r, &g_r) in g.iter().enumerate() {
+            super::dispatch::stack_column_max(row(r), g_r, inv_tau, &mut column_max);
+        }
+        column_sum.fill(0.0);
+        for (r, &g_r) in g.iter().enumerate() {
+            super::dispatch::stack_column_exp_add(
+                row(r),
+                g_r,
+                inv_tau,
+                &column_max,
+                &mut column_sum,
+            );
+        }
+        for ((fv, &c), &sum) in f.iter_mut().zip(&column_max).zip(&column_sum) {
+            *fv = tau * (c + sum.ln()) + tau * log_n;
+        }
+    }
+    f
+}
+
+/// Epilogue body: running max per column of (s − g)·inv_tau for one row.
+#[inline(always)]
+pub(super) fn stack_column_max_body(row: &[f32], g: f32, inv_tau: f32, max: &mut [f32]) {
+    for (c, &x) in max.iter_mut().zip(row) {
+        let v = (x - g) * inv_tau;
+        *c = if v > *c { v } else { *c };
+    }
+}
+
+/// Epilogue body: adds exp((s − g)·inv_tau − max) per column for one row.
+#[inline(always)]
+pub(super) fn stack_column_exp_add_body(
+    row: &[f32],
+    g: f32,
+    inv_tau: f32,
+    max: &[f32],
+    sum: &mut [f32],
+) {
+    for ((acc, &x), &c) in sum.iter_mut().zip(row).zip(max) {
+        *acc += fast_exp((x - g) * inv_tau - c);
+    }
+}
+
 /// Epilogue body: LSE over one row of (s − shift)·inv_tau, with f32 lanes
-/// summed into f64 at the end.
+/// summed into f64 at the end. Fixed-size lane arrays (no indexing) so the
+/// compiler keeps both passes in 16-lane registers.
 #[inline(always)]
 pub(super) fn shifted_row_lse_body(scores: &[f32], shifts: &[f32], inv_tau: f32) -> LogSumExp {
     const LANES: usize = 16;
-    let n = scores.len();
+    let n = scores.len().min(shifts.len());
+    let (scores, shifts) = (&scores[..n], &shifts[..n]);
     let full = n - n % LANES;
     let mut lane_max = [f32::NEG_INFINITY; LANES];
-    for j0 in (0..full).step_by(LANES) {
+    for (s, c) in scores[..full]
+        .chunks_exact(LANES)
+        .zip(shifts[..full].chunks_exact(LANES))
+    {
+        let s: &[f32; LANES] = s.try_into().expect("lane chunk");
+        let c: &[f32; LANES] = c.try_into().expect("lane chunk");
         for l in 0..LANES {
-            let v = (scores[j0 + l] - shifts[j0 + l]) * inv_tau;
+            let v = (s[l] - c[l]) * inv_tau;
             lane_max[l] = if v > lane_max[l] { v } else { lane_max[l] };
         }
     }
-    let mut m = lane_max.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    for j in full..n {
-        m = m.max((scores[j] - shifts[j]) * inv_tau);
+    let mut m = f32::NEG_INFINITY;
+    for &v in &lane_max {
+        m = if v > m { v } else { m };
+    }
+    for (&s, &c) in scores[full..].iter().zip(&shifts[full..]) {
+        let v = (s - c) * inv_tau;
+        m = if v > m { v } else { m };
     }
     let mut lane_sum = [0f32; LANES];
-    for j0 in (0..full).step_by(LANES) {
+    for (s, c) in scores[..full]
+        .chunks_exact(LANES)
+        .zip(shifts[..full].chunks_exact(LANES))
+    {
+        let s: &[f32; LANES] = s.try_into().expect("lane chunk");
+        let c: &[f32; LANES] = c.try_into().expect("lane chunk");
         for l in 0..LANES {
-            lane_sum[l] += fast_exp((scores[j0 + l] - shifts[j0 + l]) * inv_tau - m);
+            lane_sum[l] += fast_exp((s[l] - c[l]) * inv_tau - m);
         }
     }
     let mut total: f64 = lane_sum.iter().map(|&v| v as f64).sum();
-    for j in full..n {
-        total += fast_exp((scores[j] - shifts[j]) * inv_tau - m) as f64;
+    for (&s, &c) in scores[full..].iter().zip(&shifts[full..]) {
+        total += fast_exp((s - c) * inv_tau - m) as f64;
     }
     LogSumExp {
         max: m as f64,

@@ -76,6 +76,9 @@ impl Scoring {
 /// Which scoring a method reports for a query.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Selection {
+    /// No shared scoring: each query is normalised on its own
+    /// (`sinkhorn-pp`, see [`crate::query::sinkhorn_pp`]).
+    SingleQuery,
     /// Always scoring `0`.
     Fixed(usize),
     /// DIS-style gating on the query's raw top-1 g* (from scoring `raw`):
@@ -155,7 +158,7 @@ impl ScoringPlan {
                 .iter()
                 .map(|m| match &m.selection {
                     Selection::Gated { sets, .. } => sets.iter().map(Vec::len).sum(),
-                    Selection::Fixed(_) => 0,
+                    Selection::Fixed(_) | Selection::SingleQuery => 0,
                 })
                 .sum::<usize>()
     }

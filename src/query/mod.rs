@@ -3,6 +3,7 @@
 
 pub mod method;
 pub mod pass;
+pub mod sinkhorn_pp;
 pub mod targets;
 
 pub use method::{MethodRule, QueryTerm, Scoring, ScoringPlan, Selection};

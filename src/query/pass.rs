@@ -5,7 +5,9 @@ use crate::bank::pass::dimension_error;
 use crate::cache::TableBlocks;
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
-use crate::kernel::{search_block, ColumnScoring, QueryState, Rows, TILE_COLS, TILE_ROWS};
+use crate::kernel::{
+    search_block, ColumnScoring, Positives, QueryState, Rows, TILE_COLS, TILE_ROWS,
+};
 use crate::plan::PlanRequest;
 use crate::progress::{Progress, RowProgress};
 use crate::query::targets::{resolve_targets, target_scores};
@@ -36,6 +38,8 @@ pub struct QueryBlockResult<'a> {
     /// `rows × scorings` states, row-major (one row per query).
     pub states: &'a [QueryState],
     pub scorings: usize,
+    /// Each query's ground-truth gallery rows.
+    pub positives: &'a Positives,
 }
 
 /// Runs pass 2 and hands each query block's results to `on_block` in order.
@@ -116,6 +120,7 @@ pub fn search(
             queries: &block,
             states: &states,
             scorings: nm,
+            positives: &positives,
         })?;
     }
     rows_done.finish();

@@ -102,6 +102,10 @@ pub struct MethodArgs {
     /// θ of dsl: temperature of the column softmax, exp(s/θ). Default 0.01.
     #[arg(long)]
     pub theta: Option<f64>,
+    /// m − 1 of sinkhorn-pp: bank queries (a fixed sample, --seed) stacked
+    /// with each test query. Default 127.
+    #[arg(long)]
+    pub pseudo_queries: Option<usize>,
     /// sn, dbsn: stop iterating once every row of the plan sums to 1/|B|
     /// within this relative error (the columns are exact after each iteration).
     #[arg(long)]
@@ -118,17 +122,23 @@ pub struct BankArgs {
     /// Use a seeded uniform sample of N rows of each bank (e.g. to make gc fit).
     #[arg(long, value_name = "N")]
     pub bank_sample: Option<u64>,
-    /// Seed of --bank-sample.
-    #[arg(long, default_value_t = 0, requires = "bank_sample")]
+    /// Seed of --bank-sample and of sinkhorn-pp's pseudo-test set.
+    #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }
 
 impl BankArgs {
+    /// The bank sample asked for; without `--bank-sample`, a sample of
+    /// every row that only carries the seed (for sinkhorn-pp).
     pub fn sample(&self) -> Option<BankSample> {
-        self.bank_sample.map(|rows| BankSample {
-            rows,
-            seed: self.seed,
-        })
+        match (self.bank_sample, self.seed) {
+            (Some(rows), seed) => Some(BankSample { rows, seed }),
+            (None, 0) => None,
+            (None, seed) => Some(BankSample {
+                rows: u64::MAX,
+                seed,
+            }),
+        }
     }
 }
 
@@ -143,7 +153,7 @@ pub struct RunArgs {
     /// Query bank (training-split queries, never the test queries).
     #[arg(long, required_unless_present = "transductive")]
     pub bank: Option<String>,
-    /// Use the test queries themselves as the bank (is, sn, dsl). This PEEKS AT THE
+    /// Use the test queries themselves as the bank (is, sn, dsl, sinkhorn-pp). This PEEKS AT THE
     /// TEST SET: legitimate only for offline re-ranking of a query set known in
     /// advance (e.g. a query log), never for evaluating a deployable system.
     #[arg(long, conflicts_with = "bank")]
@@ -290,6 +300,9 @@ impl MethodArgs {
         if let Some(theta) = self.theta {
             p.theta = theta;
         }
+        if let Some(m) = self.pseudo_queries {
+            p.pseudo_queries = m;
+        }
         p
     }
 
@@ -315,6 +328,7 @@ impl MethodArgs {
             || self.tau.is_some()
             || self.iterations.is_some()
             || self.theta.is_some()
+            || self.pseudo_queries.is_some()
     }
 
     /// The methods with their parameters.
