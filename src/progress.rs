@@ -10,6 +10,8 @@ pub trait Progress: Send + Sync {
     fn advance(&self, rows: u64);
     /// The current phase is over.
     fn finish(&self);
+    /// A short status of the current phase (e.g. Sinkhorn's marginal error).
+    fn status(&self, _status: &str) {}
 }
 
 /// Shows nothing.

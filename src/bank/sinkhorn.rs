@@ -141,6 +141,7 @@ pub fn sinkhorn_potentials(
         let (g_new, error) = source_update(rows, &g);
         if it > 0 {
             marginal_error = error;
+            progress.status(&format!("marginal error {error:.2e}"));
             if request.tolerance.is_some_and(|tol| error <= tol) {
                 stopped_early = true;
                 break;
@@ -156,6 +157,7 @@ pub fn sinkhorn_potentials(
         // Measure the final plan's row marginals (one more row sweep).
         let rows = sweeps.sweep(SweepKind::Rows, &f, &g)?;
         marginal_error = source_update(rows, &g).1;
+        progress.status(&format!("marginal error {marginal_error:.2e}"));
     }
     progress.finish();
     Ok(SinkhornOutcome {

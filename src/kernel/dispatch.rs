@@ -53,6 +53,16 @@ dispatched! {
         = bodies::column_top_values;
     fn shifted_row_lse(scores: &[f32], shifts: &[f32], inv_tau: f32) -> LogSumExp
         = super::sinkhorn::shifted_row_lse_body;
+    fn shifted_column_max(tile: &[f32], nc: usize, row_shift: &[f32], inv_tau: f32, out: &mut [f32])
+        = super::sinkhorn::shifted_column_max_body;
+    fn shifted_add_exp_columns(
+        tile: &[f32],
+        nc: usize,
+        row_shift: &[f32],
+        inv_tau: f32,
+        shift: &[f32],
+        sum: &mut [f64]
+    ) = super::sinkhorn::shifted_add_exp_columns_body;
     fn stack_column_max(row: &[f32], g: f32, inv_tau: f32, max: &mut [f32])
         = super::sinkhorn::stack_column_max_body;
     fn stack_column_exp_add(row: &[f32], g: f32, inv_tau: f32, max: &[f32], sum: &mut [f32])

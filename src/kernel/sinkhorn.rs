@@ -127,10 +127,6 @@ fn sweep_strip(
 ) -> Option<Vec<LogSumExp>> {
     let nc = cols.rows;
     let mut tile = vec![0f32; TILE_ROWS * nc];
-    let mut work = match sweep {
-        Sweep::Columns { .. } => vec![0f32; TILE_ROWS * nc],
-        Sweep::Rows { .. } => Vec::new(),
-    };
     let mut row_out = match sweep {
         Sweep::Rows { .. } => Some(vec![LogSumExp::default(); rows.rows]),
         Sweep::Columns { .. } => None,
@@ -174,19 +170,16 @@ fn sweep_strip(
                 }
             }
             Sweep::Columns { row_shift } => {
-                // (s − g_i)/τ, column by column, as the pass-1 log-sum-exp.
-                let shifted = &mut work[..nr * nc];
-                for ((out, row), &g) in shifted
-                    .chunks_exact_mut(nc)
-                    .zip(similarities.chunks_exact(nc))
-                    .zip(&row_shift[r0..r1])
-                {
-                    for (o, &s) in out.iter_mut().zip(row) {
-                        *o = (s - g) * inv_tau;
-                    }
-                }
-                let shifted = &work[..nr * nc];
-                super::dispatch::column_max(shifted, nc, &mut col_max);
+                // (s − g_i)/τ, column by column, as the pass-1 log-sum-exp,
+                // shifted on the fly (no copy of the tile).
+                let row_shift = &row_shift[r0..r1];
+                super::dispatch::shifted_column_max(
+                    similarities,
+                    nc,
+                    row_shift,
+                    inv_tau,
+                    &mut col_max,
+                );
                 for j in 0..nc {
                     let candidate = col_max[j] as f64;
                     if candidate > max[j] {
@@ -197,7 +190,14 @@ fn sweep_strip(
                     }
                     shift[j] = max[j] as f32;
                 }
-                super::dispatch::add_exp_columns(shifted, nc, 1.0, &shift, &mut sum);
+                super::dispatch::shifted_add_exp_columns(
+                    similarities,
+                    nc,
+                    row_shift,
+                    inv_tau,
+                    &shift,
+                    &mut sum,
+                );
             }
         }
         r0 = r1;
@@ -262,6 +262,42 @@ pub fn stack_column_potential(
         }
     }
     f
+}
+
+/// Epilogue body: per column, the max over the tile's rows of (s − g_i)·inv_tau.
+#[inline(always)]
+pub(super) fn shifted_column_max_body(
+    tile: &[f32],
+    nc: usize,
+    row_shift: &[f32],
+    inv_tau: f32,
+    out: &mut [f32],
+) {
+    out[..nc].fill(f32::NEG_INFINITY);
+    for (row, &g) in tile.chunks_exact(nc).zip(row_shift) {
+        for (m, &s) in out[..nc].iter_mut().zip(row) {
+            let v = (s - g) * inv_tau;
+            *m = if v > *m { v } else { *m };
+        }
+    }
+}
+
+/// Epilogue body: per column, adds exp((s − g_i)·inv_tau − shift_j) over the
+/// tile's rows, accumulated in f64.
+#[inline(always)]
+pub(super) fn shifted_add_exp_columns_body(
+    tile: &[f32],
+    nc: usize,
+    row_shift: &[f32],
+    inv_tau: f32,
+    shift: &[f32],
+    sum: &mut [f64],
+) {
+    for (row, &g) in tile.chunks_exact(nc).zip(row_shift) {
+        for ((acc, &s), &m) in sum[..nc].iter_mut().zip(row).zip(&shift[..nc]) {
+            *acc += fast_exp((s - g) * inv_tau - m) as f64;
+        }
+    }
 }
 
 /// Epilogue body: running max per column of (s − g)·inv_tau for one row.

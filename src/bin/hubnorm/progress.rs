@@ -8,6 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// Progress shown with indicatif.
 pub struct Bar {
     bar: ProgressBar,
+    phase: std::sync::Mutex<String>,
 }
 
 impl Progress for Bar {
@@ -15,6 +16,11 @@ impl Progress for Bar {
         self.bar.reset();
         self.bar.set_length(total);
         self.bar.set_message(phase.to_owned());
+        *self.phase.lock().expect("phase lock") = phase.to_owned();
+    }
+    fn status(&self, status: &str) {
+        let phase = self.phase.lock().expect("phase lock").clone();
+        self.bar.set_message(format!("{phase} ({status})"));
     }
     fn advance(&self, rows: u64) {
         self.bar.inc(rows);
@@ -32,10 +38,13 @@ pub fn reporter(quiet: bool) -> Box<dyn Progress> {
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template(
-            "{msg:28} [{bar:30}] {human_pos}/{human_len} rows  {per_sec}  ETA {eta}",
+            "{msg:28} [{bar:30}] {human_pos}/{human_len}  {per_sec}  ETA {eta}",
         )
         .expect("valid template")
         .progress_chars("=> "),
     );
-    Box::new(Bar { bar })
+    Box::new(Bar {
+        bar,
+        phase: std::sync::Mutex::new(String::new()),
+    })
 }
