@@ -20,7 +20,8 @@
 //! Modules follow the data flow: [`source`] reads embedding tables into
 //! blocks, [`kernel`] computes similarity tiles and their epilogues, [`bank`]
 //! is pass 1, [`query`] is pass 2, [`report`] the hubness and quality figures,
-//! [`sink`] the atomic Parquet writers, and [`pipeline`] wires them together.
+//! [`sink`] the atomic Parquet writers, [`stats_file`] the statistics file
+//! between the passes, and [`pipeline`] wires them together.
 //!
 //! ```no_run
 //! use hubnorm::options::{Beta, MethodSpec, PassOptions};
@@ -30,7 +31,13 @@
 //!     queries: "queries.parquet".into(),
 //!     gallery: "gallery/".into(),
 //!     bank: "bank/*.parquet".into(),
-//!     methods: vec![MethodSpec::InvertedSoftmax { beta: Beta(20.0) }],
+//!     gallery_bank: None,
+//!     bank_sample: None,
+//!     transductive: false,
+//!     methods: vec![
+//!         MethodSpec::InvertedSoftmax { beta: Beta(20.0) },
+//!         MethodSpec::NearestNeighbour { alpha: 0.75, k: 128 },
+//!     ],
 //!     k: 10,
 //!     out_dir: "out".into(),
 //!     overwrite: false,

@@ -66,6 +66,9 @@ impl ColumnKind {
     }
 }
 
+/// A column of the stats file: its name and kind.
+pub type NamedColumn = (String, ColumnKind);
+
 /// The statistics requested from the banks by a set of methods, and how
 /// they turn into columns.
 #[derive(Debug, Clone)]
@@ -180,9 +183,10 @@ impl StatsLayout {
         self.keep_all
     }
 
-    /// Columns written as each chunk finishes, then the activation columns
-    /// known only at the end: (name, kind) in schema order after `gallery_id`.
-    pub fn columns(&self) -> (Vec<(String, ColumnKind)>, Vec<(String, ColumnKind)>) {
+    /// Columns written as each chunk finishes, then the columns known only
+    /// at the end (activation sets, Sinkhorn potentials), in schema order
+    /// after `gallery_id`.
+    pub fn columns(&self) -> (Vec<NamedColumn>, Vec<NamedColumn>) {
         let mut early = Vec::new();
         let mut late = Vec::new();
         for m in &self.methods {
