@@ -352,19 +352,34 @@ fn read_columns(path: &Path, index: &IdIndex, names: &[String]) -> Result<Vec<Co
             )
         })?;
         positions.push(col);
-        out.push(match schema.field(col).data_type() {
-            DataType::Float64 => ColumnValues::Float64(vec![0.0; n]),
-            DataType::Boolean => ColumnValues::Boolean(vec![false; n]),
-            DataType::List(_) => ColumnValues::ListFloat32 {
-                values: Vec::new(),
-                width: 0,
-            },
-            other => {
+        // The type each column must have, from its name's suffix.
+        let expected = if name.ends_with("_active") {
+            DataType::Boolean
+        } else if name.ends_with("_sorted_sims") || name.ends_with("_topk") {
+            DataType::List(std::sync::Arc::new(arrow::datatypes::Field::new(
+                "item",
+                DataType::Float32,
+                false,
+            )))
+        } else {
+            DataType::Float64
+        };
+        let actual = schema.field(col).data_type();
+        out.push(match (actual, &expected) {
+            (DataType::Float64, DataType::Float64) => ColumnValues::Float64(vec![0.0; n]),
+            (DataType::Boolean, DataType::Boolean) => ColumnValues::Boolean(vec![false; n]),
+            (DataType::List(item), DataType::List(_)) if item.data_type() == &DataType::Float32 => {
+                ColumnValues::ListFloat32 {
+                    values: Vec::new(),
+                    width: 0,
+                }
+            }
+            (other, _) => {
                 return Err(HubnormError::input(
                     path,
                     None,
                     Some(name),
-                    format!("unexpected type {other}"),
+                    format!("has type {other}, expected {expected}"),
                 ))
             }
         });

@@ -690,3 +690,40 @@ fn small_query_block_split_over_gallery_columns_is_exact() {
     assert_eq!(results_of(dir.path(), "two"), results_of(dir.path(), "one"));
     check_against_reference(&c, &dir.path().join("two"), &two, 10);
 }
+
+/// A stats file whose statistic column has the wrong type is bad input
+/// (exit code 2, the file and column named), not a panic.
+#[test]
+fn a_stats_column_of_the_wrong_type_is_refused() {
+    use arrow::array::{ArrayRef, BooleanArray, StringArray};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let c = case(15, 5, 30, 20, 4);
+    write_case(dir.path(), &c);
+    let stats = dir.path().join("stats.parquet");
+    let ids: ArrayRef = Arc::new(StringArray::from(c.gallery.ids.clone()));
+    let flags: ArrayRef = Arc::new(BooleanArray::from(vec![true; c.gallery.rows()]));
+    write_columns(&stats, vec![("gallery_id", ids), ("is_beta20_correction", flags)]);
+    let path = |n: &str| dir.path().join(n).display().to_string();
+    let err = pipeline::run_search(
+        &SearchJob {
+            queries: path("queries.parquet"),
+            gallery: path("gallery.parquet"),
+            stats: Some(stats),
+            methods: vec![MethodSpec::InvertedSoftmax { beta: Beta(20.0) }],
+            k: 5,
+            out: dir.path().join("out.parquet"),
+            overwrite: false,
+            options: PassOptions::default(),
+        },
+        &Silent,
+    )
+    .unwrap_err();
+    assert_eq!(err.exit_code(), 2);
+    let message = err.to_string();
+    assert!(
+        message.contains("is_beta20_correction") && message.contains("expected Float64"),
+        "{message}"
+    );
+    assert!(!dir.path().join("out.parquet").exists());
+}

@@ -60,8 +60,8 @@ pub struct CommonArgs {
 /// Which methods, and their hyperparameters (defaults as in METHODS.md).
 #[derive(Debug, Clone, Args)]
 pub struct MethodArgs {
-    /// One method: none, is, dis, nnn, csls, gc, dn, dual-is or dual-dis
-    /// (see the README's method table).
+    /// One method: none, is, dis, nnn, csls, gc, dn, dual-is, dual-dis, sn,
+    /// dbsn, dsl or sinkhorn-pp (see docs/methods.md).
     #[arg(long, conflicts_with = "methods")]
     pub method: Option<String>,
     /// Several methods, comma separated, computed in one stream over the
