@@ -219,6 +219,28 @@ fn plan_marginals_converge_and_tolerance_stops_early() {
     let stopped = sinkhorn_potentials(&request(300, Some(tolerance)), &Silent).unwrap();
     assert!(stopped.iterations < 300 && stopped.iterations > 2, "{}", stopped.iterations);
     assert!(stopped.marginal_error <= tolerance);
+    // The tile cache is taken only when the blocks still fit beside it: at
+    // the smallest limit that runs at all, the sweeps run uncached (rather
+    // than the job being refused for a cache it does not need), and every
+    // larger limit runs too, cached once the 1 MB matrix fits.
+    let mut first_fit = None;
+    let mut last = None;
+    for quarter_mib in 16..160usize {
+        let mut r = request(1, None);
+        r.budget = quarter_mib << 18;
+        match (sinkhorn_potentials(&r, &Silent), first_fit) {
+            (Ok(outcome), None) => {
+                assert!(!outcome.cached, "cached at the smallest limit, {quarter_mib}/4 MiB");
+                first_fit = Some(quarter_mib);
+            }
+            (Ok(outcome), Some(_)) => last = Some(outcome),
+            (Err(_), None) => {}
+            (Err(e), Some(fit)) => {
+                panic!("{quarter_mib}/4 MiB refused after {fit}/4 MiB fitted: {e}")
+            }
+        }
+    }
+    assert!(first_fit.is_some() && last.expect("larger limits ran").cached);
 }
 
 /// METHODS.md: with the source update skipped (g ≡ 0), one target update is

@@ -81,8 +81,7 @@ pub fn sinkhorn_potentials(
     let free = request
         .budget
         .saturating_sub(request.resident_bytes + potential_bytes);
-    let cache = matrix_bytes <= free / 2;
-    let plan = PlanRequest {
+    let request_for = |cache: bool| PlanRequest {
         budget: request.budget,
         threads,
         dim,
@@ -97,8 +96,17 @@ pub fn sinkhorn_potentials(
         inner_total_rows: m,
         outer_align: TILE_COLS,
         inner_align: TILE_ROWS,
-    }
-    .plan()?;
+    };
+    // Cache the tiles when they fit half of what is free and the blocks
+    // still fit beside them; otherwise recompute them every sweep.
+    let cached_plan = (matrix_bytes <= free / 2)
+        .then(|| request_for(true).plan().ok())
+        .flatten();
+    let cache = cached_plan.is_some();
+    let plan = match cached_plan {
+        Some(plan) => plan,
+        None => request_for(false).plan()?,
+    };
     let mut sweeps = Sweeper {
         sources,
         targets: request
