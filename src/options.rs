@@ -281,9 +281,7 @@ impl MethodSpec {
             MethodSpec::GloballyCorrected => MethodKind::GloballyCorrected,
             MethodSpec::DistributionNormalisation { .. } => MethodKind::DistributionNormalisation,
             MethodSpec::DualInvertedSoftmax { .. } => MethodKind::DualInvertedSoftmax,
-            MethodSpec::DualDynamicInvertedSoftmax { .. } => {
-                MethodKind::DualDynamicInvertedSoftmax
-            }
+            MethodSpec::DualDynamicInvertedSoftmax { .. } => MethodKind::DualDynamicInvertedSoftmax,
             MethodSpec::Sinkhorn { .. } => MethodKind::Sinkhorn,
             MethodSpec::DualBankSinkhorn { .. } => MethodKind::DualBankSinkhorn,
             MethodSpec::DualSoftmax { .. } => MethodKind::DualSoftmax,
@@ -661,7 +659,10 @@ mod column_tests {
         assert_eq!(prefix(MethodKind::InvertedSoftmax), "is_beta20");
         assert_eq!(prefix(MethodKind::DynamicInvertedSoftmax), "dis_beta20_ka1");
         assert_eq!(prefix(MethodKind::NearestNeighbour), "nnn_alpha0.75_k128");
-        assert_eq!(prefix(MethodKind::DualInvertedSoftmax), "dual_is_beta1_20_beta2_1");
+        assert_eq!(
+            prefix(MethodKind::DualInvertedSoftmax),
+            "dual_is_beta1_20_beta2_1"
+        );
         assert_eq!(prefix(MethodKind::GloballyCorrected), "gc");
     }
 }

@@ -14,7 +14,9 @@ use crate::kernel::{QueryState, TopK};
 use crate::options::{human_bytes, BankSample, MethodKind, MethodSpec, PassOptions};
 use crate::progress::Progress;
 use crate::query::sinkhorn_pp::SingleQuerySinkhorn;
-use crate::query::{search, MethodRule, QueryBlockResult, QueryTerm, ScoringPlan, SearchRequest, Selection};
+use crate::query::{
+    search, MethodRule, QueryBlockResult, QueryTerm, ScoringPlan, SearchRequest, Selection,
+};
 use crate::report::{KOccurrence, RetrievalMetrics};
 use crate::sink::{write_text_atomically, AtomicFile, ParquetSink};
 use crate::source::{EmbeddingTable, IdKind};
@@ -165,9 +167,7 @@ fn open_banks(
     let bank = open_bank("bank", bank, options, sample)?;
     let uses_gallery_bank = methods.iter().any(|m| m.kind().uses_gallery_bank());
     let gallery_bank = match gallery_bank {
-        Some(spec) if uses_gallery_bank => {
-            Some(open_bank("gallery bank", spec, options, sample)?)
-        }
+        Some(spec) if uses_gallery_bank => Some(open_bank("gallery bank", spec, options, sample)?),
         _ => None,
     };
     for table in std::iter::once(&bank).chain(&gallery_bank) {
@@ -211,7 +211,11 @@ fn check_bank_sizes(
             MethodSpec::NearestNeighbour { k, .. } | MethodSpec::Csls { k }
                 if k as u64 > bank.rows =>
             {
-                let flag = if m.kind() == MethodKind::Csls { "--csls-k" } else { "--nnn-k" };
+                let flag = if m.kind() == MethodKind::Csls {
+                    "--csls-k"
+                } else {
+                    "--nnn-k"
+                };
                 return Err(HubnormError::Usage(format!(
                     "{flag} {k} is larger than the bank ({} rows); method {} averages the k most similar bank items",
                     bank.rows,
@@ -284,7 +288,6 @@ pub fn results_schema(query_ids: IdKind, gallery_ids: IdKind) -> SchemaRef {
         Field::new("raw_score", DataType::Float32, false),
     ]))
 }
-
 
 /// Which scoring `rule` reports for the query whose states are `states`.
 fn selected_scoring(rule: &MethodRule, states: &[QueryState]) -> usize {
@@ -365,7 +368,10 @@ impl<'a> ResultsCollector<'a> {
             search_k,
             gallery_ids,
             k,
-            occurrence: rules.iter().map(|_| KOccurrence::new(SKEWNESS_K, n)).collect(),
+            occurrence: rules
+                .iter()
+                .map(|_| KOccurrence::new(SKEWNESS_K, n))
+                .collect(),
             quality: rules.iter().map(|_| RetrievalMetrics::default()).collect(),
             normalised: vec![0; rules.len()],
             queries: 0,
@@ -479,9 +485,8 @@ fn write_results(
     let search_k = k.max(SKEWNESS_K).max(plan.neighbours_needed());
     let mut collector =
         ResultsCollector::new(schema, &plan.methods, protocol, index.ids(), k, search_k);
-    let resident = index.memory_bytes()
-        + plan.memory_bytes()
-        + plan.methods.len() * index.len() * 4;
+    let resident =
+        index.memory_bytes() + plan.memory_bytes() + plan.methods.len() * index.len() * 4;
     let request = SearchRequest {
         queries,
         gallery,
@@ -617,7 +622,10 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
     methods.extend(job.methods.iter().filter(|m| m.kind() != MethodKind::None));
     let methods = check_methods(&methods, job.gallery_bank.is_some())?;
     if job.transductive {
-        if let Some(m) = methods.iter().find(|m| !m.kind().has_transductive_variant()) {
+        if let Some(m) = methods
+            .iter()
+            .find(|m| !m.kind().has_transductive_variant())
+        {
             return Err(HubnormError::Usage(format!(
                 "--transductive uses the test queries as the bank, which METHODS.md defines for is, sn, dsl and sinkhorn-pp only, not {}",
                 m.kind()
@@ -633,7 +641,11 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
         if queries.dim != gallery.dim {
             return Err(crate::bank::pass::dimension_error(&queries, &gallery));
         }
-        let bank_spec = if job.transductive { &job.queries } else { &job.bank };
+        let bank_spec = if job.transductive {
+            &job.queries
+        } else {
+            &job.bank
+        };
         let banks = open_banks(
             bank_spec,
             job.gallery_bank.as_deref(),

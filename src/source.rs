@@ -290,8 +290,9 @@ impl EmbeddingTable {
         }
         use rand::SeedableRng;
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let total = usize::try_from(self.rows)
-            .map_err(|_| HubnormError::Usage(format!("the {} is too large to sample", self.role)))?;
+        let total = usize::try_from(self.rows).map_err(|_| {
+            HubnormError::Usage(format!("the {} is too large to sample", self.role))
+        })?;
         let mut words = vec![0u64; total.div_ceil(64)];
         for i in rand::seq::index::sample(&mut rng, total, rows as usize) {
             words[i / 64] |= 1 << (i % 64);

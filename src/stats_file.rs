@@ -106,9 +106,8 @@ pub fn write_stats(
     // Activation columns are known only after the last chunk: the other
     // columns go to a scratch file first and are copied next to them then.
     let direct = late.is_empty();
-    let early_schema = std::sync::Arc::new(Schema::new(
-        schema.fields()[..1 + early.len()].to_vec(),
-    ));
+    let early_schema =
+        std::sync::Arc::new(Schema::new(schema.fields()[..1 + early.len()].to_vec()));
     let mut sink = if direct {
         ParquetSink::create(out, schema.clone(), metadata.clone(), overwrite)?
     } else {
@@ -143,7 +142,10 @@ pub fn write_stats(
     let output = compute_bank_statistics(&request, progress, |chunk| {
         let mut columns = vec![chunk.gallery.ids.clone()];
         columns.extend(layout.chunk_columns(&chunk, means.as_ref())?);
-        write_in_slices(&mut sink, &RecordBatch::try_new(early_schema.clone(), columns)?)
+        write_in_slices(
+            &mut sink,
+            &RecordBatch::try_new(early_schema.clone(), columns)?,
+        )
     })?;
     if direct {
         return Ok((sink.close_uncommitted()?, Vec::new()));
@@ -173,7 +175,10 @@ pub fn write_stats(
                 tolerance: options.sinkhorn_tolerance,
                 budget: options.memory.bytes(),
                 resident_bytes: index.memory_bytes()
-                    + potentials.iter().map(|p: &Vec<f64>| p.len() * 8).sum::<usize>(),
+                    + potentials
+                        .iter()
+                        .map(|p: &Vec<f64>| p.len() * 8)
+                        .sum::<usize>(),
             },
             progress,
         )?;
@@ -188,7 +193,8 @@ pub fn write_stats(
         let key = format!("hubnorm.sinkhorn.{}", method.column_prefix());
         metadata.push((
             key,
-            serde_json::to_string(&report.json()).map_err(|e| HubnormError::Internal(e.to_string()))?,
+            serde_json::to_string(&report.json())
+                .map_err(|e| HubnormError::Internal(e.to_string()))?,
         ));
         reports.push(report);
         let mut f = outcome.target_potential;
@@ -206,7 +212,10 @@ pub fn write_stats(
         let n = batch.num_rows();
         let mut columns = batch.columns().to_vec();
         columns.extend(late_columns.iter().map(|column| column.slice(row, n)));
-        write_in_slices(&mut final_sink, &RecordBatch::try_new(schema.clone(), columns)?)?;
+        write_in_slices(
+            &mut final_sink,
+            &RecordBatch::try_new(schema.clone(), columns)?,
+        )?;
         row += n;
     }
     drop(spool);
@@ -320,7 +329,10 @@ enum ColumnValues {
     Float64(Vec<f64>),
     Boolean(Vec<bool>),
     /// `width` values per gallery row, row after row.
-    ListFloat32 { values: Vec<f32>, width: usize },
+    ListFloat32 {
+        values: Vec<f32>,
+        width: usize,
+    },
 }
 
 /// Reads columns `names` of a stats file, aligned to the gallery's rows
@@ -513,7 +525,11 @@ fn read_mean(path: &Path, metadata: &HashMap<String, String>, key: &str) -> Resu
 }
 
 /// The pass 2 plan for `methods` from a stats file (`none` needs no column).
-pub fn load_plan(path: Option<&Path>, index: &IdIndex, methods: &[MethodSpec]) -> Result<ScoringPlan> {
+pub fn load_plan(
+    path: Option<&Path>,
+    index: &IdIndex,
+    methods: &[MethodSpec],
+) -> Result<ScoringPlan> {
     let n = index.len();
     let mut plan = ScoringPlan::default();
     let needs_raw = methods.iter().any(|m| {
@@ -609,7 +625,9 @@ pub fn load_plan(path: Option<&Path>, index: &IdIndex, methods: &[MethodSpec]) -
                 };
                 // Transductive: the test queries (q among them) are the bank;
                 // otherwise the softmax is over B ∪ {q}.
-                let transductive = metadata.get("hubnorm.transductive").is_some_and(|v| v == "true");
+                let transductive = metadata
+                    .get("hubnorm.transductive")
+                    .is_some_and(|v| v == "true");
                 let s = plan.add_scoring(Scoring::DualSoftmax {
                     log_normaliser,
                     inv_theta: 1.0 / theta,

@@ -95,7 +95,10 @@ fn run_on_samples_writes_documented_outputs() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
     let methods = summary["methods"].as_array().unwrap();
-    let names: Vec<&str> = methods.iter().map(|m| m["method"].as_str().unwrap()).collect();
+    let names: Vec<&str> = methods
+        .iter()
+        .map(|m| m["method"].as_str().unwrap())
+        .collect();
     assert_eq!(
         names,
         ["none", "is", "dis", "nnn", "csls", "gc", "dn", "dual-is", "dual-dis"]
@@ -190,12 +193,25 @@ fn method_flags_gallery_bank_and_bank_sample() {
         args.extend(["--out", &stats_arg, "--overwrite"]);
         hubnorm(&args)
     };
-    let r = stats_with(&["--methods", "nnn,csls", "--alpha", "0.5", "--nnn-k", "16", "--csls-k", "4"]);
+    let r = stats_with(&[
+        "--methods",
+        "nnn,csls",
+        "--alpha",
+        "0.5",
+        "--nnn-k",
+        "16",
+        "--csls-k",
+        "4",
+    ]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let names: Vec<String> = {
         let f = std::fs::File::open(&stats).unwrap();
         let b = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).unwrap();
-        b.schema().fields().iter().map(|f| f.name().clone()).collect()
+        b.schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect()
     };
     assert_eq!(
         names,
@@ -218,13 +234,29 @@ fn method_flags_gallery_bank_and_bank_sample() {
     let r = stats_with(&["--method", "gc", "--memory-limit", "4MiB"]);
     assert_eq!(r.status.code(), Some(2));
     let err = String::from_utf8_lossy(&r.stderr);
-    assert!(err.contains("2.3 MiB") && err.contains("--bank-sample"), "{err}");
+    assert!(
+        err.contains("2.3 MiB") && err.contains("--bank-sample"),
+        "{err}"
+    );
     // Refused jobs leave the earlier output (even with --overwrite) untouched.
     assert_eq!(std::fs::read(&stats).unwrap(), before);
-    let r = stats_with(&["--method", "gc", "--memory-limit", "40MiB", "--bank-sample", "300", "--seed", "7"]);
+    let r = stats_with(&[
+        "--method",
+        "gc",
+        "--memory-limit",
+        "40MiB",
+        "--bank-sample",
+        "300",
+        "--seed",
+        "7",
+    ]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let meta = parquet_metadata(&stats);
-    let get = |k: &str| meta.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+    let get = |k: &str| {
+        meta.iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.clone())
+    };
     assert_eq!(get("hubnorm.bank.rows").as_deref(), Some("300"));
     assert_eq!(get("hubnorm.bank_sample.seed").as_deref(), Some("7"));
 }

@@ -168,7 +168,12 @@ fn every_method_on_the_dev_data() {
     {
         let want = &expected[key];
         let q = ours.quality.as_ref().unwrap();
-        for (got, name) in [(q.r1, "R@1"), (q.r5, "R@5"), (q.r10, "R@10"), (q.mrr, "MRR")] {
+        for (got, name) in [
+            (q.r1, "R@1"),
+            (q.r5, "R@5"),
+            (q.r10, "R@10"),
+            (q.mrr, "MRR"),
+        ] {
             let w = want[name].as_f64().unwrap();
             assert!((got - w).abs() <= 1e-4, "{key} {name}: {got} vs {w}");
         }
@@ -179,7 +184,10 @@ fn every_method_on_the_dev_data() {
     let want = expected["dynamic_inverted_softmax"]["frac_queries_normalised"]
         .as_f64()
         .unwrap();
-    assert!((fraction - want).abs() < 1e-9, "dis normalised {fraction} vs {want}");
+    assert!(
+        (fraction - want).abs() < 1e-9,
+        "dis normalised {fraction} vs {want}"
+    );
 }
 
 /// The transductive variants (the test queries as the bank) against the
@@ -227,7 +235,10 @@ fn transductive_methods_on_the_dev_data() {
         let got = [q.r1, q.r5, q.r10, q.mrr, ours.k_occurrence_skewness];
         for (i, (g, w)) in got.iter().zip(want).enumerate() {
             let tol = if i < 4 { 2e-3 } else { 5e-3 };
-            assert!((g - w).abs() <= tol, "{name} transductive figure {i}: {g} vs {w}");
+            assert!(
+                (g - w).abs() <= tol,
+                "{name} transductive figure {i}: {g} vs {w}"
+            );
         }
     }
 }

@@ -428,7 +428,9 @@ fn every_method_stats_then_search_equals_run() {
         .filter(|&k| k != MethodKind::SinkhornPp)
         .map(MethodSpec::default_for)
         .map(|m| match m {
-            MethodSpec::NearestNeighbour { alpha, .. } => MethodSpec::NearestNeighbour { alpha, k: 32 },
+            MethodSpec::NearestNeighbour { alpha, .. } => {
+                MethodSpec::NearestNeighbour { alpha, k: 32 }
+            }
             other => other,
         })
         .collect();
@@ -439,7 +441,10 @@ fn every_method_stats_then_search_equals_run() {
     let names: Vec<&str> = summary.methods.iter().map(|m| m.method.as_str()).collect();
     assert_eq!(
         names,
-        ["none", "is", "dis", "nnn", "csls", "gc", "dn", "dual-is", "dual-dis", "sn", "dbsn", "dsl"]
+        [
+            "none", "is", "dis", "nnn", "csls", "gc", "dn", "dual-is", "dual-dis", "sn", "dbsn",
+            "dsl"
+        ]
     );
     let stats_path = dir.path().join("stats.parquet");
     pipeline::run_stats(
@@ -478,7 +483,12 @@ fn every_method_stats_then_search_equals_run() {
         let file = std::fs::File::open(&stats_path).unwrap();
         let builder =
             parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
-        builder.schema().fields().iter().map(|f| f.name().clone()).collect()
+        builder
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect()
     };
     for expected in [
         "gallery_id",
@@ -494,7 +504,10 @@ fn every_method_stats_then_search_equals_run() {
         "dbsn_tau0.01_t10_correction",
         "dsl_theta0.01_log_normaliser",
     ] {
-        assert!(columns.iter().any(|c| c == expected), "{expected} not in {columns:?}");
+        assert!(
+            columns.iter().any(|c| c == expected),
+            "{expected} not in {columns:?}"
+        );
     }
 }
 
@@ -703,7 +716,10 @@ fn a_stats_column_of_the_wrong_type_is_refused() {
     let stats = dir.path().join("stats.parquet");
     let ids: ArrayRef = Arc::new(StringArray::from(c.gallery.ids.clone()));
     let flags: ArrayRef = Arc::new(BooleanArray::from(vec![true; c.gallery.rows()]));
-    write_columns(&stats, vec![("gallery_id", ids), ("is_beta20_correction", flags)]);
+    write_columns(
+        &stats,
+        vec![("gallery_id", ids), ("is_beta20_correction", flags)],
+    );
     let path = |n: &str| dir.path().join(n).display().to_string();
     let err = pipeline::run_search(
         &SearchJob {

@@ -70,7 +70,12 @@ fn write_case(dir: &Path, c: &Case) {
         ("bank", &c.bank),
         ("gallery_bank", &c.gallery_bank),
     ] {
-        write_table(&dir.join(format!("{name}.parquet")), table, Layout::FixedF32, false);
+        write_table(
+            &dir.join(format!("{name}.parquet")),
+            table,
+            Layout::FixedF32,
+            false,
+        );
     }
 }
 
@@ -127,12 +132,25 @@ fn check(c: &Case, dir: &Path, out: &str, summary: &RunSummary, expected: &[(&st
 fn sn_and_dbsn_match_the_dense_reference_cached_and_streamed() {
     let dir = tempfile::tempdir().unwrap();
     let dim = 256;
-    let c = case(21, 60, TILE_COLS * 2 + 7, TILE_ROWS * 3 + 3, TILE_COLS + 5, dim);
+    let c = case(
+        21,
+        60,
+        TILE_COLS * 2 + 7,
+        TILE_ROWS * 3 + 3,
+        TILE_COLS + 5,
+        dim,
+    );
     write_case(dir.path(), &c);
     let tau = 0.05;
     let methods = vec![
-        MethodSpec::Sinkhorn { tau, iterations: 10 },
-        MethodSpec::DualBankSinkhorn { tau, iterations: 10 },
+        MethodSpec::Sinkhorn {
+            tau,
+            iterations: 10,
+        },
+        MethodSpec::DualBankSinkhorn {
+            tau,
+            iterations: 10,
+        },
     ];
     let g = to_f64(&c.gallery, true);
     let b = to_f64(&c.bank, true);
@@ -142,16 +160,25 @@ fn sn_and_dbsn_match_the_dense_reference_cached_and_streamed() {
     let (f_dbsn, _) = reference_sinkhorn(&similarities(&b, &targets), tau, 10);
     let expected = [("sn", f_sn), ("dbsn", f_dbsn)];
 
-    let cached = pipeline::run(&job(dir.path(), "cached", methods.clone(), "2GiB", 2), &Silent).unwrap();
+    let cached = pipeline::run(
+        &job(dir.path(), "cached", methods.clone(), "2GiB", 2),
+        &Silent,
+    )
+    .unwrap();
     for m in &cached.methods[1..] {
         let report = m.sinkhorn.as_ref().unwrap();
-        assert!(report.cached_tiles && report.bank_blocks == 1, "{}: {report:?}", m.method);
+        assert!(
+            report.cached_tiles && report.bank_blocks == 1,
+            "{}: {report:?}",
+            m.method
+        );
     }
     check(&c, dir.path(), "cached", &cached, &expected);
 
     // 18 MiB on one thread at d = 256: the 1539-row bank (1.6 MB) no longer
     // fits beside a 2048-item gallery chunk, nor does any matrix.
-    let streamed = pipeline::run(&job(dir.path(), "streamed", methods, "18MiB", 1), &Silent).unwrap();
+    let streamed =
+        pipeline::run(&job(dir.path(), "streamed", methods, "18MiB", 1), &Silent).unwrap();
     for m in &streamed.methods[1..] {
         let report = m.sinkhorn.as_ref().unwrap();
         assert!(
@@ -177,7 +204,10 @@ fn plan_marginals_converge_and_tolerance_stops_early() {
     let open = |name: &str| {
         EmbeddingTable::open(
             name,
-            &dir.path().join(format!("{name}.parquet")).display().to_string(),
+            &dir.path()
+                .join(format!("{name}.parquet"))
+                .display()
+                .to_string(),
             &options,
             false,
         )
@@ -208,16 +238,27 @@ fn plan_marginals_converge_and_tolerance_stops_early() {
         .map(|t| ((0..m).map(|b| plan(b, t)).sum::<f64>() * n as f64 - 1.0).abs())
         .fold(0.0, f64::max);
     assert!(worst_row < 1e-3, "row marginals off by {worst_row}");
-    assert!(worst_column < 1e-3, "column marginals off by {worst_column}");
+    assert!(
+        worst_column < 1e-3,
+        "column marginals off by {worst_column}"
+    );
     // The reported error is the plan's row error (up to the f32 similarities).
-    assert!((outcome.marginal_error - worst_row).abs() < 1e-4, "{}", outcome.marginal_error);
+    assert!(
+        (outcome.marginal_error - worst_row).abs() < 1e-4,
+        "{}",
+        outcome.marginal_error
+    );
     // After 2 iterations the plan is far from converged; a tolerance of 10×
     // the 300-iteration error stops before 300 with an error within it.
     let early = sinkhorn_potentials(&request(2, None), &Silent).unwrap();
     assert!(early.marginal_error > 10.0 * outcome.marginal_error);
     let tolerance = (outcome.marginal_error * 10.0).max(1e-6);
     let stopped = sinkhorn_potentials(&request(300, Some(tolerance)), &Silent).unwrap();
-    assert!(stopped.iterations < 300 && stopped.iterations > 2, "{}", stopped.iterations);
+    assert!(
+        stopped.iterations < 300 && stopped.iterations > 2,
+        "{}",
+        stopped.iterations
+    );
     assert!(stopped.marginal_error <= tolerance);
     // The tile cache is taken only when the blocks still fit beside it: at
     // the smallest limit that runs at all, the sweeps run uncached (rather
@@ -230,7 +271,10 @@ fn plan_marginals_converge_and_tolerance_stops_early() {
         r.budget = quarter_mib << 18;
         match (sinkhorn_potentials(&r, &Silent), first_fit) {
             (Ok(outcome), None) => {
-                assert!(!outcome.cached, "cached at the smallest limit, {quarter_mib}/4 MiB");
+                assert!(
+                    !outcome.cached,
+                    "cached at the smallest limit, {quarter_mib}/4 MiB"
+                );
                 first_fit = Some(quarter_mib);
             }
             (Ok(outcome), Some(_)) => last = Some(outcome),
@@ -252,7 +296,15 @@ fn one_target_update_without_the_source_update_is_inverted_softmax() {
     let c = case(23, 30, TILE_COLS + 3, TILE_ROWS + 1, 10, dim);
     write_case(dir.path(), &c);
     let tau = 0.0625; // β = 16 exactly
-    let mut j = job(dir.path(), "is", vec![MethodSpec::InvertedSoftmax { beta: Beta(1.0 / tau) }], "2GiB", 2);
+    let mut j = job(
+        dir.path(),
+        "is",
+        vec![MethodSpec::InvertedSoftmax {
+            beta: Beta(1.0 / tau),
+        }],
+        "2GiB",
+        2,
+    );
     j.gallery_bank = None;
     pipeline::run(&j, &Silent).unwrap();
     let stats = dir.path().join("is").join("gallery_stats.parquet");
@@ -266,10 +318,20 @@ fn one_target_update_without_the_source_update_is_inverted_softmax() {
         let batch = batch.unwrap();
         use arrow::array::AsArray;
         let column = batch.column_by_name("is_beta16_correction").unwrap();
-        h.extend(column.as_primitive::<arrow::datatypes::Float64Type>().values().iter().copied());
+        h.extend(
+            column
+                .as_primitive::<arrow::datatypes::Float64Type>()
+                .values()
+                .iter()
+                .copied(),
+        );
     }
     let norm = |t: &Table| -> Vec<f32> {
-        to_f64(t, true).into_iter().flatten().map(|v| v as f32).collect()
+        to_f64(t, true)
+            .into_iter()
+            .flatten()
+            .map(|v| v as f32)
+            .collect()
     };
     let (g, b) = (norm(&c.gallery), norm(&c.bank));
     let n = c.gallery.rows();
@@ -305,7 +367,10 @@ fn transductive_uses_the_queries_as_the_bank() {
         "tr",
         vec![
             MethodSpec::InvertedSoftmax { beta: Beta(20.0) },
-            MethodSpec::Sinkhorn { tau, iterations: 10 },
+            MethodSpec::Sinkhorn {
+                tau,
+                iterations: 10,
+            },
         ],
         "2GiB",
         2,
@@ -377,12 +442,24 @@ fn dual_softmax_matches_the_dense_reference_with_a_bank_and_transductive() {
             .collect()
     };
     let gallery_row = |id: &str| c.gallery.ids.iter().position(|x| x == id).unwrap();
-    for (out, transductive, memory, threads) in [("bank", false, "18MiB", 1), ("tr", true, "2GiB", 2)] {
-        let mut j = job(dir.path(), out, vec![MethodSpec::DualSoftmax { theta }], memory, threads);
+    for (out, transductive, memory, threads) in
+        [("bank", false, "18MiB", 1), ("tr", true, "2GiB", 2)]
+    {
+        let mut j = job(
+            dir.path(),
+            out,
+            vec![MethodSpec::DualSoftmax { theta }],
+            memory,
+            threads,
+        );
         j.gallery_bank = None;
         j.transductive = transductive;
         let summary = pipeline::run(&j, &Silent).unwrap();
-        let expected = if transductive { dense(&q, false) } else { dense(&b, true) };
+        let expected = if transductive {
+            dense(&q, false)
+        } else {
+            dense(&b, true)
+        };
         let rows = read_results(&dir.path().join(out).join("results.parquet"));
         let mut hits = 0;
         for (qi, qid) in c.queries.ids.iter().enumerate() {
@@ -396,7 +473,10 @@ fn dual_softmax_matches_the_dense_reference_with_a_bank_and_transductive() {
             hits += (reference_rank(&expected[qi], target) <= 1.0) as usize;
         }
         let r1 = summary.methods[1].quality.as_ref().unwrap().r1;
-        assert!((r1 - hits as f64 / q.len() as f64).abs() < 1e-12, "{out}: R@1 {r1}");
+        assert!(
+            (r1 - hits as f64 / q.len() as f64).abs() < 1e-12,
+            "{out}: R@1 {r1}"
+        );
     }
 }
 
@@ -425,7 +505,9 @@ fn single_query_sinkhorn_matches_the_dense_reference_and_refuses_large_jobs() {
     let rows = read_results(&dir.path().join("pp").join("results.parquet"));
     let gallery_row = |id: &str| c.gallery.ids.iter().position(|x| x == id).unwrap();
     for (qi, qid) in c.queries.ids.iter().enumerate() {
-        let stack: Vec<Vec<f64>> = std::iter::once(q[qi].clone()).chain(b.iter().cloned()).collect();
+        let stack: Vec<Vec<f64>> = std::iter::once(q[qi].clone())
+            .chain(b.iter().cloned())
+            .collect();
         let (f, _) = reference_sinkhorn(&similarities(&stack, &g), tau, iterations);
         let scores: Vec<f64> = (0..g.len()).map(|t| dot(&q[qi], &g[t]) - f[t]).collect();
         let ours: Vec<(usize, f32)> = rows
@@ -442,6 +524,9 @@ fn single_query_sinkhorn_matches_the_dense_reference_and_refuses_large_jobs() {
     }];
     j.out_dir = dir.path().join("refused");
     let err = pipeline::run(&j, &Silent).unwrap_err().to_string();
-    assert!(err.contains("exp evaluations") && err.contains("--method sn"), "{err}");
+    assert!(
+        err.contains("exp evaluations") && err.contains("--method sn"),
+        "{err}"
+    );
     assert!(!dir.path().join("refused").join("results.parquet").exists());
 }

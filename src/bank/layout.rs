@@ -113,7 +113,9 @@ impl StatsLayout {
                 | MethodSpec::DualBankSinkhorn { .. }
                 | MethodSpec::SinkhornPp { .. } => {}
                 MethodSpec::InvertedSoftmax { beta } => push_unique(&mut layout.bank_betas, beta.0),
-                MethodSpec::DualSoftmax { theta } => push_unique(&mut layout.bank_betas, 1.0 / theta),
+                MethodSpec::DualSoftmax { theta } => {
+                    push_unique(&mut layout.bank_betas, 1.0 / theta)
+                }
                 MethodSpec::DynamicInvertedSoftmax { beta, activation_k } => {
                     push_unique(&mut layout.bank_betas, beta.0);
                     layout.bank_activation_k = layout.bank_activation_k.max(activation_k);
@@ -266,7 +268,11 @@ impl StatsLayout {
             })
             .sum::<usize>()
             + self.column_top_k * 4 * 2
-            + if self.keep_all { bank_rows as usize * 4 } else { 0 }
+            + if self.keep_all {
+                bank_rows as usize * 4
+            } else {
+                0
+            }
     }
 
     /// The early columns of one finished gallery chunk, in schema order
@@ -378,7 +384,9 @@ impl StatsLayout {
                     columns.push(active(&output.gallery_bank_activation, *activation_k));
                 }
                 MethodSpec::Sinkhorn { .. } | MethodSpec::DualBankSinkhorn { .. } => {
-                    let f = potentials.next().expect("one potential per Sinkhorn method");
+                    let f = potentials
+                        .next()
+                        .expect("one potential per Sinkhorn method");
                     columns.push(Arc::new(Float64Array::from(f[..gallery_rows].to_vec())));
                 }
                 _ => {}

@@ -204,7 +204,8 @@ pub fn compute_bank_statistics(
             rows_done.advance(chunk.rows, 1);
         }
         let mut states = states.into_iter();
-        let state_of = |input: &Option<BankInput<'_>>, states: &mut std::vec::IntoIter<ColumnStates>| {
+        let state_of = |input: &Option<BankInput<'_>>,
+                        states: &mut std::vec::IntoIter<ColumnStates>| {
             match input {
                 Some(b) if b.request.needs_tiles() => states.next().expect("one per bank"),
                 _ => ColumnStates::new(chunk.rows, &empty, 0),

@@ -261,7 +261,13 @@ impl Sweeper<'_> {
                     } else {
                         TileSource::Compute
                     };
-                    fold.visit(rows, cols, bank_block.first_row as usize, source, &mut states);
+                    fold.visit(
+                        rows,
+                        cols,
+                        bank_block.first_row as usize,
+                        source,
+                        &mut states,
+                    );
                     blocks += 1;
                     Ok(())
                 })?;

@@ -135,7 +135,10 @@ impl ActivationState {
     pub fn memory_bytes(&self) -> usize {
         self.per_bank_item
             .iter()
-            .map(|t| std::mem::size_of::<TopK>() + t.k() * std::mem::size_of::<crate::kernel::Candidate>())
+            .map(|t| {
+                std::mem::size_of::<TopK>()
+                    + t.k() * std::mem::size_of::<crate::kernel::Candidate>()
+            })
             .sum()
     }
 
@@ -196,7 +199,11 @@ mod tests {
 
     #[test]
     fn activation_merges_across_gallery_chunks() {
-        let cand = |score, row| Candidate { score, raw: score, row };
+        let cand = |score, row| Candidate {
+            score,
+            raw: score,
+            row,
+        };
         let mut chunk1 = ActivationState::new(2, 1);
         let mut t = TopK::new(1);
         t.push(cand(0.9, 0));
@@ -210,9 +217,6 @@ mod tests {
         u.push(cand(0.7, 3));
         chunk2.merge_rows(0, &[t, u]);
         chunk1.merge(&chunk2);
-        assert_eq!(
-            chunk1.activated(5),
-            vec![true, false, false, true, false]
-        );
+        assert_eq!(chunk1.activated(5), vec![true, false, false, true, false]);
     }
 }

@@ -131,7 +131,9 @@ impl ColumnStates {
                 Vec::new()
             },
             all: if request.keep_all {
-                (0..cols).map(|_| Vec::with_capacity(all_capacity)).collect()
+                (0..cols)
+                    .map(|_| Vec::with_capacity(all_capacity))
+                    .collect()
             } else {
                 Vec::new()
             },
@@ -146,7 +148,11 @@ impl ColumnStates {
 /// # Panics
 /// When the dimensions differ, `states.len() != cols.rows * betas.len()`, or a β is not positive.
 pub fn column_log_sum_exp(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states: &mut [LogSumExp]) {
-    assert_eq!(states.len(), cols.rows * betas.len(), "one state per column and β");
+    assert_eq!(
+        states.len(),
+        cols.rows * betas.len(),
+        "one state per column and β"
+    );
     let request = ColumnStatsRequest {
         betas,
         ..ColumnStatsRequest::default()
@@ -181,7 +187,11 @@ pub fn column_statistics(
 ) -> Vec<TopK> {
     let nb = request.betas.len();
     assert_eq!(rows.dim, cols.dim, "dimension mismatch");
-    assert_eq!(states.lse.len(), cols.rows * nb, "one state per column and β");
+    assert_eq!(
+        states.lse.len(),
+        cols.rows * nb,
+        "one state per column and β"
+    );
     assert!(states.top.is_empty() || states.top.len() == cols.rows);
     assert!(states.all.is_empty() || states.all.len() == cols.rows);
     assert!(request.betas.iter().all(|&b| b > 0.0), "β must be positive");
@@ -721,7 +731,12 @@ fn compare_to_target(
 /// A scan for scorings that are not a vectorisable subtraction (`dsl`):
 /// each score computed by [`ColumnScoring::score`], columns in increasing
 /// order so the strict threshold prefilter keeps ties by row.
-fn scan_transformed(scores: &[f32], scoring: &ColumnScoring<'_>, col0: u32, state: &mut QueryState) {
+fn scan_transformed(
+    scores: &[f32],
+    scoring: &ColumnScoring<'_>,
+    col0: u32,
+    state: &mut QueryState,
+) {
     let counting = !state.target.is_nan();
     for (j, &s) in scores.iter().enumerate() {
         let v = scoring.score(j, s);

@@ -401,7 +401,9 @@ mod tests {
         let col_shift = pseudo_random(nc, 6);
         let inv_tau = 10.0f32;
         let s = |i: usize, j: usize| -> f64 {
-            (0..dim).map(|d| a[i * dim + d] as f64 * b[j * dim + d] as f64).sum()
+            (0..dim)
+                .map(|d| a[i * dim + d] as f64 * b[j * dim + d] as f64)
+                .sum()
         };
         let (rows, cols) = (Rows::new(&a, dim), Rows::new(&b, dim));
         let mut cache = vec![0f32; nr * nc];
@@ -410,7 +412,9 @@ mod tests {
             rows,
             cols,
             TileSource::Fill(&mut cache),
-            Sweep::Rows { col_shift: &col_shift },
+            Sweep::Rows {
+                col_shift: &col_shift,
+            },
             inv_tau,
             &mut by_row,
             &mut [],
@@ -420,7 +424,9 @@ mod tests {
             rows,
             cols,
             TileSource::Cached(&cache),
-            Sweep::Columns { row_shift: &row_shift },
+            Sweep::Columns {
+                row_shift: &row_shift,
+            },
             inv_tau,
             &mut [],
             &mut by_col,
@@ -430,7 +436,9 @@ mod tests {
             rows,
             cols,
             TileSource::Compute,
-            Sweep::Columns { row_shift: &row_shift },
+            Sweep::Columns {
+                row_shift: &row_shift,
+            },
             inv_tau,
             &mut [],
             &mut by_col_computed,
@@ -444,7 +452,10 @@ mod tests {
         for j in [0, 1, TILE_COLS - 1, TILE_COLS, nc - 1] {
             let mut direct = LogSumExp::default();
             (0..nr).for_each(|i| direct.push((s(i, j) - row_shift[i] as f64) * inv_tau as f64));
-            assert!((by_col[j].value() - direct.value()).abs() < 1e-4, "column {j}");
+            assert!(
+                (by_col[j].value() - direct.value()).abs() < 1e-4,
+                "column {j}"
+            );
         }
     }
 }

@@ -97,7 +97,10 @@ pub enum QueryTerm {
     None,
     /// CSLS: ½·mean of the query's `k` largest raw similarities over the
     /// gallery, read from scoring `raw`'s top-k.
-    HalfNeighbourMean { raw: usize, k: usize },
+    HalfNeighbourMean {
+        raw: usize,
+        k: usize,
+    },
     /// DN: λ·⟨q, μ_G⟩ − λ²·⟨μ_Q, μ_G⟩, so the score is ⟨q − λμ_Q, g − λμ_G⟩.
     DistributionShift {
         lambda: f64,
@@ -152,7 +155,10 @@ impl ScoringPlan {
 
     /// Bytes held (corrections, sorted similarities, activation sets).
     pub fn memory_bytes(&self) -> usize {
-        self.scorings.iter().map(Scoring::memory_bytes).sum::<usize>()
+        self.scorings
+            .iter()
+            .map(Scoring::memory_bytes)
+            .sum::<usize>()
             + self
                 .methods
                 .iter()

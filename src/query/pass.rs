@@ -10,8 +10,8 @@ use crate::kernel::{
 };
 use crate::plan::PlanRequest;
 use crate::progress::{Progress, RowProgress};
-use crate::query::targets::{resolve_targets, target_scores};
 use crate::query::method::Scoring;
+use crate::query::targets::{resolve_targets, target_scores};
 use crate::source::{EmbeddingBlock, EmbeddingTable};
 
 /// What pass 2 needs besides the tables.

@@ -102,7 +102,12 @@ impl SingleQuerySinkhorn {
     /// The search state of every query of a block (row-major `queries`):
     /// its top-`k` by s(q, g) − f_q(g), and the full-gallery rank counts of
     /// its best positive.
-    pub fn search_block(&self, queries: &[f32], positives: &Positives, k: usize) -> Vec<QueryState> {
+    pub fn search_block(
+        &self,
+        queries: &[f32],
+        positives: &Positives,
+        k: usize,
+    ) -> Vec<QueryState> {
         let dim = self.dim.max(1);
         let rows = queries.len() / dim;
         // Similarities of a group of queries in one GEMM (one call per query
@@ -138,7 +143,9 @@ impl SingleQuerySinkhorn {
         let target = positives
             .iter()
             .map(|&p| scores[p as usize])
-            .fold(None, |best: Option<f32>, v| Some(best.map_or(v, |b| b.max(v))));
+            .fold(None, |best: Option<f32>, v| {
+                Some(best.map_or(v, |b| b.max(v)))
+            });
         let mut state = QueryState::new(k, target);
         for (j, (&v, &s)) in scores.iter().zip(raw).enumerate() {
             if let Some(t) = target {

@@ -9,8 +9,8 @@ use arrow::array::{FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use clap::Args;
 use hubnorm::kernel::{
-    column_log_sum_exp, gemm::similarity_tile, has_avx512, search_block, ColumnScoring, LogSumExp, Positives,
-    QueryState, Rows, TILE_COLS, TILE_ROWS,
+    column_log_sum_exp, gemm::similarity_tile, has_avx512, search_block, ColumnScoring, LogSumExp,
+    Positives, QueryState, Rows, TILE_COLS, TILE_ROWS,
 };
 use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions};
 use hubnorm::pipeline;
@@ -368,7 +368,10 @@ fn sinkhorn_cost(dir: &Path, rows: usize, dim: usize, args: &BenchArgs) -> Resul
         });
         failure.map_or(Ok(secs), Err)
     };
-    let is = stats_time(MethodSpec::InvertedSoftmax { beta: Beta(20.0) }, MemoryBudget::DEFAULT)?;
+    let is = stats_time(
+        MethodSpec::InvertedSoftmax { beta: Beta(20.0) },
+        MemoryBudget::DEFAULT,
+    )?;
     let sn = MethodSpec::Sinkhorn {
         tau: 0.01,
         iterations: 10,

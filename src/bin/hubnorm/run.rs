@@ -129,7 +129,12 @@ fn print_summary(summary: &RunSummary) {
             }
         })
         .collect();
-    let width = names.iter().map(|n| n.chars().count()).max().unwrap_or(6).max(6);
+    let width = names
+        .iter()
+        .map(|n| n.chars().count())
+        .max()
+        .unwrap_or(6)
+        .max(6);
     println!(
         "{:<width$} {:>10} {:>8} {:>8} {:>8} {:>8}",
         "method", "skew(N10)", "R@1", "R@5", "R@10", "MRR"
