@@ -156,6 +156,31 @@ struct Banks {
     gallery_bank: Option<EmbeddingTable>,
 }
 
+impl Banks {
+    /// Pass 1's inputs: these banks against `gallery`.
+    fn inputs<'a>(&'a self, gallery: &'a EmbeddingTable, index: &'a IdIndex) -> StatsInputs<'a> {
+        StatsInputs {
+            gallery,
+            bank: &self.bank,
+            gallery_bank: self.gallery_bank.as_ref(),
+            index,
+        }
+    }
+
+    /// The metadata of a stats file computed from these banks.
+    fn stats_metadata(
+        &self,
+        gallery: &EmbeddingTable,
+        sample: Option<BankSample>,
+        options: &PassOptions,
+    ) -> Vec<(String, String)> {
+        let mut metadata = common_metadata("gallery_stats", options);
+        metadata.extend(table_metadata("gallery", gallery));
+        metadata.extend(bank_metadata(self, sample));
+        metadata
+    }
+}
+
 fn open_banks(
     bank: &str,
     gallery_bank: Option<&str>,
@@ -547,16 +572,9 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<PathBuf> {
             &job.options,
         )?;
         let index = IdIndex::build(&gallery)?;
-        let mut metadata = common_metadata("gallery_stats", &job.options);
-        metadata.extend(table_metadata("gallery", &gallery));
-        metadata.extend(bank_metadata(&banks, job.bank_sample));
+        let metadata = banks.stats_metadata(&gallery, job.bank_sample, &job.options);
         let (file, _) = write_stats(
-            &StatsInputs {
-                gallery: &gallery,
-                bank: &banks.bank,
-                gallery_bank: banks.gallery_bank.as_ref(),
-                index: &index,
-            },
+            &banks.inputs(&gallery, &index),
             &methods,
             &job.out,
             job.overwrite,
@@ -655,17 +673,10 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
             &job.options,
         )?;
         let index = IdIndex::build(&gallery)?;
-        let mut metadata = common_metadata("gallery_stats", &job.options);
-        metadata.extend(table_metadata("gallery", &gallery));
-        metadata.extend(bank_metadata(&banks, job.bank_sample));
+        let mut metadata = banks.stats_metadata(&gallery, job.bank_sample, &job.options);
         metadata.push(("hubnorm.transductive".into(), job.transductive.to_string()));
         let (stats_file, sinkhorn) = write_stats(
-            &StatsInputs {
-                gallery: &gallery,
-                bank: &banks.bank,
-                gallery_bank: banks.gallery_bank.as_ref(),
-                index: &index,
-            },
+            &banks.inputs(&gallery, &index),
             &methods,
             &job.out_dir.join("gallery_stats.parquet"),
             job.overwrite,

@@ -126,17 +126,7 @@ pub fn write_stats(
                 request: layout.gallery_bank_request(),
             }),
         budget: options.memory.bytes(),
-        resident_bytes: index.memory_bytes()
-            + crate::bank::pass::activation_bytes(&Some(BankInput {
-                table: bank,
-                request: layout.bank_request(),
-            }))
-            + gallery_bank.map_or(0, |table| {
-                crate::bank::pass::activation_bytes(&Some(BankInput {
-                    table,
-                    request: layout.gallery_bank_request(),
-                }))
-            }),
+        resident_bytes: index.memory_bytes(),
         output_row_bytes: layout.output_row_bytes(bank.rows),
     };
     let output = compute_bank_statistics(&request, progress, |chunk| {

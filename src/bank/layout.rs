@@ -180,11 +180,6 @@ impl StatsLayout {
             .any(|m| matches!(m, MethodSpec::DistributionNormalisation { .. }))
     }
 
-    /// Whether `gc` is among the methods.
-    pub fn keeps_all_similarities(&self) -> bool {
-        self.keep_all
-    }
-
     /// Columns written as each chunk finishes, then the columns known only
     /// at the end (activation sets, Sinkhorn potentials), in schema order
     /// after `gallery_id`.
@@ -372,7 +367,8 @@ impl StatsLayout {
         let mut columns = Vec::new();
         let mut potentials = potentials.iter();
         let active = |state: &crate::bank::states::ActivationState, k: usize| {
-            bool_array(&restrict(state, k).activated(gallery_rows))
+            // The pass kept the largest k_A any method asked for.
+            bool_array(&state.truncated(k).activated(gallery_rows))
         };
         for m in &self.methods {
             match m {
@@ -410,15 +406,6 @@ impl StatsLayout {
     }
 }
 
-/// The activation state cut to the best `k` per bank item (the pass keeps
-/// the largest k any method asked for).
-fn restrict(
-    state: &crate::bank::states::ActivationState,
-    k: usize,
-) -> crate::bank::states::ActivationState {
-    state.truncated(k)
-}
-
 fn list_array(lengths: Vec<usize>, values: Vec<f32>) -> ArrayRef {
     Arc::new(ListArray::new(
         Arc::new(Field::new("item", DataType::Float32, false)),
@@ -449,6 +436,6 @@ fn sorted_lists(all: &[Vec<f32>]) -> ArrayRef {
 }
 
 /// A Boolean column.
-pub fn bool_array(values: &[bool]) -> ArrayRef {
+fn bool_array(values: &[bool]) -> ArrayRef {
     Arc::new(BooleanArray::from(values.to_vec()))
 }

@@ -31,7 +31,8 @@ pub struct BankPassRequest<'a> {
     /// The gallery bank (G_B) and its statistics.
     pub gallery_bank: Option<BankInput<'a>>,
     pub budget: usize,
-    /// Memory the caller holds for the whole pass (counted against the budget).
+    /// Memory the caller holds for the whole pass (counted against the
+    /// budget; the pass adds its own activation states).
     pub resident_bytes: usize,
     /// Bytes per gallery item the caller needs while it turns a chunk into
     /// output rows.
@@ -84,7 +85,7 @@ fn row_state_bytes(request: &ColumnStatsRequest<'_>, threads: usize) -> usize {
 }
 
 /// Bytes pass 1 holds for the whole run for the activation states of a bank.
-pub fn activation_bytes(input: &Option<BankInput<'_>>) -> usize {
+fn activation_bytes(input: &Option<BankInput<'_>>) -> usize {
     input.as_ref().map_or(0, |b| {
         if b.request.row_top_k == 0 {
             0
@@ -136,7 +137,10 @@ pub fn compute_bank_statistics(
         budget: request.budget,
         threads,
         dim,
-        resident_bytes: request.resident_bytes,
+        // The activation states live for the whole pass.
+        resident_bytes: request.resident_bytes
+            + activation_bytes(&request.bank)
+            + activation_bytes(&request.gallery_bank),
         outer_row_bytes,
         inner_row_bytes,
         outer_total_rows: gallery.rows as usize,

@@ -27,7 +27,7 @@ impl SortedSimilarities {
 
     /// Number of bank similarities strictly above `s`.
     pub fn count_above(&self, s: f32) -> usize {
-        self.values.len() - self.values.partition_point(|&b| b <= s)
+        crate::kernel::count_above(&self.values, s)
     }
 
     /// Merges two sorted lists (the bank split in two).
@@ -129,17 +129,6 @@ impl ActivationState {
     /// appended when `other` is longer).
     pub fn merge(&mut self, other: &ActivationState) {
         self.merge_rows(0, &other.per_bank_item);
-    }
-
-    /// Bytes held.
-    pub fn memory_bytes(&self) -> usize {
-        self.per_bank_item
-            .iter()
-            .map(|t| {
-                std::mem::size_of::<TopK>()
-                    + t.k() * std::mem::size_of::<crate::kernel::Candidate>()
-            })
-            .sum()
     }
 
     /// The same state keeping only the best `k` items per bank item.

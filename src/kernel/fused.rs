@@ -18,7 +18,7 @@ use rayon::prelude::*;
 
 use super::exp::fast_exp;
 use super::gemm::similarity_tile;
-use super::lse::LogSumExp;
+use super::lse::{raise_column_maxima, LogSumExp};
 use super::topk::{Candidate, TieBreak, TopK, TopValues};
 
 /// Rows of one similarity tile (queries or bank rows).
@@ -295,18 +295,7 @@ fn column_strip(
         }
         for b in 0..nb {
             let beta = betas[b];
-            for j in 0..nc {
-                // The new max is an f32 value (β·s rounded as the exp argument is),
-                // so the sum stays exactly relative to the stored max.
-                let candidate = (beta * col_max[j]) as f64;
-                if candidate > max[b][j] {
-                    if sum[b][j] != 0.0 {
-                        sum[b][j] *= (max[b][j] - candidate).exp();
-                    }
-                    max[b][j] = candidate;
-                }
-                shift[j] = max[b][j] as f32;
-            }
+            raise_column_maxima(&col_max, beta, &mut max[b], &mut sum[b], &mut shift);
             super::dispatch::add_exp_columns(tile, nc, beta, &shift, &mut sum[b]);
         }
         if !states.top.is_empty() {
@@ -433,6 +422,13 @@ impl Positives {
     }
 }
 
+/// Number of values of an ascending list strictly above `s` (`gc`'s rank
+/// of a query among the bank).
+#[inline]
+pub fn count_above(sorted: &[f32], s: f32) -> usize {
+    sorted.len() - sorted.partition_point(|&b| b <= s)
+}
+
 /// How pass 2 turns a similarity s(q, j) into a score, for the columns of one
 /// gallery block.
 #[derive(Debug, Clone, Copy)]
@@ -498,8 +494,7 @@ impl<'a> ColumnScoring<'a> {
         match *self {
             ColumnScoring::Subtract(h) => s - h[j],
             ColumnScoring::BankRank { sorted, width } => {
-                let column = &sorted[j * width..(j + 1) * width];
-                -((width - column.partition_point(|&b| b <= s)) as f32)
+                -(count_above(&sorted[j * width..(j + 1) * width], s) as f32)
             }
             ColumnScoring::DualSoftmax {
                 log_normaliser,

@@ -57,6 +57,30 @@ impl LogSumExp {
     }
 }
 
+/// Raises per-column running maxima (kept structure-of-arrays, with their
+/// sums) to `scale · tile_max[j]` where that is larger, rescaling the sums,
+/// and writes each column's max as the f32 `shift` the exp epilogue
+/// subtracts. The new max is an f32 value (rounded as the exp argument is),
+/// so every sum stays exactly relative to its stored max.
+pub(crate) fn raise_column_maxima(
+    tile_max: &[f32],
+    scale: f32,
+    max: &mut [f64],
+    sum: &mut [f64],
+    shift: &mut [f32],
+) {
+    for (((&m, max), sum), shift) in tile_max.iter().zip(max).zip(sum).zip(shift) {
+        let candidate = (scale * m) as f64;
+        if candidate > *max {
+            if *sum != 0.0 {
+                *sum *= (*max - candidate).exp();
+            }
+            *max = candidate;
+        }
+        *shift = *max as f32;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,7 +18,7 @@ use rayon::prelude::*;
 use super::exp::fast_exp;
 use super::fused::{Rows, TILE_COLS, TILE_ROWS};
 use super::gemm::similarity_tile;
-use super::lse::LogSumExp;
+use super::lse::{raise_column_maxima, LogSumExp};
 
 /// Which potential a sweep prepares.
 #[derive(Debug, Clone, Copy)]
@@ -180,16 +180,7 @@ fn sweep_strip(
                     inv_tau,
                     &mut col_max,
                 );
-                for j in 0..nc {
-                    let candidate = col_max[j] as f64;
-                    if candidate > max[j] {
-                        if sum[j] != 0.0 {
-                            sum[j] *= (max[j] - candidate).exp();
-                        }
-                        max[j] = candidate;
-                    }
-                    shift[j] = max[j] as f32;
-                }
+                raise_column_maxima(&col_max, 1.0, &mut max, &mut sum, &mut shift);
                 super::dispatch::shifted_add_exp_columns(
                     similarities,
                     nc,

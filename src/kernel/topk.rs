@@ -40,6 +40,17 @@ pub enum TieBreak {
     RawThenRow,
 }
 
+impl TieBreak {
+    /// Whether `a` ranks before `b` under this rule.
+    #[inline(always)]
+    fn ranks_before(self, a: &Candidate, b: &Candidate) -> bool {
+        match self {
+            TieBreak::Row => a.beats(b),
+            TieBreak::RawThenRow => a.beats_by_raw(b),
+        }
+    }
+}
+
 /// The `k` best candidates seen so far, kept as a binary min-heap whose root
 /// is the worst kept entry. A plain struct with `Default` (empty, k = 0) and
 /// an associative [`TopK::merge`], so partial results of blocks combine.
@@ -70,10 +81,7 @@ impl TopK {
 
     #[inline(always)]
     fn beats(&self, a: &Candidate, b: &Candidate) -> bool {
-        match self.ties {
-            TieBreak::Row => a.beats(b),
-            TieBreak::RawThenRow => a.beats_by_raw(b),
-        }
+        self.ties.ranks_before(a, b)
     }
 
     /// The best candidate kept, if any.
@@ -114,13 +122,10 @@ impl TopK {
     /// Offers one candidate.
     #[inline]
     pub fn push(&mut self, candidate: Candidate) {
-        if self.heap.len() < self.k {
-            self.heap.push(candidate);
-            self.sift_up(self.heap.len() - 1);
-        } else if self.k > 0 && self.beats(&candidate, &self.heap[0]) {
-            self.heap[0] = candidate;
-            self.sift_down(0);
-        }
+        let ties = self.ties;
+        offer(&mut self.heap, self.k, candidate, |a, b| {
+            ties.ranks_before(a, b)
+        });
     }
 
     /// Adds every entry of `other` (same k and tie rule). Associative and commutative.
@@ -150,38 +155,6 @@ impl TopK {
         });
         out
     }
-
-    fn sift_up(&mut self, mut i: usize) {
-        while i > 0 {
-            let parent = (i - 1) / 2;
-            // The root holds the worst entry: move up while we lose to the parent.
-            if self.beats(&self.heap[parent], &self.heap[i]) {
-                self.heap.swap(parent, i);
-                i = parent;
-            } else {
-                break;
-            }
-        }
-    }
-
-    fn sift_down(&mut self, mut i: usize) {
-        let n = self.heap.len();
-        loop {
-            let (l, r) = (2 * i + 1, 2 * i + 2);
-            let mut worst = i;
-            if l < n && self.beats(&self.heap[worst], &self.heap[l]) {
-                worst = l;
-            }
-            if r < n && self.beats(&self.heap[worst], &self.heap[r]) {
-                worst = r;
-            }
-            if worst == i {
-                break;
-            }
-            self.heap.swap(i, worst);
-            i = worst;
-        }
-    }
 }
 
 /// The `k` largest values seen so far (no rows: the bank neighbours of a
@@ -200,13 +173,6 @@ impl TopValues {
             k,
             heap: Vec::with_capacity(k),
         }
-    }
-
-    /// The kept values, largest first (a state read back from a file).
-    pub fn from_values(k: usize, values: &[f32]) -> Self {
-        let mut top = TopValues::new(k);
-        values.iter().for_each(|&v| top.push(v));
-        top
     }
 
     pub fn k(&self) -> usize {
@@ -234,38 +200,7 @@ impl TopValues {
     /// Offers one value.
     #[inline]
     pub fn push(&mut self, value: f32) {
-        if self.heap.len() < self.k {
-            self.heap.push(value);
-            let mut i = self.heap.len() - 1;
-            while i > 0 {
-                let parent = (i - 1) / 2;
-                if self.heap[parent] > self.heap[i] {
-                    self.heap.swap(parent, i);
-                    i = parent;
-                } else {
-                    break;
-                }
-            }
-        } else if self.k > 0 && value > self.heap[0] {
-            self.heap[0] = value;
-            let n = self.heap.len();
-            let mut i = 0;
-            loop {
-                let (l, r) = (2 * i + 1, 2 * i + 2);
-                let mut least = i;
-                if l < n && self.heap[l] < self.heap[least] {
-                    least = l;
-                }
-                if r < n && self.heap[r] < self.heap[least] {
-                    least = r;
-                }
-                if least == i {
-                    break;
-                }
-                self.heap.swap(i, least);
-                i = least;
-            }
-        }
+        offer(&mut self.heap, self.k, value, |a: &f32, b: &f32| a > b);
     }
 
     /// Adds every value of `other`; the larger k wins.
@@ -287,6 +222,46 @@ impl TopValues {
         let sorted = self.sorted();
         let take = k.min(sorted.len());
         (take > 0).then(|| sorted[..take].iter().map(|&v| v as f64).sum::<f64>() / take as f64)
+    }
+}
+
+/// Offers `item` to a bounded binary min-heap of at most `k` entries whose
+/// root is the worst kept entry under `better` (a strict order): pushed while
+/// there is room, otherwise it replaces the root when it is better.
+#[inline]
+fn offer<T: Copy>(heap: &mut Vec<T>, k: usize, item: T, better: impl Fn(&T, &T) -> bool) {
+    if heap.len() < k {
+        heap.push(item);
+        // Move up while the parent is better (the root holds the worst).
+        let mut i = heap.len() - 1;
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if better(&heap[parent], &heap[i]) {
+                heap.swap(parent, i);
+                i = parent;
+            } else {
+                break;
+            }
+        }
+    } else if k > 0 && better(&item, &heap[0]) {
+        heap[0] = item;
+        let n = heap.len();
+        let mut i = 0;
+        loop {
+            let (l, r) = (2 * i + 1, 2 * i + 2);
+            let mut worst = i;
+            if l < n && better(&heap[worst], &heap[l]) {
+                worst = l;
+            }
+            if r < n && better(&heap[worst], &heap[r]) {
+                worst = r;
+            }
+            if worst == i {
+                break;
+            }
+            heap.swap(i, worst);
+            i = worst;
+        }
     }
 }
 
