@@ -52,6 +52,7 @@
 pub mod bank;
 pub mod cache;
 pub mod error;
+pub mod evaluate;
 pub mod ids;
 pub mod kernel;
 pub mod options;
@@ -63,5 +64,6 @@ pub mod report;
 pub mod sink;
 pub mod source;
 pub mod stats_file;
+pub mod tune;
 
 pub use error::{HubnormError, Result};

@@ -579,6 +579,9 @@ pub struct ReadOptions {
     pub normalize: bool,
     /// Rows per Parquet record batch.
     pub batch_rows: usize,
+    /// A query none of whose targets is in the gallery is skipped (and
+    /// counted) instead of refused (`--skip-missing`).
+    pub skip_missing_targets: bool,
 }
 
 impl Default for ReadOptions {
@@ -589,6 +592,7 @@ impl Default for ReadOptions {
             target_column: "target_id".to_owned(),
             normalize: true,
             batch_rows: 4096,
+            skip_missing_targets: false,
         }
     }
 }
@@ -604,6 +608,29 @@ pub struct PassOptions {
     /// `sn`/`dbsn`: stop iterating once the row marginals are within this
     /// relative error of uniform (`--tol`).
     pub sinkhorn_tolerance: Option<f64>,
+    /// How the summaries measure hubness and quality.
+    pub report: ReportOptions,
+}
+
+/// How runs summarise their top-k lists and ranks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReportOptions {
+    /// The k of the k-occurrence measures (default 10, as the papers report).
+    pub hubness_k: usize,
+    /// Hubs listed per method.
+    pub top_hubs: usize,
+    /// R@K cut-offs and bootstrap intervals.
+    pub quality: crate::report::QualityOptions,
+}
+
+impl Default for ReportOptions {
+    fn default() -> Self {
+        ReportOptions {
+            hubness_k: 10,
+            top_hubs: 20,
+            quality: crate::report::QualityOptions::default(),
+        }
+    }
 }
 
 impl Default for PassOptions {
@@ -613,6 +640,7 @@ impl Default for PassOptions {
             memory: MemoryBudget::DEFAULT,
             threads: 0,
             sinkhorn_tolerance: None,
+            report: ReportOptions::default(),
         }
     }
 }

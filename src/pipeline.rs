@@ -17,7 +17,7 @@ use crate::query::sinkhorn_pp::SingleQuerySinkhorn;
 use crate::query::{
     search, MethodRule, QueryBlockResult, QueryTerm, ScoringPlan, SearchRequest, Selection,
 };
-use crate::report::{KOccurrence, RetrievalMetrics};
+use crate::report::{HubnessMeasures, KOccurrence, QualityReport, RankList};
 use crate::sink::{write_text_atomically, AtomicFile, ParquetSink};
 use crate::source::{EmbeddingTable, IdKind};
 use crate::stats_file::{
@@ -89,6 +89,8 @@ pub struct MethodSummary {
     pub parameters: serde_json::Map<String, serde_json::Value>,
     /// Skewness of the k-occurrence distribution at k = 10 over all gallery items.
     pub k_occurrence_skewness: f64,
+    /// Every hubness measure of REPORTS.md at `ReportOptions::hubness_k`.
+    pub hubness: HubnessMeasures,
     /// `dis`, `dual-dis`: the fraction of queries whose scores were
     /// corrected (raw top-1 in an activation set); the others stay raw.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -96,9 +98,40 @@ pub struct MethodSummary {
     /// `sn`, `dbsn`: iterations run and how far the plan is from its marginals.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sinkhorn: Option<SinkhornReport>,
-    /// R@1/5/10, MRR, mean rank: present when the queries carry ground truth.
+    /// R@K with intervals, MdR, MnR, MRR: present when the queries carry ground truth.
     #[serde(flatten)]
-    pub quality: Option<crate::report::quality::RecallSummary>,
+    pub quality: Option<QualityReport>,
+}
+
+/// What pass 2 gathered for one method: enough to rebuild every report
+/// (k-occurrence per gallery item, one rank per query).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MethodOutcome {
+    pub spec: MethodSpec,
+    /// N_k at `ReportOptions::hubness_k`.
+    pub occurrence: KOccurrence,
+    /// N_k at k = 10, for `k_occurrence_skewness`.
+    pub occurrence_at_10: KOccurrence,
+    pub ranks: RankList,
+    /// Gated methods: queries whose reported scoring was not the raw one.
+    pub normalised: Option<u64>,
+}
+
+impl MethodOutcome {
+    /// The summary figures of this method.
+    pub fn summary(&self, options: &crate::options::ReportOptions) -> MethodSummary {
+        MethodSummary {
+            method: self.spec.kind().name().to_owned(),
+            parameters: parameters_json(&self.spec),
+            k_occurrence_skewness: self.occurrence_at_10.skewness(),
+            hubness: self.occurrence.measures(options.top_hubs),
+            normalised_fraction: self
+                .normalised
+                .map(|n| n as f64 / self.occurrence.queries.max(1) as f64),
+            sinkhorn: None,
+            quality: self.ranks.summary(&options.quality),
+        }
+    }
 }
 
 /// What a search or run produced.
@@ -127,7 +160,7 @@ fn with_threads<T: Send>(threads: usize, f: impl FnOnce() -> Result<T> + Send) -
     pool.install(f)
 }
 
-fn open_table(
+pub(crate) fn open_table(
     role: &str,
     spec: &str,
     options: &PassOptions,
@@ -225,7 +258,7 @@ fn check_methods(methods: &[MethodSpec], has_gallery_bank: bool) -> Result<Vec<M
 
 /// Checks that need the bank's size: k of NNN/CSLS within the bank, and
 /// `gc`'s sorted similarities within the memory limit.
-fn check_bank_sizes(
+pub(crate) fn check_bank_sizes(
     methods: &[MethodSpec],
     bank: &EmbeddingTable,
     gallery: &EmbeddingTable,
@@ -369,14 +402,13 @@ struct ResultsCollector<'a> {
     search_k: usize,
     gallery_ids: &'a ArrayRef,
     k: usize,
-    occurrence: Vec<KOccurrence>,
-    quality: Vec<RetrievalMetrics>,
-    /// Per method, queries whose reported scoring was not the raw one (gated methods).
-    normalised: Vec<u64>,
-    queries: u64,
+    /// Whether the queries carry ground truth (a query without a usable target is then skipped).
+    has_targets: bool,
+    outcomes: Vec<MethodOutcome>,
 }
 
 impl<'a> ResultsCollector<'a> {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         schema: SchemaRef,
         rules: &'a [MethodRule],
@@ -384,6 +416,8 @@ impl<'a> ResultsCollector<'a> {
         gallery_ids: &'a ArrayRef,
         k: usize,
         search_k: usize,
+        hubness_k: usize,
+        has_targets: bool,
     ) -> Self {
         let n = gallery_ids.len();
         ResultsCollector {
@@ -393,13 +427,17 @@ impl<'a> ResultsCollector<'a> {
             search_k,
             gallery_ids,
             k,
-            occurrence: rules
+            has_targets,
+            outcomes: rules
                 .iter()
-                .map(|_| KOccurrence::new(SKEWNESS_K, n))
+                .map(|rule| MethodOutcome {
+                    spec: rule.spec,
+                    occurrence: KOccurrence::new(hubness_k, n),
+                    occurrence_at_10: KOccurrence::new(SKEWNESS_K, n),
+                    ranks: RankList::default(),
+                    normalised: matches!(rule.selection, Selection::Gated { .. }).then_some(0),
+                })
                 .collect(),
-            quality: rules.iter().map(|_| RetrievalMetrics::default()).collect(),
-            normalised: vec![0; rules.len()],
-            queries: 0,
         }
     }
 
@@ -420,26 +458,32 @@ impl<'a> ResultsCollector<'a> {
         };
         // Query-major order (query, method, rank): the file's row order then
         // does not depend on the block sizes the memory limit chose.
-        self.queries += queries.rows as u64;
         for q in 0..queries.rows {
             let states = &block.states[q * ns..(q + 1) * ns];
             let embedding = &queries.data[q * queries.dim..(q + 1) * queries.dim];
             for (m, rule) in self.rules.iter().enumerate() {
                 let name = rule.spec.kind().name();
+                let outcome = &mut self.outcomes[m];
                 let state = if rule.selection == Selection::SingleQuery {
                     &protocol_states[q]
                 } else {
                     let selected = selected_scoring(rule, states);
                     if let Selection::Gated { choices, .. } = &rule.selection {
-                        self.normalised[m] += (selected != choices[0]) as u64;
+                        *outcome.normalised.as_mut().expect("gated") +=
+                            (selected != choices[0]) as u64;
                     }
                     &states[selected]
                 };
                 let offset = query_offset(rule, states, embedding);
                 let list = state.top.sorted();
-                self.occurrence[m].add_list(list.iter().map(|c| c.row));
-                if let Some(r) = state.rank() {
-                    self.quality[m].add_rank(r);
+                outcome.occurrence.add_list(list.iter().map(|c| c.row));
+                outcome
+                    .occurrence_at_10
+                    .add_list(list.iter().map(|c| c.row));
+                match state.rank() {
+                    Some(r) => outcome.ranks.add_rank(r),
+                    None if self.has_targets => outcome.ranks.add_skipped(),
+                    None => {}
                 }
                 for (r, c) in list.iter().take(self.k).enumerate() {
                     method.push(name);
@@ -464,22 +508,6 @@ impl<'a> ResultsCollector<'a> {
         ];
         Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
     }
-
-    fn summaries(&self) -> Vec<MethodSummary> {
-        self.rules
-            .iter()
-            .enumerate()
-            .map(|(m, rule)| MethodSummary {
-                method: rule.spec.kind().name().to_owned(),
-                parameters: parameters_json(&rule.spec),
-                k_occurrence_skewness: self.occurrence[m].skewness(),
-                normalised_fraction: matches!(rule.selection, Selection::Gated { .. })
-                    .then(|| self.normalised[m] as f64 / self.queries.max(1) as f64),
-                sinkhorn: None,
-                quality: self.quality[m].summary(),
-            })
-            .collect()
-    }
 }
 
 /// Pass 2 into an (uncommitted) results file.
@@ -490,13 +518,13 @@ fn write_results(
     index: &IdIndex,
     plan: &ScoringPlan,
     k: usize,
-    out: &Path,
+    out: Option<&Path>,
     overwrite: bool,
     options: &PassOptions,
     mut metadata: Vec<(String, String)>,
     protocol: Option<&SingleQuerySinkhorn>,
     progress: &dyn Progress,
-) -> Result<(AtomicFile, Vec<MethodSummary>)> {
+) -> Result<(Option<AtomicFile>, Vec<MethodOutcome>)> {
     let schema = results_schema(queries.id_kind, gallery.id_kind);
     metadata.extend(common_metadata("results", options));
     metadata.push((
@@ -506,12 +534,29 @@ fn write_results(
     metadata.push(("hubnorm.k".into(), k.to_string()));
     metadata.extend(table_metadata("queries", queries));
     metadata.extend(table_metadata("gallery", gallery));
-    let mut sink = ParquetSink::create(out, schema.clone(), metadata, overwrite)?;
-    let search_k = k.max(SKEWNESS_K).max(plan.neighbours_needed());
-    let mut collector =
-        ResultsCollector::new(schema, &plan.methods, protocol, index.ids(), k, search_k);
-    let resident =
-        index.memory_bytes() + plan.memory_bytes() + plan.methods.len() * index.len() * 4;
+    // Without a destination (tuning), only the figures are gathered.
+    let mut sink = out
+        .map(|out| ParquetSink::create(out, schema.clone(), metadata, overwrite))
+        .transpose()?;
+    let hubness_k = options.report.hubness_k;
+    let search_k = k
+        .max(SKEWNESS_K)
+        .max(hubness_k)
+        .max(plan.neighbours_needed());
+    let mut collector = ResultsCollector::new(
+        schema,
+        &plan.methods,
+        protocol,
+        index.ids(),
+        k,
+        search_k,
+        hubness_k,
+        queries.has_targets,
+    );
+    // Two k-occurrence counts per method and gallery item, one rank per method and query.
+    let resident = index.memory_bytes()
+        + plan.memory_bytes()
+        + plan.methods.len() * (index.len() * 8 + queries.rows as usize * 8);
     let request = SearchRequest {
         queries,
         gallery,
@@ -524,9 +569,14 @@ fn write_results(
         output_row_bytes: plan.methods.len() * k * 48,
     };
     search(&request, progress, |block| {
-        sink.write(&collector.batch(&block)?)
+        let batch = collector.batch(&block)?;
+        match &mut sink {
+            Some(sink) => sink.write(&batch),
+            None => Ok(()),
+        }
     })?;
-    Ok((sink.close_uncommitted()?, collector.summaries()))
+    let file = sink.map(ParquetSink::close_uncommitted).transpose()?;
+    Ok((file, collector.outcomes))
 }
 
 fn check_k(k: usize) -> Result<()> {
@@ -601,20 +651,20 @@ pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary
         if let Some(stats) = &job.stats {
             metadata.push(("hubnorm.stats.path".into(), stats.display().to_string()));
         }
-        let (file, summaries) = write_results(
+        let (file, outcomes) = write_results(
             &queries,
             &gallery,
             &index,
             &plan,
             job.k,
-            &job.out,
+            Some(&job.out),
             job.overwrite,
             &job.options,
             metadata,
             None,
             progress,
         )?;
-        file.commit()?;
+        file.expect("a destination").commit()?;
         Ok(RunSummary {
             queries: queries.rows,
             gallery: gallery.rows,
@@ -624,7 +674,10 @@ pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary
             dim: gallery.dim,
             k: job.k,
             normalize: job.options.read.normalize,
-            methods: summaries,
+            methods: outcomes
+                .iter()
+                .map(|o| o.summary(&job.options.report))
+                .collect(),
         })
     })
 }
@@ -635,6 +688,44 @@ pub const RUN_OUTPUTS: [&str; 3] = ["results.parquet", "gallery_stats.parquet", 
 /// `hubnorm run`: pass 1, pass 2 and the summary, into `job.out_dir`.
 /// Nothing appears under the final names unless every output is complete.
 pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
+    let products = run_uncommitted(job, &[], progress)?;
+    commit_all(products.files)?;
+    Ok(products.summary)
+}
+
+/// What `hubnorm run` produced, before its files take their final names.
+pub(crate) struct RunProducts {
+    pub summary: RunSummary,
+    pub outcomes: Vec<MethodOutcome>,
+    /// The gallery's ids in row order, with their lookup.
+    pub index: IdIndex,
+    /// gallery_stats, results, summary.json: uncommitted.
+    pub files: Vec<AtomicFile>,
+}
+
+impl RunProducts {
+    /// The stats file as written so far (its temporary name).
+    pub fn stats_path(&self) -> &Path {
+        self.files[0].temporary_path()
+    }
+}
+
+/// Gives every file its final name, in the order written.
+pub(crate) fn commit_all(files: Vec<AtomicFile>) -> Result<()> {
+    for file in files {
+        file.commit()?;
+    }
+    Ok(())
+}
+
+/// Both passes and the summary into uncommitted files; `extra_outputs`
+/// are further names in `job.out_dir` a caller will write (refused when they
+/// exist, as run's own).
+pub(crate) fn run_uncommitted(
+    job: &RunJob,
+    extra_outputs: &[&str],
+    progress: &dyn Progress,
+) -> Result<RunProducts> {
     check_k(job.k)?;
     let mut methods = vec![MethodSpec::None];
     methods.extend(job.methods.iter().filter(|m| m.kind() != MethodKind::None));
@@ -650,7 +741,7 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
             )));
         }
     }
-    for name in RUN_OUTPUTS {
+    for name in RUN_OUTPUTS.iter().chain(extra_outputs) {
         refuse_existing(&job.out_dir.join(name), job.overwrite)?;
     }
     with_threads(job.options.threads, || {
@@ -706,19 +797,23 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
                 _ => None,
             })
             .transpose()?;
-        let (results_file, mut summaries) = write_results(
+        let (results_file, outcomes) = write_results(
             &queries,
             &gallery,
             &index,
             &plan,
             job.k,
-            &job.out_dir.join("results.parquet"),
+            Some(&job.out_dir.join("results.parquet")),
             job.overwrite,
             &job.options,
             bank_metadata(&banks, job.bank_sample),
             protocol.as_ref(),
             progress,
         )?;
+        let mut summaries: Vec<MethodSummary> = outcomes
+            .iter()
+            .map(|o| o.summary(&job.options.report))
+            .collect();
         for (summary, rule) in summaries.iter_mut().zip(&plan.methods) {
             summary.sinkhorn = sinkhorn.iter().find(|r| r.method == rule.spec).cloned();
         }
@@ -737,9 +832,67 @@ pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
             .map_err(|e| HubnormError::Internal(e.to_string()))?;
         let summary_file =
             write_text_atomically(&job.out_dir.join("summary.json"), &json, job.overwrite)?;
-        stats_file.commit()?;
-        results_file.commit()?;
-        summary_file.commit()?;
-        Ok(summary)
+        Ok(RunProducts {
+            summary,
+            outcomes,
+            index,
+            files: vec![
+                stats_file,
+                results_file.expect("a destination"),
+                summary_file,
+            ],
+        })
+    })
+}
+
+/// Pass 1 and pass 2 of `methods` for `queries`, keeping no output: the
+/// figures of each method (`hubnorm tune`). The statistics go to a
+/// temporary file in `scratch_dir`, removed on return.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn evaluate_methods(
+    queries: &EmbeddingTable,
+    gallery: &EmbeddingTable,
+    bank: EmbeddingTable,
+    gallery_bank: Option<EmbeddingTable>,
+    methods: &[MethodSpec],
+    options: &PassOptions,
+    scratch_dir: &Path,
+    progress: &dyn Progress,
+) -> Result<Vec<MethodOutcome>> {
+    let methods = check_methods(methods, gallery_bank.is_some())?;
+    refuse_protocol(&methods, "tune")?;
+    for table in std::iter::once(&bank).chain(&gallery_bank).chain([queries]) {
+        if table.dim != gallery.dim {
+            return Err(crate::bank::pass::dimension_error(table, gallery));
+        }
+    }
+    check_bank_sizes(&methods, &bank, gallery, options)?;
+    let banks = Banks { bank, gallery_bank };
+    with_threads(options.threads, || {
+        let index = IdIndex::build(gallery)?;
+        let (stats, _) = write_stats(
+            &banks.inputs(gallery, &index),
+            &methods,
+            &scratch_dir.join("tune_stats.parquet"),
+            true,
+            options,
+            Vec::new(),
+            progress,
+        )?;
+        let plan = load_plan(Some(stats.temporary_path()), &index, &methods)?;
+        let (_, outcomes) = write_results(
+            queries,
+            gallery,
+            &index,
+            &plan,
+            SKEWNESS_K,
+            None,
+            true,
+            options,
+            Vec::new(),
+            None,
+            progress,
+        )?;
+        Ok(outcomes)
     })
 }

@@ -279,6 +279,22 @@ impl EmbeddingTable {
     /// order (the whole table when it has no more rows). Every row is still
     /// read and validated; rows of the sample are numbered 0.. in file order.
     pub fn sampled(&self, rows: u64, seed: u64) -> Result<EmbeddingTable> {
+        self.sample_rows(rows, seed, false)
+    }
+
+    /// The rows [`EmbeddingTable::sampled`] leaves out with the same `rows`
+    /// and `seed`: the two are a seeded split of the table.
+    pub fn sampled_complement(&self, rows: u64, seed: u64) -> Result<EmbeddingTable> {
+        self.sample_rows(rows, seed, true)
+    }
+
+    fn sample_rows(&self, rows: u64, seed: u64, complement: bool) -> Result<EmbeddingTable> {
+        if complement && (rows == 0 || rows >= self.rows || self.sample.is_some()) {
+            return Err(HubnormError::Usage(format!(
+                "cannot split {} rows of the {} ({} rows) from the rest",
+                rows, self.role, self.rows
+            )));
+        }
         if rows == 0 {
             return Err(HubnormError::Usage(format!(
                 "--bank-sample must be at least 1 (the {} has {} rows)",
@@ -297,8 +313,21 @@ impl EmbeddingTable {
         for i in rand::seq::index::sample(&mut rng, total, rows as usize) {
             words[i / 64] |= 1 << (i % 64);
         }
+        let mut kept = rows;
+        if complement {
+            for (w, word) in words.iter_mut().enumerate() {
+                let valid = (total - w * 64).min(64);
+                let mask = if valid == 64 {
+                    u64::MAX
+                } else {
+                    (1u64 << valid) - 1
+                };
+                *word = !*word & mask;
+            }
+            kept = self.rows - rows;
+        }
         let mut table = self.clone();
-        table.rows = rows;
+        table.rows = kept;
         table.sample = Some(Arc::new(RowSample { words }));
         Ok(table)
     }

@@ -292,25 +292,57 @@ pub fn stats_file_methods(path: &Path) -> Result<Vec<MethodSpec>> {
             "not a hubnorm stats file (no hubnorm.methods metadata)",
         ));
     };
-    let bad = |why: &str| HubnormError::input(path, None, None, format!("hubnorm.methods: {why}"));
-    let list: serde_json::Value = serde_json::from_str(json).map_err(|e| bad(&e.to_string()))?;
+    let list: serde_json::Value = serde_json::from_str(json)
+        .map_err(|e| HubnormError::input(path, None, None, format!("hubnorm.methods: {e}")))?;
+    methods_from_json(&list, path, "hubnorm.methods")
+}
+
+/// Methods from a JSON list of `{"method": NAME, "parameters": {...}}` (as
+/// [`methods_json`] writes them); `path` and `what` name the source in errors.
+pub fn methods_from_json(
+    list: &serde_json::Value,
+    path: &Path,
+    what: &str,
+) -> Result<Vec<MethodSpec>> {
+    let bad = |why: &str| HubnormError::input(path, None, None, format!("{what}: {why}"));
     let mut methods = Vec::new();
     for entry in list.as_array().ok_or_else(|| bad("not a list"))? {
         let kind: MethodKind = entry["method"]
             .as_str()
             .ok_or_else(|| bad("method name missing"))?
             .parse()?;
-        let parameters: Vec<(String, f64)> = entry["parameters"]
-            .as_object()
-            .map(|o| {
-                o.iter()
-                    .filter_map(|(k, v)| v.as_f64().map(|v| (k.clone(), v)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        methods.push(MethodSpec::with_parameters(kind, &parameters)?);
+        let mut parameters: Vec<(String, f64)> = Vec::new();
+        if let Some(object) = entry.get("parameters") {
+            let object = object
+                .as_object()
+                .ok_or_else(|| bad("parameters must be an object"))?;
+            for (name, value) in object {
+                let value = value
+                    .as_f64()
+                    .ok_or_else(|| bad(&format!("parameter {name} of {kind} is not a number")))?;
+                parameters.push((name.clone(), value));
+            }
+        }
+        let spec = MethodSpec::with_parameters(kind, &parameters)?;
+        spec.validate()?;
+        methods.push(spec);
     }
     Ok(methods)
+}
+
+/// The methods of a config file (`hubnorm tune`'s `tuned.json`, or one
+/// written by hand): `{"methods": [{"method": "is", "parameters": {"beta": 30}}]}`.
+pub fn config_file_methods(path: &Path) -> Result<Vec<MethodSpec>> {
+    let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => HubnormError::input(path, None, None, "no such file"),
+        _ => HubnormError::io(path, e),
+    })?;
+    let config: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| HubnormError::input(path, None, None, format!("not JSON: {e}")))?;
+    let list = config
+        .get("methods")
+        .ok_or_else(|| HubnormError::input(path, None, None, "no \"methods\" list"))?;
+    methods_from_json(list, path, "methods")
 }
 
 /// Values of one stats column, aligned to gallery rows.

@@ -113,7 +113,13 @@ fn peak_heap_follows_the_memory_limit_not_the_input_size() {
     );
     assert_eq!(summary.queries, 3_000);
     assert!(
-        summary.methods[1].quality.as_ref().unwrap().r1 > 0.5,
+        summary.methods[1]
+            .quality
+            .as_ref()
+            .unwrap()
+            .recall_at(1)
+            .unwrap()
+            > 0.5,
         "the run did real work"
     );
     assert!(

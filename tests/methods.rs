@@ -378,9 +378,15 @@ fn check_against_reference(
                 "{name}: {label} {got} vs reference {exact} (bounds {lo}..{hi} from {uncertain} targets within rounding of another item)"
             );
         };
-        within("R@1", quality.r1, &|r| (r <= 1.0) as u8 as f64);
-        within("R@5", quality.r5, &|r| (r <= 5.0) as u8 as f64);
-        within("R@10", quality.r10, &|r| (r <= 10.0) as u8 as f64);
+        within("R@1", quality.recall_at(1).unwrap(), &|r| {
+            (r <= 1.0) as u8 as f64
+        });
+        within("R@5", quality.recall_at(5).unwrap(), &|r| {
+            (r <= 5.0) as u8 as f64
+        });
+        within("R@10", quality.recall_at(10).unwrap(), &|r| {
+            (r <= 10.0) as u8 as f64
+        });
         within("MRR", quality.mrr, &|r| 1.0 / r);
         within("MnR", quality.mean_rank, &|r| r);
         let (skew, of) = if same_top10 {
@@ -400,7 +406,7 @@ fn check_against_reference(
         );
         eprintln!(
             "{name:9} R@1 {:.4} R@10 {:.4} MRR {:.4} skew {:.3} (targets within rounding of another item: {uncertain}, same top-10: {same_top10})",
-            quality.r1, quality.r10, quality.mrr, s.k_occurrence_skewness
+            quality.recall_at(1).unwrap(), quality.recall_at(10).unwrap(), quality.mrr, s.k_occurrence_skewness
         );
     }
 }
@@ -797,11 +803,12 @@ fn csls_ranks_like_nnn_with_half_alpha() {
         assert!((c.k_occurrence_skewness - n.k_occurrence_skewness).abs() < 1e-12);
         let (cq, nq) = (c.quality.as_ref().unwrap(), n.quality.as_ref().unwrap());
         for (a, b) in [
-            (cq.r1, nq.r1),
-            (cq.r5, nq.r5),
-            (cq.r10, nq.r10),
-            (cq.mrr, nq.mrr),
+            (cq.recall_at(1), nq.recall_at(1)),
+            (cq.recall_at(5), nq.recall_at(5)),
+            (cq.recall_at(10), nq.recall_at(10)),
+            (Some(cq.mrr), Some(nq.mrr)),
         ] {
+            let (a, b) = (a.unwrap(), b.unwrap());
             assert!((a - b).abs() < 1e-12, "csls {a} vs nnn {b}");
         }
     }

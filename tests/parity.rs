@@ -132,7 +132,11 @@ fn check_against_reference(c: &Case, out_dir: &Path, summary: &RunSummary, k: us
         assert_eq!(s.method, method);
         let quality = s.quality.as_ref().expect("queries have targets");
         let n = c.queries.rows() as f64;
-        for (got, want) in [quality.r1, quality.r5, quality.r10].into_iter().zip(hits) {
+        for (got, want) in [1, 5, 10]
+            .map(|k| quality.recall_at(k).unwrap())
+            .into_iter()
+            .zip(hits)
+        {
             assert!(
                 (got - want as f64 / n).abs() < 1e-12,
                 "{method}: recall {got} vs {}",

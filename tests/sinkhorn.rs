@@ -472,7 +472,12 @@ fn dual_softmax_matches_the_dense_reference_with_a_bank_and_transductive() {
             let target = gallery_row(&c.queries.targets.as_ref().unwrap()[qi]);
             hits += (reference_rank(&expected[qi], target) <= 1.0) as usize;
         }
-        let r1 = summary.methods[1].quality.as_ref().unwrap().r1;
+        let r1 = summary.methods[1]
+            .quality
+            .as_ref()
+            .unwrap()
+            .recall_at(1)
+            .unwrap();
         assert!(
             (r1 - hits as f64 / q.len() as f64).abs() < 1e-12,
             "{out}: R@1 {r1}"

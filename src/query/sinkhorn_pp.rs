@@ -21,6 +21,18 @@ use crate::source::EmbeddingTable;
 /// about a minute or two on two cores.
 pub const MAX_EXP_EVALUATIONS: f64 = 1.5e11;
 
+/// Refuses a protocol run above [`MAX_EXP_EVALUATIONS`]: `queries` test
+/// queries, each on an `m` × `n` stack for `iterations` iterations.
+pub fn check_protocol_cost(queries: u64, m: usize, n: usize, iterations: usize) -> Result<()> {
+    let evaluations = 2.0 * iterations as f64 * m as f64 * n as f64 * queries as f64;
+    if evaluations > MAX_EXP_EVALUATIONS {
+        return Err(HubnormError::Usage(format!(
+            "sinkhorn-pp runs {iterations} Sinkhorn iterations on a {m} × {n} matrix for every one of the {queries} queries: {evaluations:.2e} exp evaluations, above the protocol's limit of {MAX_EXP_EVALUATIONS:.1e}. It is an evaluation protocol for small galleries; use --method sn (the same normalisation with a bank, computed once) or fewer queries or pseudo-queries"
+        )));
+    }
+    Ok(())
+}
+
 /// The protocol's fixed inputs: the gallery and the pseudo-test set's
 /// similarities with it, both in memory.
 #[derive(Debug, Clone)]
@@ -53,12 +65,7 @@ impl SingleQuerySinkhorn {
     ) -> Result<Self> {
         let n = gallery.rows as usize;
         let m = pseudo_queries.min(bank.rows as usize) + 1;
-        let evaluations = 2.0 * iterations as f64 * m as f64 * n as f64 * queries as f64;
-        if evaluations > MAX_EXP_EVALUATIONS {
-            return Err(HubnormError::Usage(format!(
-                "sinkhorn-pp runs {iterations} Sinkhorn iterations on a {m} × {n} matrix for every one of the {queries} queries: {evaluations:.2e} exp evaluations, above the protocol's limit of {MAX_EXP_EVALUATIONS:.1e}. It is an evaluation protocol for small galleries; use --method sn (the same normalisation with a bank, computed once) or fewer queries or pseudo-queries"
-            )));
-        }
+        check_protocol_cost(queries, m, n, iterations)?;
         let threads = rayon::current_num_threads().max(1);
         // Gallery, pseudo-test similarities, a group of query rows and per
         // worker f, the column sums and the scores.

@@ -23,6 +23,9 @@ pub fn resolve_targets(
         return Ok(Positives::none(block.rows));
     };
     let column = &queries.options().target_column;
+    // With --skip-missing a query keeps the targets that are in the gallery;
+    // one left with none has no ground truth and is counted as skipped.
+    let skip_missing = queries.options().skip_missing_targets;
     let id_type = index.ids().data_type().clone();
     let lookup = |values: &ArrayRef, row: usize| -> Result<Vec<u32>> {
         let values = cast_ids(values, &id_type)?;
@@ -35,16 +38,17 @@ pub fn resolve_targets(
             let id = id_at(values.as_ref(), i);
             match index.find(id) {
                 Some(g) => rows.push(g),
+                None if skip_missing => {}
                 None => {
                     return Err(queries.row_error(
                         global,
                         column,
-                        format!("target {id} is not in the gallery"),
+                        format!("target {id} is not in the gallery (pass --skip-missing to skip such queries)"),
                     ))
                 }
             }
         }
-        if rows.is_empty() {
+        if rows.is_empty() && !skip_missing {
             return Err(queries.row_error(
                 block.first_row + row as u64,
                 column,

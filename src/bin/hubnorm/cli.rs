@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use hubnorm::options::{
     BankSample, Beta, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, ReadOptions,
 };
+use hubnorm::report::QualityOptions;
 
 /// Hubness reduction for embedding retrieval: querybank normalisation as a
 /// streaming job over Parquet.
@@ -27,6 +28,14 @@ pub enum Command {
     Stats(StatsArgs),
     /// Pass 2: corrected top-k search with statistics from `hubnorm stats`.
     Search(SearchArgs),
+    /// Every method (or a list) on the same data in one table: quality with
+    /// bootstrap intervals, hubness, and the change from the baseline.
+    Compare(CompareArgs),
+    /// Hubness (and, with ground truth, R@K) report of any results file.
+    Report(ReportArgs),
+    /// Choose hyperparameters by grid search on a validation split (never
+    /// the test queries); writes a config `run --config` accepts.
+    Tune(TuneArgs),
     /// Measure kernel and pass throughput on generated data.
     Bench(crate::bench::BenchArgs),
 }
@@ -64,6 +73,10 @@ pub struct MethodArgs {
     /// dbsn, dsl or sinkhorn-pp (see docs/methods.md).
     #[arg(long, conflicts_with = "methods")]
     pub method: Option<String>,
+    /// Methods and parameters from a JSON config (e.g. `hubnorm tune`'s
+    /// tuned.json: {"methods": [{"method": "is", "parameters": {"beta": 30}}]}).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["method", "methods"])]
+    pub config: Option<PathBuf>,
     /// Several methods, comma separated, computed in one stream over the
     /// bank and one over the gallery (e.g. is,dis,nnn,csls).
     #[arg(long, value_delimiter = ',')]
@@ -110,6 +123,42 @@ pub struct MethodArgs {
     /// within this relative error (the columns are exact after each iteration).
     #[arg(long)]
     pub tol: Option<f64>,
+}
+
+/// How quality and hubness are reported.
+#[derive(Debug, Clone, Args)]
+pub struct QualityArgs {
+    /// The K of R@K, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,5,10")]
+    pub recall_at: Vec<usize>,
+    /// Bootstrap resamples over queries for the 95% intervals of R@K (0 = none).
+    #[arg(long, default_value_t = 1000)]
+    pub bootstrap: usize,
+    /// Seed of the bootstrap resamples.
+    #[arg(long, default_value_t = 0)]
+    pub bootstrap_seed: u64,
+    /// Skip (and count) queries none of whose targets is in the gallery,
+    /// instead of refusing them.
+    #[arg(long)]
+    pub skip_missing: bool,
+}
+
+impl QualityArgs {
+    /// These choices applied to `options`.
+    pub fn apply(&self, mut options: PassOptions) -> hubnorm::Result<PassOptions> {
+        if self.recall_at.contains(&0) {
+            return Err(hubnorm::HubnormError::Usage(
+                "--recall-at values must be at least 1".into(),
+            ));
+        }
+        options.read.skip_missing_targets = self.skip_missing;
+        options.report.quality = QualityOptions {
+            recall_at: self.recall_at.clone(),
+            bootstrap: self.bootstrap,
+            seed: self.bootstrap_seed,
+        };
+        Ok(options)
+    }
 }
 
 /// The banks of pass 1 besides the query bank.
@@ -165,6 +214,8 @@ pub struct RunArgs {
     /// Results per query.
     #[arg(long, default_value_t = 10)]
     pub k: usize,
+    #[command(flatten)]
+    pub quality: QualityArgs,
     /// Replace outputs that already exist.
     #[arg(long)]
     pub overwrite: bool,
@@ -213,10 +264,149 @@ pub struct SearchArgs {
     /// Results per query.
     #[arg(long, default_value_t = 10)]
     pub k: usize,
+    #[command(flatten)]
+    pub quality: QualityArgs,
     /// Replace the output if it exists.
     #[arg(long)]
     pub overwrite: bool,
     /// Output file (results.parquet).
+    #[arg(long)]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// Test queries (with `target_id` for quality figures).
+    #[arg(long)]
+    pub queries: String,
+    /// Gallery to search.
+    #[arg(long)]
+    pub gallery: String,
+    /// Query bank (training-split queries, never the test queries).
+    #[arg(long, required_unless_present = "transductive")]
+    pub bank: Option<String>,
+    /// Use the test queries as the bank (is, sn, dsl, sinkhorn-pp only). PEEKS AT THE TEST SET.
+    #[arg(long, conflicts_with = "bank")]
+    pub transductive: bool,
+    #[command(flatten)]
+    pub banks: BankArgs,
+    /// Methods to compare (default: every method the inputs allow, with its
+    /// defaults; the baseline none is always first).
+    #[command(flatten)]
+    pub method: MethodArgs,
+    /// Results per query written to results.parquet.
+    #[arg(long, default_value_t = 10)]
+    pub k: usize,
+    /// The k of the k-occurrence hubness measures.
+    #[arg(long, default_value_t = 10)]
+    pub hubness_k: usize,
+    #[command(flatten)]
+    pub quality: QualityArgs,
+    /// Gallery column shown beside the top hubs (used when present).
+    #[arg(long, default_value = "text")]
+    pub text_column: String,
+    /// Also write a self-contained HTML page (plots, top hubs, R@K bars).
+    #[arg(long)]
+    pub html: Option<PathBuf>,
+    /// Replace outputs that already exist.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Output directory: run's files plus compare.parquet, compare.md,
+    /// report.parquet, gallery_report.parquet.
+    #[arg(long)]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// A results file (query_id, gallery_id; method and rank used when present).
+    #[arg(long)]
+    pub results: PathBuf,
+    /// The gallery searched (every item counts, retrieved or not).
+    #[arg(long)]
+    pub gallery: String,
+    /// The queries: queries without result rows count, and their
+    /// `target_id` gives R@K for K ≤ k.
+    #[arg(long)]
+    pub queries: Option<String>,
+    /// A gallery_stats.parquet whose per-item corrections join gallery_report.parquet.
+    #[arg(long)]
+    pub stats: Option<PathBuf>,
+    /// The k of the k-occurrence (only list positions ≤ k count).
+    #[arg(long, default_value_t = 10)]
+    pub k: usize,
+    #[command(flatten)]
+    pub quality: QualityArgs,
+    /// Gallery column shown beside the top hubs (used when present).
+    #[arg(long, default_value = "text")]
+    pub text_column: String,
+    /// Also write a self-contained HTML page.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
+    /// Replace outputs that already exist.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Output directory (report.parquet, gallery_report.parquet).
+    #[arg(long)]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct TuneArgs {
+    /// Gallery searched by the validation queries.
+    #[arg(long)]
+    pub gallery: String,
+    /// Query bank (training-split queries).
+    #[arg(long)]
+    pub bank: String,
+    /// Gallery bank (needed to tune dual-is, dual-dis, dbsn).
+    #[arg(long)]
+    pub gallery_bank: Option<String>,
+    /// Validation queries with ground truth (never the test queries).
+    #[arg(
+        long,
+        required_unless_present = "validation_split",
+        conflicts_with = "validation_split"
+    )]
+    pub validation: Option<String>,
+    /// Instead of --validation: hold out this fraction of the bank (rows
+    /// with target_id) as validation queries, seeded by --seed; the rest is the bank.
+    #[arg(long, value_name = "FRACTION")]
+    pub validation_split: Option<f64>,
+    /// The gallery the held-out bank rows' targets live in (default: --gallery).
+    #[arg(long, requires = "validation_split")]
+    pub validation_gallery: Option<String>,
+    /// Seed of --validation-split.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Methods to tune (default: every method with parameters the inputs allow).
+    #[arg(long, value_delimiter = ',')]
+    pub methods: Vec<String>,
+    /// Replace a grid axis: PARAMETER=V1,V2,... for every method that has it,
+    /// or METHOD.PARAMETER=...; repeatable (e.g. --grid beta=10,20,40 --grid nnn.k=16,64).
+    #[arg(long)]
+    pub grid: Vec<String>,
+    /// Selection metric: r1, r5, r10 (any R@K among --recall-at) or mrr.
+    #[arg(long, default_value = "r1")]
+    pub metric: String,
+    /// sn, dbsn: stop iterating early once the marginals are within this relative error.
+    #[arg(long)]
+    pub tol: Option<f64>,
+    #[command(flatten)]
+    pub quality: QualityArgs,
+    /// Also write a self-contained HTML page with the tuning curves.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
+    /// Replace outputs that already exist.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Output directory (tune.parquet, tuned.json).
     #[arg(long)]
     pub out: PathBuf,
     #[command(flatten)]
@@ -331,8 +521,16 @@ impl MethodArgs {
             || self.pseudo_queries.is_some()
     }
 
-    /// The methods with their parameters.
+    /// The methods with their parameters (from `--config` when given).
     pub fn specs(&self, default: MethodKind) -> hubnorm::Result<Vec<MethodSpec>> {
+        if let Some(path) = &self.config {
+            if self.any_parameter() {
+                return Err(hubnorm::HubnormError::Usage(
+                    "--config sets every method's parameters; drop the parameter flags or the config".into(),
+                ));
+            }
+            return hubnorm::stats_file::config_file_methods(path);
+        }
         let params = self.params();
         Ok(self
             .kinds(default)?

@@ -2,6 +2,7 @@
 
 mod bench;
 mod cli;
+mod evaluate;
 mod progress;
 mod run;
 
@@ -15,6 +16,9 @@ fn main() -> ExitCode {
         cli::Command::Run(args) => run::run(args),
         cli::Command::Stats(args) => run::stats(args),
         cli::Command::Search(args) => run::search(args),
+        cli::Command::Compare(args) => evaluate::compare(args),
+        cli::Command::Report(args) => evaluate::report(args),
+        cli::Command::Tune(args) => evaluate::tune(args),
         cli::Command::Bench(args) => bench::bench(args),
     };
     match outcome {

@@ -1,7 +1,7 @@
 //! `hubnorm run`, `hubnorm stats`, `hubnorm search`: arguments in, library call, summary out.
 
 use hubnorm::options::MethodKind;
-use hubnorm::pipeline::{self, RunJob, RunSummary, SearchJob, StatsJob};
+use hubnorm::pipeline::{self, MethodSummary, RunJob, RunSummary, SearchJob, StatsJob};
 use hubnorm::Result;
 
 use crate::cli::{RunArgs, SearchArgs, StatsArgs};
@@ -19,7 +19,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         k: args.k,
         out_dir: args.out.clone(),
         overwrite: args.overwrite,
-        options: args.method.pass_options(&args.common),
+        options: args.quality.apply(args.method.pass_options(&args.common))?,
     };
     let progress = reporter(args.common.quiet);
     let summary = pipeline::run(&job, progress.as_ref())?;
@@ -53,6 +53,10 @@ pub fn stats(args: StatsArgs) -> Result<()> {
 }
 
 pub fn search(args: SearchArgs) -> Result<()> {
+    if args.method.config.is_some() {
+        let methods = args.method.specs(MethodKind::InvertedSoftmax)?;
+        return search_with(args, methods);
+    }
     let kinds = args.method.kinds(MethodKind::InvertedSoftmax)?;
     // Without parameter flags, take the statistic the stats file holds.
     let from_file = match &args.stats {
@@ -75,6 +79,10 @@ pub fn search(args: SearchArgs) -> Result<()> {
         };
         methods.push(spec);
     }
+    search_with(args, methods)
+}
+
+fn search_with(args: SearchArgs, methods: Vec<hubnorm::options::MethodSpec>) -> Result<()> {
     let job = SearchJob {
         queries: args.queries,
         gallery: args.gallery,
@@ -83,7 +91,7 @@ pub fn search(args: SearchArgs) -> Result<()> {
         k: args.k,
         out: args.out.clone(),
         overwrite: args.overwrite,
-        options: args.common.pass_options(),
+        options: args.quality.apply(args.common.pass_options())?,
     };
     let progress = reporter(args.common.quiet);
     let summary = pipeline::run_search(&job, progress.as_ref())?;
@@ -94,7 +102,8 @@ pub fn search(args: SearchArgs) -> Result<()> {
     Ok(())
 }
 
-/// The short printed summary: skewness and, with ground truth, R@K and MRR.
+/// The printed summary: sizes, then one row per method (quality when the
+/// queries carry ground truth, and hubness).
 fn print_summary(summary: &RunSummary) {
     println!(
         "{} queries × {} gallery items (dim {}{})",
@@ -110,45 +119,57 @@ fn print_summary(summary: &RunSummary) {
                 .map(|b| format!(", gallery bank {b}"))
                 .unwrap_or_default()
     );
-    let names: Vec<String> = summary
-        .methods
-        .iter()
-        .map(|m| {
-            let params: Vec<String> = m
-                .parameters
-                .iter()
-                .map(|(k, v)| match v.as_f64() {
-                    Some(x) if x.fract() == 0.0 => format!("{k}={x:.0}"),
-                    _ => format!("{k}={v}"),
-                })
-                .collect();
-            if params.is_empty() {
-                m.method.clone()
-            } else {
-                format!("{} {}", m.method, params.join(","))
-            }
-        })
-        .collect();
+    print!("{}", summary_table(&summary.methods));
+}
+
+/// An aligned table of method summaries (R@K in percent).
+fn summary_table(methods: &[MethodSummary]) -> String {
+    let names: Vec<String> = methods.iter().map(method_label).collect();
     let width = names
         .iter()
         .map(|n| n.chars().count())
         .max()
         .unwrap_or(6)
         .max(6);
-    println!(
-        "{:<width$} {:>10} {:>8} {:>8} {:>8} {:>8}",
-        "method", "skew(N10)", "R@1", "R@5", "R@10", "MRR"
-    );
-    for (m, name) in summary.methods.iter().zip(&names) {
-        match &m.quality {
-            Some(q) => println!(
-                "{:<width$} {:>10.3} {:>8.4} {:>8.4} {:>8.4} {:>8.4}",
-                name, m.k_occurrence_skewness, q.r1, q.r5, q.r10, q.mrr
-            ),
-            None => println!(
-                "{:<width$} {:>10.3} {:>8} {:>8} {:>8} {:>8}",
-                name, m.k_occurrence_skewness, "-", "-", "-", "-"
-            ),
+    let ks: Vec<usize> = methods
+        .iter()
+        .find_map(|m| m.quality.as_ref())
+        .map(|q| q.recall.iter().map(|r| r.k).collect())
+        .unwrap_or_default();
+    let mut out = format!("{:<width$} {:>9}", "method", "skew(N10)");
+    for k in &ks {
+        out += &format!(" {:>7}", format!("R@{k}"));
+    }
+    if !ks.is_empty() {
+        out += &format!(" {:>7} {:>7}", "MdR", "MRR");
+    }
+    out.push('\n');
+    for (m, name) in methods.iter().zip(&names) {
+        out += &format!("{:<width$} {:>9.3}", name, m.k_occurrence_skewness);
+        if let Some(q) = &m.quality {
+            for r in &q.recall {
+                out += &format!(" {:>7.2}", 100.0 * r.value);
+            }
+            out += &format!(" {:>7.1} {:>7.4}", q.median_rank, q.mrr);
         }
+        out.push('\n');
+    }
+    out
+}
+
+/// `is beta=20`: the method with its parameters.
+fn method_label(m: &MethodSummary) -> String {
+    let params: Vec<String> = m
+        .parameters
+        .iter()
+        .map(|(k, v)| match v.as_f64() {
+            Some(x) if x.fract() == 0.0 => format!("{k}={x:.0}"),
+            _ => format!("{k}={v}"),
+        })
+        .collect();
+    if params.is_empty() {
+        m.method.clone()
+    } else {
+        format!("{} {}", m.method, params.join(","))
     }
 }
