@@ -350,8 +350,7 @@ struct ListsOfMethod {
 /// a results file and, with ground truth, R@K for K ≤ k (from the lists:
 /// a target beyond the written top-k counts as a miss, so MRR is MRR@k and
 /// the mean rank is unknown).
-pub fn report(job: &ReportJob, progress: &dyn Progress) -> Result<ReportOutcome> {
-    let _ = progress;
+pub fn report(job: &ReportJob, _progress: &dyn Progress) -> Result<ReportOutcome> {
     if job.k == 0 {
         return Err(HubnormError::Usage("--k must be at least 1".into()));
     }

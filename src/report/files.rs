@@ -6,9 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow::array::{
-    new_null_array, Array, ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array,
-};
+use arrow::array::{Array, ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array};
 use arrow::datatypes::{DataType, Field, Schema};
 use parquet::arrow::ProjectionMask;
 
@@ -93,8 +91,8 @@ pub fn read_corrections(path: &Path, index: &IdIndex) -> Result<Vec<(String, Arr
         .fields()
         .iter()
         .filter(|f| {
-            f.name() != "gallery_id" && f.data_type().is_primitive()
-                || f.data_type() == &DataType::Boolean
+            let scalar = f.data_type().is_primitive() || f.data_type() == &DataType::Boolean;
+            f.name() != "gallery_id" && scalar
         })
         .map(|f| f.name().as_str())
         .collect();
@@ -265,9 +263,4 @@ impl ReportFiles<'_> {
             )?,
         ])
     }
-}
-
-/// A column of nulls, for a gallery without text.
-pub fn null_text(rows: usize) -> ArrayRef {
-    new_null_array(&DataType::Utf8, rows)
 }
