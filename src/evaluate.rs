@@ -13,7 +13,8 @@ use crate::error::{HubnormError, Result};
 use crate::ids::{id_at, IdIndex, IdValue};
 use crate::options::{MethodKind, MethodParams, MethodSpec, PassOptions};
 use crate::pipeline::{
-    check_bank_sizes, commit_all, open_table, run_uncommitted, MethodOutcome, RunJob, RunSummary,
+    check_bank_sizes, commit_all, open_table, refuse_existing, run_uncommitted, MethodOutcome,
+    RunJob, RunSummary,
 };
 use crate::progress::Progress;
 use crate::query::sinkhorn_pp::check_protocol_cost;
@@ -150,12 +151,7 @@ pub fn compare(job: &CompareJob, progress: &dyn Progress) -> Result<CompareOutco
         (run_job.methods, left_out) = default_methods(&run_job)?;
     }
     if let Some(html) = &job.html {
-        if html.exists() && !run_job.overwrite {
-            return Err(HubnormError::Usage(format!(
-                "{} already exists (pass --overwrite to replace it)",
-                html.display()
-            )));
-        }
+        refuse_existing(html, run_job.overwrite)?;
     }
     let products = run_uncommitted(&run_job, &COMPARE_OUTPUTS, progress)?;
     let figures = figures_of(&products.outcomes, &run_job.options);
@@ -355,13 +351,10 @@ pub fn report(job: &ReportJob, _progress: &dyn Progress) -> Result<ReportOutcome
         return Err(HubnormError::Usage("--k must be at least 1".into()));
     }
     for name in REPORT_OUTPUTS {
-        let path = job.out_dir.join(name);
-        if path.exists() && !job.overwrite {
-            return Err(HubnormError::Usage(format!(
-                "{} already exists (pass --overwrite to replace it)",
-                path.display()
-            )));
-        }
+        refuse_existing(&job.out_dir.join(name), job.overwrite)?;
+    }
+    if let Some(html) = &job.html {
+        refuse_existing(html, job.overwrite)?;
     }
     let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
     let index = IdIndex::build(&gallery)?;

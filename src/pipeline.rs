@@ -596,7 +596,7 @@ fn refuse_protocol(methods: &[MethodSpec], command: &str) -> Result<()> {
     Ok(())
 }
 
-fn refuse_existing(path: &Path, overwrite: bool) -> Result<()> {
+pub(crate) fn refuse_existing(path: &Path, overwrite: bool) -> Result<()> {
     if !overwrite && path.exists() {
         return Err(HubnormError::Usage(format!(
             "{} already exists (pass --overwrite to replace it)",

@@ -17,7 +17,7 @@ use serde::Serialize;
 use crate::error::{HubnormError, Result};
 use crate::evaluate::figures_of;
 use crate::options::{MethodKind, MethodSpec, PassOptions};
-use crate::pipeline::{commit_all, evaluate_methods, open_table};
+use crate::pipeline::{commit_all, evaluate_methods, open_table, refuse_existing};
 use crate::progress::Progress;
 use crate::report::compare::MethodFigures;
 use crate::report::files::write_batch;
@@ -305,13 +305,10 @@ fn default_methods(has_gallery_bank: bool) -> Vec<MethodKind> {
 /// when asked.
 pub fn tune(job: &TuneJob, progress: &dyn Progress) -> Result<TuneOutcome> {
     for name in TUNE_OUTPUTS {
-        let path = job.out_dir.join(name);
-        if path.exists() && !job.overwrite {
-            return Err(HubnormError::Usage(format!(
-                "{} already exists (pass --overwrite to replace it)",
-                path.display()
-            )));
-        }
+        refuse_existing(&job.out_dir.join(name), job.overwrite)?;
+    }
+    if let Some(html) = &job.html {
+        refuse_existing(html, job.overwrite)?;
     }
     let kinds = if job.methods.is_empty() {
         default_methods(job.gallery_bank.is_some())

@@ -276,49 +276,21 @@ pub struct SearchArgs {
     pub common: CommonArgs,
 }
 
+/// `hubnorm compare`: a `run` (its arguments; without method flags, every
+/// method the inputs allow) and how its report is made.
 #[derive(Debug, Args)]
 pub struct CompareArgs {
-    /// Test queries (with `target_id` for quality figures).
-    #[arg(long)]
-    pub queries: String,
-    /// Gallery to search.
-    #[arg(long)]
-    pub gallery: String,
-    /// Query bank (training-split queries, never the test queries).
-    #[arg(long, required_unless_present = "transductive")]
-    pub bank: Option<String>,
-    /// Use the test queries as the bank (is, sn, dsl, sinkhorn-pp only). PEEKS AT THE TEST SET.
-    #[arg(long, conflicts_with = "bank")]
-    pub transductive: bool,
     #[command(flatten)]
-    pub banks: BankArgs,
-    /// Methods to compare (default: every method the inputs allow, with its
-    /// defaults; the baseline none is always first).
-    #[command(flatten)]
-    pub method: MethodArgs,
-    /// Results per query written to results.parquet.
-    #[arg(long, default_value_t = 10)]
-    pub k: usize,
+    pub run: RunArgs,
     /// The k of the k-occurrence hubness measures.
     #[arg(long, default_value_t = 10)]
     pub hubness_k: usize,
-    #[command(flatten)]
-    pub quality: QualityArgs,
     /// Gallery column shown beside the top hubs (used when present).
     #[arg(long, default_value = "text")]
     pub text_column: String,
     /// Also write a self-contained HTML page (plots, top hubs, R@K bars).
     #[arg(long)]
     pub html: Option<PathBuf>,
-    /// Replace outputs that already exist.
-    #[arg(long)]
-    pub overwrite: bool,
-    /// Output directory: run's files plus compare.parquet, compare.md,
-    /// report.parquet, gallery_report.parquet.
-    #[arg(long)]
-    pub out: PathBuf,
-    #[command(flatten)]
-    pub common: CommonArgs,
 }
 
 #[derive(Debug, Args)]

@@ -3,44 +3,34 @@
 
 use hubnorm::evaluate::{self, CompareJob, ReportJob, COMPARE_OUTPUTS, REPORT_OUTPUTS};
 use hubnorm::options::MethodKind;
-use hubnorm::pipeline::{RunJob, RUN_OUTPUTS};
+use hubnorm::pipeline::RUN_OUTPUTS;
 use hubnorm::Result;
 
 use crate::cli::{CompareArgs, ReportArgs, TuneArgs};
 use crate::progress::reporter;
 
 pub fn compare(args: CompareArgs) -> Result<()> {
-    let named = args.method.method.is_some() || !args.method.methods.is_empty();
-    let methods = if named {
-        args.method.specs(MethodKind::None)?
-    } else {
-        Vec::new()
-    };
-    let mut options = args.quality.apply(args.method.pass_options(&args.common))?;
+    let method = &args.run.method;
+    // Without method flags, every method the inputs allow.
+    let methods =
+        if method.method.is_some() || !method.methods.is_empty() || method.config.is_some() {
+            method.specs(MethodKind::None)?
+        } else {
+            Vec::new()
+        };
     if args.hubness_k == 0 {
         return Err(hubnorm::HubnormError::Usage(
             "--hubness-k must be at least 1".into(),
         ));
     }
-    options.report.hubness_k = args.hubness_k;
+    let mut run = crate::run::run_job(&args.run, methods)?;
+    run.options.report.hubness_k = args.hubness_k;
     let job = CompareJob {
-        run: RunJob {
-            queries: args.queries,
-            gallery: args.gallery,
-            bank: args.bank.unwrap_or_default(),
-            gallery_bank: args.banks.gallery_bank.clone(),
-            bank_sample: args.banks.sample(),
-            transductive: args.transductive,
-            methods,
-            k: args.k,
-            out_dir: args.out.clone(),
-            overwrite: args.overwrite,
-            options,
-        },
+        run,
         text_column: args.text_column,
         html: args.html.clone(),
     };
-    let progress = reporter(args.common.quiet);
+    let progress = reporter(args.run.common.quiet);
     let outcome = evaluate::compare(&job, progress.as_ref())?;
     let s = &outcome.summary;
     println!(
@@ -63,7 +53,7 @@ pub fn compare(args: CompareArgs) -> Result<()> {
         .chain(&COMPARE_OUTPUTS)
         .copied()
         .collect();
-    println!("wrote {}/{{{}}}", args.out.display(), names.join(","));
+    println!("wrote {}/{{{}}}", args.run.out.display(), names.join(","));
     if let Some(html) = &args.html {
         println!("wrote {}", html.display());
     }

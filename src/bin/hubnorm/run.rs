@@ -8,19 +8,7 @@ use crate::cli::{RunArgs, SearchArgs, StatsArgs};
 use crate::progress::reporter;
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let job = RunJob {
-        queries: args.queries,
-        gallery: args.gallery,
-        bank: args.bank.unwrap_or_default(),
-        gallery_bank: args.banks.gallery_bank.clone(),
-        bank_sample: args.banks.sample(),
-        transductive: args.transductive,
-        methods: args.method.specs(MethodKind::InvertedSoftmax)?,
-        k: args.k,
-        out_dir: args.out.clone(),
-        overwrite: args.overwrite,
-        options: args.quality.apply(args.method.pass_options(&args.common))?,
-    };
+    let job = run_job(&args, args.method.specs(MethodKind::InvertedSoftmax)?)?;
     let progress = reporter(args.common.quiet);
     let summary = pipeline::run(&job, progress.as_ref())?;
     print_summary(&summary);
@@ -30,6 +18,23 @@ pub fn run(args: RunArgs) -> Result<()> {
         pipeline::RUN_OUTPUTS.join(",")
     );
     Ok(())
+}
+
+/// The run `args` describe, with these methods.
+pub fn run_job(args: &RunArgs, methods: Vec<hubnorm::options::MethodSpec>) -> Result<RunJob> {
+    Ok(RunJob {
+        queries: args.queries.clone(),
+        gallery: args.gallery.clone(),
+        bank: args.bank.clone().unwrap_or_default(),
+        gallery_bank: args.banks.gallery_bank.clone(),
+        bank_sample: args.banks.sample(),
+        transductive: args.transductive,
+        methods,
+        k: args.k,
+        out_dir: args.out.clone(),
+        overwrite: args.overwrite,
+        options: args.quality.apply(args.method.pass_options(&args.common))?,
+    })
 }
 
 pub fn stats(args: StatsArgs) -> Result<()> {
