@@ -61,6 +61,15 @@ pub enum HubnormError {
     #[error("Arrow error: {0}")]
     Arrow(#[from] arrow::error::ArrowError),
 
+    /// The work was stopped before it finished (Ctrl-C, or a SQL consumer
+    /// that stopped reading); nothing was committed.
+    #[error("interrupted: {0}")]
+    Interrupted(String),
+
+    /// A SQL statement failed to plan or run (DataFusion's message).
+    #[error("SQL: {message}")]
+    Sql { message: String, exit_code: i32 },
+
     /// A bug in hubnorm.
     #[error("internal error: {0}")]
     Internal(String),
@@ -76,6 +85,8 @@ impl HubnormError {
             | HubnormError::Parquet { .. }
             | HubnormError::Arrow(_)
             | HubnormError::Internal(_) => 1,
+            HubnormError::Interrupted(_) => 130,
+            HubnormError::Sql { exit_code, .. } => *exit_code,
         }
     }
 
@@ -95,7 +106,8 @@ impl HubnormError {
         }
     }
 
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    /// An I/O failure on `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         HubnormError::Io {
             path: path.into(),
             source,

@@ -21,7 +21,8 @@
 //! blocks, [`kernel`] computes similarity tiles and their epilogues, [`bank`]
 //! is pass 1, [`query`] is pass 2, [`report`] the hubness and quality figures,
 //! [`sink`] the atomic Parquet writers, [`stats_file`] the statistics file
-//! between the passes, and [`pipeline`] wires them together.
+//! between the passes, [`pipeline`] wires them together, and [`sql`] is the
+//! SQL face (DataFusion functions, table functions, `hubnorm sql`).
 //!
 //! ```no_run
 //! use hubnorm::options::{Beta, MethodSpec, PassOptions};
@@ -63,6 +64,7 @@ pub mod query;
 pub mod report;
 pub mod sink;
 pub mod source;
+pub mod sql;
 pub mod stats_file;
 pub mod tune;
 

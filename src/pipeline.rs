@@ -536,8 +536,41 @@ fn write_results(
     metadata.extend(table_metadata("gallery", gallery));
     // Without a destination (tuning), only the figures are gathered.
     let mut sink = out
-        .map(|out| ParquetSink::create(out, schema.clone(), metadata, overwrite))
+        .map(|out| ParquetSink::create(out, schema, metadata, overwrite))
         .transpose()?;
+    let outcomes = search_into(
+        queries,
+        gallery,
+        index,
+        plan,
+        k,
+        options,
+        protocol,
+        progress,
+        &mut |batch| match &mut sink {
+            Some(sink) => sink.write(batch),
+            None => Ok(()),
+        },
+    )?;
+    let file = sink.map(ParquetSink::close_uncommitted).transpose()?;
+    Ok((file, outcomes))
+}
+
+/// Pass 2: every query block's result rows into `emit` (results schema,
+/// query-major order), and the figures of each method.
+#[allow(clippy::too_many_arguments)]
+fn search_into(
+    queries: &EmbeddingTable,
+    gallery: &EmbeddingTable,
+    index: &IdIndex,
+    plan: &ScoringPlan,
+    k: usize,
+    options: &PassOptions,
+    protocol: Option<&SingleQuerySinkhorn>,
+    progress: &dyn Progress,
+    emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
+) -> Result<Vec<MethodOutcome>> {
+    let schema = results_schema(queries.id_kind, gallery.id_kind);
     let hubness_k = options.report.hubness_k;
     let search_k = k
         .max(SKEWNESS_K)
@@ -568,15 +601,8 @@ fn write_results(
         // The result rows built from each query (~48 bytes per row).
         output_row_bytes: plan.methods.len() * k * 48,
     };
-    search(&request, progress, |block| {
-        let batch = collector.batch(&block)?;
-        match &mut sink {
-            Some(sink) => sink.write(&batch),
-            None => Ok(()),
-        }
-    })?;
-    let file = sink.map(ParquetSink::close_uncommitted).transpose()?;
-    Ok((file, collector.outcomes))
+    search(&request, progress, |block| emit(&collector.batch(&block)?))?;
+    Ok(collector.outcomes)
 }
 
 fn check_k(k: usize) -> Result<()> {
@@ -679,6 +705,87 @@ pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary
                 .map(|o| o.summary(&job.options.report))
                 .collect(),
         })
+    })
+}
+
+/// The schema of `hubnorm stats`'s output for `job` (reads file metadata only).
+pub fn stats_schema(job: &StatsJob) -> Result<SchemaRef> {
+    let methods = check_methods(&job.methods, job.gallery_bank.is_some())?;
+    refuse_protocol(&methods, "stats")?;
+    let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+    Ok(crate::bank::StatsLayout::new(&methods).schema(gallery.id_kind))
+}
+
+/// `hubnorm stats` as a stream of record batches into `sink` (`job.out`
+/// and `job.overwrite` are not used); columns known only at the end go
+/// through a scratch file at `spool`, removed afterwards.
+pub fn stream_stats(
+    job: &StatsJob,
+    spool: &Path,
+    progress: &dyn Progress,
+    sink: &mut (dyn crate::stats_file::StatsSink + Send),
+) -> Result<()> {
+    let methods = check_methods(&job.methods, job.gallery_bank.is_some())?;
+    refuse_protocol(&methods, "stats")?;
+    with_threads(job.options.threads, || {
+        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        let banks = open_banks(
+            &job.bank,
+            job.gallery_bank.as_deref(),
+            job.bank_sample,
+            &methods,
+            &gallery,
+            &job.options,
+        )?;
+        let index = IdIndex::build(&gallery)?;
+        let metadata = banks.stats_metadata(&gallery, job.bank_sample, &job.options);
+        crate::stats_file::stream_stats(
+            &banks.inputs(&gallery, &index),
+            &methods,
+            spool,
+            &job.options,
+            metadata,
+            progress,
+            sink,
+        )?;
+        Ok(())
+    })
+}
+
+/// The schema of `hubnorm search`'s results for `job` (reads file metadata only).
+pub fn search_schema(job: &SearchJob) -> Result<SchemaRef> {
+    let queries = open_table("queries", &job.queries, &job.options, false)?;
+    let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+    Ok(results_schema(queries.id_kind, gallery.id_kind))
+}
+
+/// `hubnorm search` as a stream of record batches into `emit` (`job.out`
+/// and `job.overwrite` are not used), one batch per query block.
+pub fn stream_search(
+    job: &SearchJob,
+    progress: &dyn Progress,
+    emit: &mut (dyn FnMut(&RecordBatch) -> Result<()> + Send),
+) -> Result<()> {
+    check_k(job.k)?;
+    let methods = check_methods(&job.methods, true)?;
+    refuse_protocol(&methods, "search")?;
+    with_threads(job.options.threads, || {
+        let queries = open_table("queries", &job.queries, &job.options, true)?;
+        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        let index = IdIndex::build(&gallery)?;
+        let plan = load_plan(job.stats.as_deref(), &index, &methods)?;
+        search_into(
+            &queries,
+            &gallery,
+            &index,
+            &plan,
+            job.k,
+            &job.options,
+            None,
+            progress,
+            emit,
+        )?;
+        Ok(())
     })
 }
 

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
-use arrow::datatypes::{DataType, Float32Type, Float64Type, Schema};
+use arrow::datatypes::{DataType, Float32Type, Float64Type, Schema, SchemaRef};
 
 use crate::bank::layout::{DN_GALLERY_MEAN_KEY, DN_QUERY_BANK_MEAN_KEY};
 use crate::bank::sinkhorn::{sinkhorn_potentials, SinkhornRequest};
@@ -69,6 +69,38 @@ pub fn parameters_json(m: &MethodSpec) -> serde_json::Map<String, serde_json::Va
         .collect()
 }
 
+/// Where pass 1's rows go: a Parquet file, or a stream of record batches
+/// (the SQL table function).
+pub trait StatsSink {
+    /// Called once, before the first batch, with the final schema and the
+    /// file metadata (methods, `dn` means, Sinkhorn reports).
+    fn begin(&mut self, schema: SchemaRef, metadata: Vec<(String, String)>) -> Result<()>;
+    /// One batch of rows, in gallery order.
+    fn write(&mut self, batch: &RecordBatch) -> Result<()>;
+}
+
+/// A [`StatsSink`] into an uncommitted Parquet file.
+struct FileStatsSink<'a> {
+    out: &'a Path,
+    overwrite: bool,
+    sink: Option<ParquetSink>,
+}
+
+impl StatsSink for FileStatsSink<'_> {
+    fn begin(&mut self, schema: SchemaRef, metadata: Vec<(String, String)>) -> Result<()> {
+        self.sink = Some(ParquetSink::create(
+            self.out,
+            schema,
+            metadata,
+            self.overwrite,
+        )?);
+        Ok(())
+    }
+    fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        write_in_slices(self.sink.as_mut().expect("begun"), batch)
+    }
+}
+
 /// Pass 1 into an uncommitted stats file at `out`, with how each Sinkhorn
 /// method's iterations ended. `metadata` is stored in the footer, with the
 /// methods, the means of `dn`, and the Sinkhorn reports added.
@@ -78,9 +110,40 @@ pub fn write_stats(
     out: &Path,
     overwrite: bool,
     options: &PassOptions,
-    mut metadata: Vec<(String, String)>,
+    metadata: Vec<(String, String)>,
     progress: &dyn Progress,
 ) -> Result<(AtomicFile, Vec<SinkhornReport>)> {
+    let mut sink = FileStatsSink {
+        out,
+        overwrite,
+        sink: None,
+    };
+    let reports = stream_stats(
+        inputs,
+        methods,
+        &spool_path(out),
+        options,
+        metadata,
+        progress,
+        &mut sink,
+    )?;
+    let file = sink.sink.expect("begun").close_uncommitted()?;
+    Ok((file, reports))
+}
+
+/// Pass 1 into `sink`: each gallery chunk's rows as soon as the banks have
+/// streamed past it, or, when some column is known only at the end
+/// (activation sets, Sinkhorn potentials), after the last chunk, joined
+/// with the early columns held in a scratch file at `spool`.
+pub fn stream_stats(
+    inputs: &StatsInputs<'_>,
+    methods: &[MethodSpec],
+    spool: &Path,
+    options: &PassOptions,
+    mut metadata: Vec<(String, String)>,
+    progress: &dyn Progress,
+    sink: &mut dyn StatsSink,
+) -> Result<Vec<SinkhornReport>> {
     let StatsInputs {
         gallery,
         bank,
@@ -108,10 +171,16 @@ pub fn write_stats(
     let direct = late.is_empty();
     let early_schema =
         std::sync::Arc::new(Schema::new(schema.fields()[..1 + early.len()].to_vec()));
-    let mut sink = if direct {
-        ParquetSink::create(out, schema.clone(), metadata.clone(), overwrite)?
+    let mut spool_sink = if direct {
+        sink.begin(schema.clone(), metadata.clone())?;
+        None
     } else {
-        ParquetSink::create(&spool_path(out), early_schema.clone(), vec![], true)?
+        Some(ParquetSink::create(
+            spool,
+            early_schema.clone(),
+            vec![],
+            true,
+        )?)
     };
     let request = BankPassRequest {
         gallery,
@@ -132,15 +201,16 @@ pub fn write_stats(
     let output = compute_bank_statistics(&request, progress, |chunk| {
         let mut columns = vec![chunk.gallery.ids.clone()];
         columns.extend(layout.chunk_columns(&chunk, means.as_ref())?);
-        write_in_slices(
-            &mut sink,
-            &RecordBatch::try_new(early_schema.clone(), columns)?,
-        )
+        let batch = RecordBatch::try_new(early_schema.clone(), columns)?;
+        match &mut spool_sink {
+            Some(spool) => write_in_slices(spool, &batch),
+            None => sink.write(&batch),
+        }
     })?;
-    if direct {
-        return Ok((sink.close_uncommitted()?, Vec::new()));
-    }
-    let spool = sink.close_uncommitted()?;
+    let Some(spool_sink) = spool_sink else {
+        return Ok(Vec::new());
+    };
+    let spool = spool_sink.close_uncommitted()?;
     // Sinkhorn couples every target: its potentials come from their own
     // sweeps over the whole bank × targets, after the single-pass statistics.
     let mut reports = Vec::new();
@@ -192,7 +262,7 @@ pub fn write_stats(
         potentials.push(f);
     }
     let late_columns = layout.late_columns(&output, gallery.rows as usize, &potentials);
-    let mut final_sink = ParquetSink::create(out, schema.clone(), metadata, overwrite)?;
+    sink.begin(schema.clone(), metadata)?;
     let reader = crate::source::open_parquet(spool.temporary_path())?
         .build()
         .map_err(|e| HubnormError::parquet(spool.temporary_path(), e))?;
@@ -202,14 +272,11 @@ pub fn write_stats(
         let n = batch.num_rows();
         let mut columns = batch.columns().to_vec();
         columns.extend(late_columns.iter().map(|column| column.slice(row, n)));
-        write_in_slices(
-            &mut final_sink,
-            &RecordBatch::try_new(schema.clone(), columns)?,
-        )?;
+        sink.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
         row += n;
     }
     drop(spool);
-    Ok((final_sink.close_uncommitted()?, reports))
+    Ok(reports)
 }
 
 /// How a Sinkhorn method's iterations ended (summary and stats metadata).
@@ -267,7 +334,7 @@ fn spool_path(out: &Path) -> PathBuf {
 }
 
 /// The key-value metadata of a Parquet file.
-fn file_metadata(path: &Path) -> Result<HashMap<String, String>> {
+pub(crate) fn file_metadata(path: &Path) -> Result<HashMap<String, String>> {
     let builder = crate::source::open_parquet(path)?;
     Ok(builder
         .metadata()

@@ -36,6 +36,10 @@ pub enum Command {
     /// Choose hyperparameters by grid search on a validation split (never
     /// the test queries); writes a config `run --config` accepts.
     Tune(TuneArgs),
+    /// Run SQL over Parquet tables and a run's inputs and outputs, with every
+    /// hubnorm function (hub_* UDFs and UDAFs, hubnorm_stats/hubnorm_search
+    /// table functions) installed.
+    Sql(SqlArgs),
     /// Measure kernel and pass throughput on generated data.
     Bench(crate::bench::BenchArgs),
 }
@@ -383,6 +387,44 @@ pub struct TuneArgs {
     pub out: PathBuf,
     #[command(flatten)]
     pub common: CommonArgs,
+}
+
+/// `hubnorm sql`.
+#[derive(Debug, Args)]
+pub struct SqlArgs {
+    /// The SQL: one or more statements separated by `;` (the last one's rows are output).
+    #[arg(required_unless_present_any = ["file", "functions"], conflicts_with = "file")]
+    pub query: Option<String>,
+    /// Read the SQL from a file (e.g. one of queries/*.sql).
+    #[arg(long, value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// A table: NAME=PATH, PATH a Parquet file, a directory of parts or a
+    /// glob (repeatable; replaces a run table of the same name).
+    #[arg(long = "table", value_name = "NAME=PATH")]
+    pub tables: Vec<String>,
+    /// A run's output directory: registers results, gallery_stats, report,
+    /// gallery_report and tune (those present) and the inputs the run
+    /// recorded: queries, gallery, bank, gallery_bank.
+    #[arg(long, value_name = "DIR")]
+    pub run: Option<PathBuf>,
+    /// Output: an aligned table, CSV, or Parquet (needs --out).
+    #[arg(long, default_value = "table", value_parser = ["table", "csv", "parquet"])]
+    pub format: String,
+    /// Write the rows to this file (atomically) instead of standard output.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Replace --out if it exists.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// List every hubnorm SQL function with its syntax and an example, and exit.
+    #[arg(long)]
+    pub functions: bool,
+    /// Memory pool of the SQL session, e.g. 2GiB; a table function's pass gets half.
+    #[arg(long, default_value = "2GiB", value_parser = parse_memory)]
+    pub memory_limit: MemoryBudget,
+    /// Worker threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
 }
 
 fn parse_memory(s: &str) -> Result<MemoryBudget, String> {

@@ -1,0 +1,72 @@
+//! `hubnorm sql`: arguments in, SQL job, rows out.
+
+use hubnorm::sql::{catalogue, run_sql, SqlJob, SqlOptions};
+use hubnorm::{HubnormError, Result};
+
+use crate::cli::SqlArgs;
+
+pub fn sql(args: SqlArgs) -> Result<()> {
+    if args.functions {
+        for doc in catalogue() {
+            println!(
+                "{:<20} {:<9} {}\n{:<30} {}\n{:<30} e.g. {}\n",
+                doc.name,
+                doc.kind.name(),
+                doc.description,
+                "",
+                doc.syntax,
+                "",
+                doc.example
+            );
+        }
+        return Ok(());
+    }
+    let (sql, source) = match (&args.query, &args.file) {
+        (Some(query), None) => (query.clone(), None),
+        (None, Some(file)) => {
+            let text = std::fs::read_to_string(file).map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => {
+                    HubnormError::Usage(format!("{}: no such file", file.display()))
+                }
+                _ => HubnormError::io(file, e),
+            })?;
+            (text, Some(file.clone()))
+        }
+        _ => unreachable!("clap requires exactly one of QUERY and --file"),
+    };
+    let tables = args
+        .tables
+        .iter()
+        .map(|t| match t.split_once('=') {
+            Some((name, path)) if !name.is_empty() && !path.is_empty() => {
+                Ok((name.to_owned(), path.to_owned()))
+            }
+            _ => Err(HubnormError::Usage(format!(
+                "--table {t}: expected NAME=PATH"
+            ))),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let job = SqlJob {
+        tables,
+        run_dir: args.run.clone(),
+        sql,
+        source,
+        format: args.format.parse()?,
+        out: args.out.clone(),
+        overwrite: args.overwrite,
+        options: SqlOptions {
+            memory: args.memory_limit,
+            threads: args.threads,
+            ..SqlOptions::default()
+        },
+    };
+    let mut stdout = std::io::stdout().lock();
+    let outcome = run_sql(&job, &mut stdout)?;
+    for note in &outcome.skipped {
+        eprintln!("note: {note}");
+    }
+    if let Some(out) = &args.out {
+        eprintln!("wrote {} rows to {}", outcome.rows, out.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,337 @@
+//! `hubnorm sql`: SQL text over Parquet tables and a run's outputs.
+//!
+//! Tables come from `NAME=PATH` pairs (a Parquet file, a directory of parts
+//! or a glob) and from a run directory ([`run_tables`]): its outputs, and
+//! the inputs its files recorded. Statements run in order; the rows of the
+//! last one are the output (an aligned table, CSV, or Parquet written
+//! atomically).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::datasource::file_format::parquet::ParquetFormat;
+use datafusion::datasource::listing::{
+    ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
+};
+use datafusion::prelude::SessionContext;
+use datafusion::sql::parser::DFParser;
+use futures::StreamExt;
+
+use crate::error::{HubnormError, Result};
+use crate::sink::{AtomicFile, ParquetSink};
+
+use super::{session, sql_error, SqlOptions};
+
+/// How `hubnorm sql` prints or writes the rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OutputFormat {
+    /// An aligned text table (the rows are gathered before printing).
+    #[default]
+    Table,
+    /// CSV with a header line, streamed.
+    Csv,
+    /// A Parquet file (needs an output path), streamed.
+    Parquet,
+}
+
+impl std::str::FromStr for OutputFormat {
+    type Err = HubnormError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "table" => Ok(OutputFormat::Table),
+            "csv" => Ok(OutputFormat::Csv),
+            "parquet" => Ok(OutputFormat::Parquet),
+            other => Err(HubnormError::Usage(format!(
+                "unknown format '{other}' (table, csv or parquet)"
+            ))),
+        }
+    }
+}
+
+/// Inputs and options of `hubnorm sql`.
+#[derive(Debug, Clone, Default)]
+pub struct SqlJob {
+    /// `NAME=PATH` tables; they replace run tables of the same name.
+    pub tables: Vec<(String, String)>,
+    /// An output directory of `hubnorm run` (or compare, report, tune).
+    pub run_dir: Option<PathBuf>,
+    /// One or more statements separated by `;`.
+    pub sql: String,
+    /// The file the SQL came from (named in errors).
+    pub source: Option<PathBuf>,
+    pub format: OutputFormat,
+    /// Output file; standard output when `None` (not for Parquet).
+    pub out: Option<PathBuf>,
+    pub overwrite: bool,
+    pub options: SqlOptions,
+}
+
+/// What `hubnorm sql` did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SqlOutcome {
+    /// Rows of the last statement.
+    pub rows: usize,
+    /// The tables registered (name, path).
+    pub tables: Vec<(String, String)>,
+    /// Recorded inputs that could not be registered, and why.
+    pub skipped: Vec<String>,
+}
+
+/// Output files of the commands a run directory may hold, as table names.
+pub const RUN_OUTPUT_TABLES: [(&str, &str); 5] = [
+    ("results", "results.parquet"),
+    ("gallery_stats", "gallery_stats.parquet"),
+    ("report", "report.parquet"),
+    ("gallery_report", "gallery_report.parquet"),
+    ("tune", "tune.parquet"),
+];
+
+/// Input tables a run records in its files' metadata: (table, file, key).
+const RUN_INPUT_TABLES: [(&str, &str, &str); 4] = [
+    ("queries", "results.parquet", "hubnorm.queries.path"),
+    ("gallery", "results.parquet", "hubnorm.gallery.path"),
+    ("bank", "gallery_stats.parquet", "hubnorm.bank.path"),
+    (
+        "gallery_bank",
+        "gallery_stats.parquet",
+        "hubnorm.gallery bank.path",
+    ),
+];
+
+/// The tables of a run directory: every output file present, and the
+/// inputs its files recorded (when they still resolve), with the recorded
+/// inputs that do not.
+pub fn run_tables(dir: &Path) -> Result<(Vec<(String, String)>, Vec<String>)> {
+    if !dir.is_dir() {
+        return Err(HubnormError::input(dir, None, None, "not a directory"));
+    }
+    let mut tables = Vec::new();
+    let mut skipped = Vec::new();
+    for (name, file) in RUN_OUTPUT_TABLES {
+        let path = dir.join(file);
+        if path.is_file() {
+            tables.push((name.to_owned(), path.display().to_string()));
+        }
+    }
+    if tables.is_empty() {
+        return Err(HubnormError::input(
+            dir,
+            None,
+            None,
+            "holds none of the files hubnorm writes (results.parquet, gallery_stats.parquet, ...)",
+        ));
+    }
+    for (name, file, key) in RUN_INPUT_TABLES {
+        let path = dir.join(file);
+        if !path.is_file() {
+            continue;
+        }
+        let metadata = crate::stats_file::file_metadata(&path)?;
+        let Some(spec) = metadata.get(key) else {
+            continue;
+        };
+        match crate::source::expand_spec(spec) {
+            Ok(_) => tables.push((name.to_owned(), spec.clone())),
+            Err(e) => skipped.push(format!(
+                "table {name}: {} records input {spec}, which does not resolve from here ({e})",
+                path.display()
+            )),
+        }
+    }
+    Ok((tables, skipped))
+}
+
+/// Registers the Parquet files of `spec` (file, directory or glob) as `name`.
+async fn register_parquet(ctx: &SessionContext, name: &str, spec: &str) -> Result<()> {
+    let files = crate::source::expand_spec(spec)?;
+    let urls = files
+        .iter()
+        .map(|f| {
+            let absolute = std::path::absolute(f).map_err(|e| HubnormError::io(f, e))?;
+            ListingTableUrl::parse(absolute.to_string_lossy())
+                .map_err(|e| HubnormError::input(f, None, None, e.to_string()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let options = ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension("");
+    let state = ctx.state();
+    let config = ListingTableConfig::new_with_multi_paths(urls)
+        .with_listing_options(options)
+        .infer_schema(&state)
+        .await
+        .map_err(|e| {
+            HubnormError::input(spec, None, None, format!("cannot read as Parquet: {e}"))
+        })?;
+    let table = ListingTable::try_new(config).map_err(|e| sql_error(e, None))?;
+    ctx.register_table(name, Arc::new(table))
+        .map_err(|e| sql_error(e, None))?;
+    Ok(())
+}
+
+/// Runs `job`, printing to `stdout` unless `job.out` is set.
+pub fn run_sql(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
+    if job.format == OutputFormat::Parquet && job.out.is_none() {
+        return Err(HubnormError::Usage(
+            "--format parquet needs --out FILE".into(),
+        ));
+    }
+    if let Some(out) = &job.out {
+        crate::pipeline::refuse_existing(out, job.overwrite)?;
+    }
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if job.options.threads > 0 {
+        builder.worker_threads(job.options.threads);
+    }
+    let runtime = builder
+        .enable_all()
+        .build()
+        .map_err(|e| HubnormError::Internal(format!("cannot start the SQL runtime: {e}")))?;
+    runtime.block_on(run_async(job, stdout))
+}
+
+async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
+    let ctx = session(&job.options)?;
+    let mut outcome = SqlOutcome::default();
+    let mut tables: Vec<(String, String)> = Vec::new();
+    if let Some(dir) = &job.run_dir {
+        let (found, skipped) = run_tables(dir)?;
+        tables = found;
+        outcome.skipped = skipped;
+    }
+    for (name, path) in &job.tables {
+        tables.retain(|(n, _)| n != name);
+        tables.push((name.clone(), path.clone()));
+    }
+    for (name, path) in &tables {
+        register_parquet(&ctx, name, path).await?;
+    }
+    outcome.tables = tables;
+
+    let source = job.source.as_deref();
+    let statements = DFParser::parse_sql(&job.sql).map_err(|e| sql_error(e, source))?;
+    if statements.is_empty() {
+        return Err(HubnormError::Usage("no SQL statement given".into()));
+    }
+    let last = statements.len() - 1;
+    for (i, statement) in statements.into_iter().enumerate() {
+        // A fresh state per statement: views made by earlier ones are visible.
+        let plan = ctx
+            .state()
+            .statement_to_plan(statement)
+            .await
+            .map_err(|e| sql_error(e, source))?;
+        let frame = ctx
+            .execute_logical_plan(plan)
+            .await
+            .map_err(|e| sql_error(e, source))?;
+        if i < last {
+            frame.collect().await.map_err(|e| sql_error(e, source))?;
+            continue;
+        }
+        let schema = Arc::new(frame.schema().as_arrow().clone());
+        let mut stream = frame
+            .execute_stream()
+            .await
+            .map_err(|e| sql_error(e, source))?;
+        let mut output = Output::open(job, schema, stdout)?;
+        while let Some(batch) = stream.next().await {
+            let batch = batch.map_err(|e| sql_error(e, source))?;
+            outcome.rows += batch.num_rows();
+            output.write(batch)?;
+        }
+        output.finish()?;
+    }
+    Ok(outcome)
+}
+
+/// Where the last statement's rows go.
+enum Output<'a> {
+    /// Gathered, then printed aligned.
+    Table {
+        batches: Vec<RecordBatch>,
+        schema: datafusion::arrow::datatypes::SchemaRef,
+        writer: Box<dyn Write + 'a>,
+        file: Option<AtomicFile>,
+    },
+    Csv {
+        writer: datafusion::arrow::csv::Writer<Box<dyn Write + 'a>>,
+        file: Option<AtomicFile>,
+    },
+    Parquet(ParquetSink),
+}
+
+impl<'a> Output<'a> {
+    fn open(
+        job: &SqlJob,
+        schema: datafusion::arrow::datatypes::SchemaRef,
+        stdout: &'a mut dyn Write,
+    ) -> Result<Self> {
+        let (writer, file): (Box<dyn Write + 'a>, Option<AtomicFile>) = match &job.out {
+            Some(out) if job.format != OutputFormat::Parquet => {
+                let (file, handle) = AtomicFile::create(out, job.overwrite)?;
+                (Box::new(std::io::BufWriter::new(handle)), Some(file))
+            }
+            _ => (Box::new(stdout), None),
+        };
+        Ok(match job.format {
+            OutputFormat::Table => Output::Table {
+                batches: Vec::new(),
+                schema,
+                writer,
+                file,
+            },
+            OutputFormat::Csv => Output::Csv {
+                writer: datafusion::arrow::csv::WriterBuilder::new()
+                    .with_header(true)
+                    .build(writer),
+                file,
+            },
+            OutputFormat::Parquet => Output::Parquet(ParquetSink::create(
+                job.out.as_deref().expect("checked"),
+                schema,
+                vec![],
+                job.overwrite,
+            )?),
+        })
+    }
+
+    fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        match self {
+            Output::Table { batches, .. } => batches.push(batch),
+            Output::Csv { writer, .. } => writer.write(&batch)?,
+            Output::Parquet(sink) => sink.write(&batch)?,
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<()> {
+        let io = |e: std::io::Error| HubnormError::io("standard output", e);
+        match self {
+            Output::Table {
+                batches,
+                schema,
+                mut writer,
+                file,
+            } => {
+                let text = datafusion::arrow::util::pretty::pretty_format_batches_with_schema(
+                    schema, &batches,
+                )?;
+                writeln!(writer, "{text}").map_err(io)?;
+                writer.flush().map_err(io)?;
+                drop(writer);
+                file.map(AtomicFile::commit).transpose()?;
+            }
+            Output::Csv { writer, file } => {
+                let mut inner = writer.into_inner();
+                inner.flush().map_err(io)?;
+                drop(inner);
+                file.map(AtomicFile::commit).transpose()?;
+            }
+            Output::Parquet(sink) => {
+                sink.finish()?;
+            }
+        }
+        Ok(())
+    }
+}
