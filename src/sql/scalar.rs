@@ -17,39 +17,41 @@ use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
 
-/// The rows of an embedding-list argument as one flat f32 buffer.
+/// The rows of an embedding-list argument, cast once to `List<Float32>`.
 struct Embeddings {
-    values: Vec<f32>,
-    offsets: Vec<usize>,
-    nulls: Option<NullBuffer>,
+    list: ListArray,
+    function: &'static str,
 }
 
 impl Embeddings {
-    fn from_arg(arg: &ColumnarValue, rows: usize, function: &str) -> Result<Self> {
+    fn from_arg(arg: &ColumnarValue, rows: usize, function: &'static str) -> Result<Self> {
         let array = arg.to_array(rows)?;
         let list = cast(
             &array,
             &DataType::List(Arc::new(Field::new_list_field(DataType::Float32, true))),
         )?;
-        let list = list.as_list::<i32>();
-        let offsets: Vec<usize> = list.value_offsets().iter().map(|&o| o as usize).collect();
-        let child = list.values().as_primitive::<Float32Type>();
-        let (start, end) = (offsets[0], offsets[offsets.len() - 1]);
-        if child.slice(start, end - start).null_count() > 0 {
-            return exec_err!("{function}: an embedding holds a null value");
-        }
         Ok(Embeddings {
-            values: child.values()[..end].to_vec(),
-            offsets,
-            nulls: list.nulls().cloned(),
+            list: list.as_list::<i32>().clone(),
+            function,
         })
     }
 
-    fn row(&self, i: usize) -> Option<&[f32]> {
-        if self.nulls.as_ref().is_some_and(|n| n.is_null(i)) {
-            return None;
+    fn nulls(&self) -> Option<&NullBuffer> {
+        self.list.nulls()
+    }
+
+    /// Row i's values; `None` for a null row. A null value inside a row is an error.
+    fn row(&self, i: usize) -> Result<Option<&[f32]>> {
+        if self.list.is_null(i) {
+            return Ok(None);
         }
-        Some(&self.values[self.offsets[i]..self.offsets[i + 1]])
+        let offsets = self.list.value_offsets();
+        let (start, end) = (offsets[i] as usize, offsets[i + 1] as usize);
+        let child = self.list.values().as_primitive::<Float32Type>();
+        if child.slice(start, end - start).null_count() > 0 {
+            return exec_err!("{}: row {} holds a null value", self.function, i + 1);
+        }
+        Ok(Some(&child.values()[start..end]))
     }
 }
 
@@ -102,7 +104,7 @@ impl ScalarUDFImpl for Similarity {
         let b = Embeddings::from_arg(&args.args[1], rows, self.name)?;
         let mut out = Vec::with_capacity(rows);
         for i in 0..rows {
-            let (Some(x), Some(y)) = (a.row(i), b.row(i)) else {
+            let (Some(x), Some(y)) = (a.row(i)?, b.row(i)?) else {
                 out.push(None);
                 continue;
             };
@@ -154,11 +156,11 @@ impl ScalarUDFImpl for L2Normalize {
     }
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let rows = args.number_rows;
-        let v = Embeddings::from_arg(&args.args[0], rows, self.name())?;
-        let mut values = Vec::with_capacity(v.values.len());
+        let v = Embeddings::from_arg(&args.args[0], rows, "hub_l2_normalize")?;
+        let mut values = Vec::with_capacity(v.list.values().len());
         let mut lengths = Vec::with_capacity(rows);
         for i in 0..rows {
-            let row = v.row(i).unwrap_or(&[]);
+            let row = v.row(i)?.unwrap_or(&[]);
             let n = norm(row);
             if n == 0.0 && !row.is_empty() {
                 return exec_err!("hub_l2_normalize: row {} is a zero vector", i + 1);
@@ -182,14 +184,14 @@ impl ScalarUDFImpl for L2Normalize {
                     item,
                     *d,
                     Arc::new(Float32Array::from(padded)),
-                    v.nulls.clone(),
+                    v.nulls().cloned(),
                 )?)
             }
             _ => Arc::new(ListArray::try_new(
                 item,
                 OffsetBuffer::from_lengths(lengths),
                 child,
-                v.nulls.clone(),
+                v.nulls().cloned(),
             )?),
         };
         Ok(ColumnarValue::Array(out))
