@@ -53,7 +53,8 @@ fn try_query(
 }
 
 fn f64s(batch: &RecordBatch, column: &str) -> Vec<f64> {
-    let c = arrow::compute::cast(batch.column_by_name(column).unwrap(), &DataType::Float64).unwrap();
+    let c =
+        arrow::compute::cast(batch.column_by_name(column).unwrap(), &DataType::Float64).unwrap();
     c.as_primitive::<Float64Type>().values().to_vec()
 }
 
@@ -111,7 +112,11 @@ fn every_function_is_registered_once_and_documented() {
             FunctionKind::Aggregate => state.aggregate_functions().contains_key(doc.name),
             FunctionKind::Table => state.table_functions().contains_key(doc.name),
         };
-        assert!(found, "{} not registered as a {:?} function", doc.name, doc.kind);
+        assert!(
+            found,
+            "{} not registered as a {:?} function",
+            doc.name, doc.kind
+        );
     }
     let again = register_functions(&ctx, &opts).unwrap_err().to_string();
     assert!(again.contains("registered twice"), "{again}");
@@ -136,7 +141,11 @@ fn write_long_format(dir: &Path, bank: &Table, gallery: &Table, seed: u64) -> Ve
     for b in 0..bank.rows() {
         let bu = unit(bank.row(b));
         for (j, gj) in g.iter().enumerate() {
-            rows.push((bank.ids[b].clone(), gallery.ids[j].clone(), dot(&bu, gj) as f32));
+            rows.push((
+                bank.ids[b].clone(),
+                gallery.ids[j].clone(),
+                dot(&bu, gj) as f32,
+            ));
         }
     }
     rows.shuffle(&mut rng(seed));
@@ -175,7 +184,10 @@ fn aggregates_equal_the_native_pass_over_partitions() {
     let mut r = rng(61);
     let gallery = random_table(&mut r, "g", 41, 12);
     let bank = random_table(&mut r, "b", 173, 12);
-    let (gp, bp) = (dir.path().join("gallery.parquet"), dir.path().join("bank.parquet"));
+    let (gp, bp) = (
+        dir.path().join("gallery.parquet"),
+        dir.path().join("bank.parquet"),
+    );
     write_table(&gp, &gallery, Layout::FixedF32, false);
     write_table(&bp, &bank, Layout::FixedF32, false);
     let stats = dir.path().join("stats.parquet");
@@ -234,12 +246,24 @@ fn aggregates_equal_the_native_pass_over_partitions() {
         let ids = strings(&out, "gallery_id");
         let (sh, st7, st5) = (f64s(&out, "h"), f64s(&out, "t7"), f64s(&out, "t5"));
         for (i, id) in ids.iter().enumerate() {
-            assert!((sh[i] - h[id]).abs() < 1e-5, "{id}: is {} vs {}", sh[i], h[id]);
+            assert!(
+                (sh[i] - h[id]).abs() < 1e-5,
+                "{id}: is {} vs {}",
+                sh[i],
+                h[id]
+            );
             assert!((0.75 * st7[i] - nnn[id]).abs() < 1e-5, "{id}: nnn");
             assert!((0.5 * st5[i] - csls[id]).abs() < 1e-5, "{id}: csls");
             let same = lse[id].value() / 20.0;
-            assert!((sh[i] - same).abs() <= 1e-12 * same.abs().max(1.0), "{id}: struct");
-            assert_eq!(st7[i], top7[id].mean_of_largest(7).unwrap(), "{id}: top-k struct");
+            assert!(
+                (sh[i] - same).abs() <= 1e-12 * same.abs().max(1.0),
+                "{id}: struct"
+            );
+            assert_eq!(
+                st7[i],
+                top7[id].mean_of_largest(7).unwrap(),
+                "{id}: top-k struct"
+            );
         }
         by_partitions.push(sh);
     }
@@ -303,7 +327,11 @@ fn hubness_aggregate_equals_the_run_summary() {
         "SELECT method, {} FROM results WHERE rank <= 10 GROUP BY method ORDER BY method",
         columns.join(", ")
     );
-    let out = query(&options(3), &[("results", &path("run/results.parquet"))], &sql);
+    let out = query(
+        &options(3),
+        &[("results", &path("run/results.parquet"))],
+        &sql,
+    );
     let methods = strings(&out, "method");
     for m in &summary.methods {
         let row = methods.iter().position(|x| *x == m.method).unwrap();
@@ -338,7 +366,9 @@ fn scalar_functions_match_f64() {
     let list = ListArray::try_new(
         item(DataType::Float64),
         arrow::buffer::OffsetBuffer::from_lengths(vec![9; 25]),
-        Arc::new(Float64Array::from_iter_values(b.data.iter().map(|&x| x as f64))),
+        Arc::new(Float64Array::from_iter_values(
+            b.data.iter().map(|&x| x as f64),
+        )),
         None,
     )
     .unwrap();
@@ -359,14 +389,26 @@ fn scalar_functions_match_f64() {
     );
     let ids = strings(&out, "id");
     let (d, c, n) = (
-        out.column_by_name("d").unwrap().as_primitive::<Float64Type>().clone(),
-        out.column_by_name("c").unwrap().as_primitive::<Float64Type>().clone(),
-        out.column_by_name("n").unwrap().as_primitive::<Float64Type>().clone(),
+        out.column_by_name("d")
+            .unwrap()
+            .as_primitive::<Float64Type>()
+            .clone(),
+        out.column_by_name("c")
+            .unwrap()
+            .as_primitive::<Float64Type>()
+            .clone(),
+        out.column_by_name("n")
+            .unwrap()
+            .as_primitive::<Float64Type>()
+            .clone(),
     );
     for (row, id) in ids.iter().enumerate() {
         let i: usize = id[1..].parse().unwrap();
         if i == 24 {
-            assert!(d.is_null(row) && c.is_null(row), "a null embedding gives null");
+            assert!(
+                d.is_null(row) && c.is_null(row),
+                "a null embedding gives null"
+            );
             continue;
         }
         let (x, y): (Vec<f64>, Vec<f64>) = (
@@ -606,7 +648,11 @@ fn every_query_file_runs_on_the_sample_run() {
         "--out",
         run_dir.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run_dir.join("summary.json")).unwrap())
             .unwrap();
@@ -700,7 +746,14 @@ fn sql_command_refuses_clearly_and_writes_atomically() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nowhere"));
 
-    let out = hubnorm(&["sql", "--table", &table, "--format", "parquet", "SELECT id FROM g"]);
+    let out = hubnorm(&[
+        "sql",
+        "--table",
+        &table,
+        "--format",
+        "parquet",
+        "SELECT id FROM g",
+    ]);
     assert_eq!(out.status.code(), Some(2));
 
     let target = dir.path().join("ids.parquet");
@@ -714,7 +767,11 @@ fn sql_command_refuses_clearly_and_writes_atomically() {
         target.to_str().unwrap(),
         "SELECT id, hub_l2_normalize(embedding) AS embedding FROM g ORDER BY id",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let written = read_parquet(&target);
     assert_eq!(written.num_rows(), 600);
     let before = std::fs::read(&target).unwrap();
