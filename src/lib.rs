@@ -54,6 +54,7 @@ pub mod bank;
 pub mod cache;
 pub mod error;
 pub mod evaluate;
+pub mod export;
 pub mod ids;
 pub mod kernel;
 pub mod options;
@@ -67,5 +68,6 @@ pub mod source;
 pub mod sql;
 pub mod stats_file;
 pub mod tune;
+pub mod update;
 
 pub use error::{HubnormError, Result};

@@ -152,7 +152,10 @@ pub struct RunSummary {
 }
 
 /// Runs `f` on a rayon pool of `threads` workers (0 = one per core).
-fn with_threads<T: Send>(threads: usize, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+pub(crate) fn with_threads<T: Send>(
+    threads: usize,
+    f: impl FnOnce() -> Result<T> + Send,
+) -> Result<T> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -184,14 +187,18 @@ fn open_bank(
 }
 
 /// The tables pass 1 reads, opened and checked against the gallery.
-struct Banks {
-    bank: EmbeddingTable,
-    gallery_bank: Option<EmbeddingTable>,
+pub(crate) struct Banks {
+    pub bank: EmbeddingTable,
+    pub gallery_bank: Option<EmbeddingTable>,
 }
 
 impl Banks {
     /// Pass 1's inputs: these banks against `gallery`.
-    fn inputs<'a>(&'a self, gallery: &'a EmbeddingTable, index: &'a IdIndex) -> StatsInputs<'a> {
+    pub(crate) fn inputs<'a>(
+        &'a self,
+        gallery: &'a EmbeddingTable,
+        index: &'a IdIndex,
+    ) -> StatsInputs<'a> {
         StatsInputs {
             gallery,
             bank: &self.bank,
@@ -201,7 +208,7 @@ impl Banks {
     }
 
     /// The metadata of a stats file computed from these banks.
-    fn stats_metadata(
+    pub(crate) fn stats_metadata(
         &self,
         gallery: &EmbeddingTable,
         sample: Option<BankSample>,
@@ -214,7 +221,7 @@ impl Banks {
     }
 }
 
-fn open_banks(
+pub(crate) fn open_banks(
     bank: &str,
     gallery_bank: Option<&str>,
     sample: Option<BankSample>,
@@ -239,7 +246,10 @@ fn open_banks(
 
 /// Methods without repeats, each checked, and the gallery bank present
 /// when a method needs it.
-fn check_methods(methods: &[MethodSpec], has_gallery_bank: bool) -> Result<Vec<MethodSpec>> {
+pub(crate) fn check_methods(
+    methods: &[MethodSpec],
+    has_gallery_bank: bool,
+) -> Result<Vec<MethodSpec>> {
     let mut unique: Vec<MethodSpec> = Vec::new();
     for m in methods {
         m.validate()?;
@@ -325,11 +335,15 @@ fn common_metadata(kind: &str, options: &PassOptions) -> Vec<(String, String)> {
     ]
 }
 
-fn table_metadata(role: &str, table: &EmbeddingTable) -> Vec<(String, String)> {
+pub(crate) fn table_metadata(role: &str, table: &EmbeddingTable) -> Vec<(String, String)> {
     let key = role.replace(' ', "_");
     vec![
         (format!("hubnorm.{key}.path"), table.spec.clone()),
         (format!("hubnorm.{key}.rows"), table.rows.to_string()),
+        (
+            format!("hubnorm.{key}.parts"),
+            crate::update::PartRecord::list_json(table),
+        ),
     ]
 }
 

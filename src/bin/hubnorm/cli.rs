@@ -36,6 +36,9 @@ pub enum Command {
     /// Choose hyperparameters by grid search on a validation split (never
     /// the test queries); writes a config `run --config` accepts.
     Tune(TuneArgs),
+    /// Write gallery vectors with the correction h(g) appended (d + 1 values),
+    /// so any inner-product index serves corrected results (queries get −1 appended).
+    Export(ExportArgs),
     /// Run SQL over Parquet tables and a run's inputs and outputs, with every
     /// hubnorm function (hub_* UDFs and UDAFs, hubnorm_stats/hubnorm_search
     /// table functions) installed.
@@ -245,6 +248,11 @@ pub struct StatsArgs {
     /// Replace the output if it exists.
     #[arg(long)]
     pub overwrite: bool,
+    /// Merge new gallery and bank parts into the existing --out file instead
+    /// of recomputing (its methods are kept; is, nnn, csls, gc and dsl merge,
+    /// the others are recomputed in full).
+    #[arg(long, conflicts_with = "overwrite")]
+    pub update: bool,
     /// Output file (gallery_stats.parquet).
     #[arg(long)]
     pub out: PathBuf,
@@ -383,6 +391,27 @@ pub struct TuneArgs {
     #[arg(long)]
     pub overwrite: bool,
     /// Output directory (tune.parquet, tuned.json).
+    #[arg(long)]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+/// `hubnorm export`.
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// Gallery: a Parquet file, a directory of parts, or a glob.
+    #[arg(long)]
+    pub gallery: String,
+    /// gallery_stats.parquet holding the method's statistic.
+    #[arg(long)]
+    pub stats: PathBuf,
+    #[command(flatten)]
+    pub method: MethodArgs,
+    /// Replace the output if it exists.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Output file: id, embedding (d + 1 values: the normalised embedding, then h(g)).
     #[arg(long)]
     pub out: PathBuf,
     #[command(flatten)]

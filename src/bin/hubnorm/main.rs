@@ -20,6 +20,7 @@ fn main() -> ExitCode {
         cli::Command::Compare(args) => evaluate::compare(args),
         cli::Command::Report(args) => evaluate::report(args),
         cli::Command::Tune(args) => evaluate::tune(args),
+        cli::Command::Export(args) => run::export(args),
         cli::Command::Sql(args) => sql::sql(args),
         cli::Command::Bench(args) => bench::bench(args),
     };

@@ -1,10 +1,11 @@
 //! `hubnorm run`, `hubnorm stats`, `hubnorm search`: arguments in, library call, summary out.
 
-use hubnorm::options::MethodKind;
+use hubnorm::export::ExportJob;
+use hubnorm::options::{MethodKind, MethodSpec};
 use hubnorm::pipeline::{self, MethodSummary, RunJob, RunSummary, SearchJob, StatsJob};
-use hubnorm::Result;
+use hubnorm::{HubnormError, Result};
 
-use crate::cli::{RunArgs, SearchArgs, StatsArgs};
+use crate::cli::{ExportArgs, RunArgs, SearchArgs, StatsArgs};
 use crate::progress::reporter;
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -21,7 +22,7 @@ pub fn run(args: RunArgs) -> Result<()> {
 }
 
 /// The run `args` describe, with these methods.
-pub fn run_job(args: &RunArgs, methods: Vec<hubnorm::options::MethodSpec>) -> Result<RunJob> {
+pub fn run_job(args: &RunArgs, methods: Vec<MethodSpec>) -> Result<RunJob> {
     Ok(RunJob {
         queries: args.queries.clone(),
         gallery: args.gallery.clone(),
@@ -38,7 +39,20 @@ pub fn run_job(args: &RunArgs, methods: Vec<hubnorm::options::MethodSpec>) -> Re
 }
 
 pub fn stats(args: StatsArgs) -> Result<()> {
-    let methods = args.method.specs(MethodKind::InvertedSoftmax)?;
+    let method_named = args.method.method.is_some()
+        || !args.method.methods.is_empty()
+        || args.method.config.is_some()
+        || args.method.any_parameter();
+    if args.update && method_named {
+        return Err(HubnormError::Usage(
+            "--update keeps the stored file's methods and parameters; drop the method flags".into(),
+        ));
+    }
+    let methods = if args.update {
+        vec![]
+    } else {
+        args.method.specs(MethodKind::InvertedSoftmax)?
+    };
     let job = StatsJob {
         gallery: args.gallery,
         bank: args.bank,
@@ -50,6 +64,31 @@ pub fn stats(args: StatsArgs) -> Result<()> {
         options: args.method.pass_options(&args.common),
     };
     let progress = reporter(args.common.quiet);
+    if args.update {
+        let summary = hubnorm::update::update_stats(&job, progress.as_ref())?;
+        if !args.common.quiet {
+            let names = |ms: &[MethodSpec]| {
+                ms.iter()
+                    .map(|m| m.kind().name())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            if summary.new_bank_parts == 0 && summary.new_gallery_parts == 0 {
+                println!("{} is up to date (no new parts)", job.out.display());
+            } else {
+                println!(
+                    "merged {} new bank part(s) and {} new gallery part(s) ({} new items) into {}: merged [{}], recomputed [{}]",
+                    summary.new_bank_parts,
+                    summary.new_gallery_parts,
+                    summary.new_gallery_rows,
+                    job.out.display(),
+                    names(&summary.merged),
+                    names(&summary.recomputed)
+                );
+            }
+        }
+        return Ok(());
+    }
     let path = pipeline::run_stats(&job, progress.as_ref())?;
     if !args.common.quiet {
         println!("wrote {}", path.display());
@@ -58,36 +97,73 @@ pub fn stats(args: StatsArgs) -> Result<()> {
 }
 
 pub fn search(args: SearchArgs) -> Result<()> {
-    if args.method.config.is_some() {
-        let methods = args.method.specs(MethodKind::InvertedSoftmax)?;
-        return search_with(args, methods);
+    let methods = methods_for_stats(&args.method, args.stats.as_deref())?;
+    search_with(args, methods)
+}
+
+/// The methods `args` name; without parameter flags, each with the
+/// statistic the stats file holds for it (when it holds exactly one).
+fn methods_for_stats(
+    args: &crate::cli::MethodArgs,
+    stats: Option<&std::path::Path>,
+) -> Result<Vec<MethodSpec>> {
+    if args.config.is_some() {
+        return args.specs(MethodKind::InvertedSoftmax);
     }
-    let kinds = args.method.kinds(MethodKind::InvertedSoftmax)?;
-    // Without parameter flags, take the statistic the stats file holds.
-    let from_file = match &args.stats {
+    let kinds = args.kinds(MethodKind::InvertedSoftmax)?;
+    let from_file = match stats {
         Some(path) => pipeline::stats_file_methods(path)?,
         None => vec![],
     };
-    let params = args.method.params();
+    let params = args.params();
     let mut methods = Vec::new();
     for kind in kinds {
-        let explicit = hubnorm::options::MethodSpec::from_kind(kind, &params);
+        let explicit = MethodSpec::from_kind(kind, &params);
         let candidates: Vec<_> = from_file
             .iter()
             .filter(|m| m.kind() == kind)
             .copied()
             .collect();
-        let spec = match (kind, args.method.any_parameter(), candidates.as_slice()) {
+        let spec = match (kind, args.any_parameter(), candidates.as_slice()) {
             (MethodKind::None, _, _) | (_, true, _) => explicit,
             (_, false, [only]) => *only,
             _ => explicit,
         };
         methods.push(spec);
     }
-    search_with(args, methods)
+    Ok(methods)
 }
 
-fn search_with(args: SearchArgs, methods: Vec<hubnorm::options::MethodSpec>) -> Result<()> {
+pub fn export(args: ExportArgs) -> Result<()> {
+    let methods = methods_for_stats(&args.method, Some(&args.stats))?;
+    let [method] = methods[..] else {
+        return Err(HubnormError::Usage(
+            "export takes one method (--method NAME)".into(),
+        ));
+    };
+    let job = ExportJob {
+        gallery: args.gallery,
+        stats: args.stats,
+        method,
+        out: args.out.clone(),
+        overwrite: args.overwrite,
+        options: args.common.pass_options(),
+    };
+    let progress = reporter(args.common.quiet);
+    let summary = hubnorm::export::export(&job, progress.as_ref())?;
+    if !args.common.quiet {
+        println!(
+            "wrote {} vectors of dimension {} to {} (append {} to each normalised query)",
+            summary.rows,
+            summary.dim,
+            args.out.display(),
+            hubnorm::export::QUERY_SUFFIX
+        );
+    }
+    Ok(())
+}
+
+fn search_with(args: SearchArgs, methods: Vec<MethodSpec>) -> Result<()> {
     let job = SearchJob {
         queries: args.queries,
         gallery: args.gallery,
