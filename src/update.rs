@@ -122,12 +122,14 @@ fn split_parts(
     for old in &recorded {
         match current.iter().find(|c| c.path == old.path) {
             Some(now) if now == old => {}
-            Some(_) => return Err(HubnormError::Usage(format!(
+            Some(_) => {
+                return Err(HubnormError::Usage(format!(
                 "{key} part {} changed since {} was computed (size, rows or modification time); \
                      --update only adds new parts: recompute without --update",
                 old.path,
                 stats.display()
-            ))),
+            )))
+            }
             None => {
                 return Err(HubnormError::Usage(format!(
                     "{key} part {} that {} was computed from is gone; recompute without --update",

@@ -335,3 +335,90 @@ fn export_reproduces_search_with_a_plain_inner_product() {
     assert!(err.to_string().contains("does not rank by"), "{err}");
     assert!(!d.join("dis.parquet").exists());
 }
+
+fn hubnorm(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_hubnorm"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The commands: `export` on the sample data writes 600 vectors of 385
+/// values; `stats --update` with nothing new says so, and refuses method
+/// flags (its methods are the stored file's).
+#[test]
+fn export_and_update_commands_on_the_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("data-samples");
+    let s = |n: &str| samples.join(n).display().to_string();
+    let stats = dir.path().join("stats.parquet");
+    let stats_s = stats.display().to_string();
+    let out = hubnorm(&[
+        "stats",
+        "--gallery",
+        &s("gallery.parquet"),
+        "--bank",
+        &s("bank.parquet"),
+        "--methods",
+        "is,nnn",
+        "--quiet",
+        "--out",
+        &stats_s,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let export_path = dir.path().join("gallery_nnn.parquet");
+    let out = hubnorm(&[
+        "export",
+        "--gallery",
+        &s("gallery.parquet"),
+        "--stats",
+        &stats_s,
+        "--method",
+        "nnn",
+        "--out",
+        export_path.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let exported = read_parquet(&export_path);
+    assert_eq!(exported.num_rows(), 600);
+    assert_eq!(exported.column(1).as_fixed_size_list().value_length(), 385);
+
+    let out = hubnorm(&[
+        "stats",
+        "--update",
+        "--gallery",
+        &s("gallery.parquet"),
+        "--bank",
+        &s("bank.parquet"),
+        "--out",
+        &stats_s,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("up to date"));
+    let out = hubnorm(&[
+        "stats",
+        "--update",
+        "--method",
+        "is",
+        "--gallery",
+        &s("gallery.parquet"),
+        "--bank",
+        &s("bank.parquet"),
+        "--out",
+        &stats_s,
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("stored file's methods"));
+}
