@@ -100,10 +100,13 @@ const RUN_INPUT_TABLES: [(&str, &str, &str); 4] = [
     ),
 ];
 
+/// Tables as (name, path), in registration order.
+pub type NamedTables = Vec<(String, String)>;
+
 /// The tables of a run directory: every output file present, and the
 /// inputs its files recorded (when they still resolve), with the recorded
 /// inputs that do not.
-pub fn run_tables(dir: &Path) -> Result<(Vec<(String, String)>, Vec<String>)> {
+pub fn run_tables(dir: &Path) -> Result<(NamedTables, Vec<String>)> {
     if !dir.is_dir() {
         return Err(HubnormError::input(dir, None, None, "not a directory"));
     }
