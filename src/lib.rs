@@ -23,6 +23,8 @@
 //! [`sink`] the atomic Parquet writers, [`stats_file`] the statistics file
 //! between the passes, [`pipeline`] wires them together, and [`sql`] is the
 //! SQL face (DataFusion functions, table functions, `hubnorm sql`).
+//! [`update`] merges new input parts into a stored stats file, and
+//! [`export`] writes gallery vectors with h(g) appended for vector indexes.
 //!
 //! ```no_run
 //! use hubnorm::options::{Beta, MethodSpec, PassOptions};

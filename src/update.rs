@@ -92,6 +92,7 @@ pub struct UpdateSummary {
     /// New parts merged: gallery, bank.
     pub new_gallery_parts: usize,
     pub new_bank_parts: usize,
+    pub new_gallery_bank_parts: usize,
     /// Gallery rows in the updated file, and of those, new.
     pub gallery_rows: u64,
     pub new_gallery_rows: u64,
@@ -390,6 +391,26 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
     }
     let methods = stats_file_methods(stored)?;
     let metadata = file_metadata(stored)?;
+    let normalize = job.options.read.normalize.to_string();
+    if metadata
+        .get("hubnorm.normalize")
+        .is_some_and(|n| *n != normalize)
+    {
+        return Err(HubnormError::Usage(format!(
+            "{} was computed with normalize={}, and this update asks for normalize={normalize}; use the same --no-normalize setting",
+            stored.display(),
+            metadata["hubnorm.normalize"]
+        )));
+    }
+    if metadata
+        .keys()
+        .any(|k| k.starts_with("hubnorm.bank_sample."))
+    {
+        return Err(HubnormError::Usage(format!(
+            "{} was computed from a bank sample (--bank-sample), which new rows would change; recompute without --update",
+            stored.display()
+        )));
+    }
     pipeline::with_threads(job.options.threads, || {
         let gallery = pipeline::open_table("gallery", &job.gallery, &job.options, false)?;
         let banks = pipeline::open_banks(
@@ -400,6 +421,8 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
             &gallery,
             &job.options,
         )?;
+        // Refuses duplicate ids across old and new parts, as a full run would.
+        let index = IdIndex::build(&gallery)?;
         let new_gallery = split_parts(&gallery, stored, &metadata, "gallery")?;
         let new_bank = split_parts(&banks.bank, stored, &metadata, "bank")?;
         let mut summary = UpdateSummary {
@@ -408,16 +431,19 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
             gallery_rows: gallery.rows,
             ..UpdateSummary::default()
         };
-        let mut new_gallery_bank = false;
         if let Some(gb) = &banks.gallery_bank {
-            new_gallery_bank = split_parts(gb, stored, &metadata, "gallery_bank")?
+            summary.new_gallery_bank_parts = split_parts(gb, stored, &metadata, "gallery_bank")?
                 .iter()
-                .any(|&n| n);
+                .filter(|&&n| n)
+                .count();
         }
         let (merged, recomputed): (Vec<MethodSpec>, Vec<MethodSpec>) =
             methods.iter().partition(|m| is_mergeable(m.kind()));
         summary.merged = merged.clone();
-        if summary.new_gallery_parts == 0 && summary.new_bank_parts == 0 && !new_gallery_bank {
+        if summary.new_gallery_parts == 0
+            && summary.new_bank_parts == 0
+            && summary.new_gallery_bank_parts == 0
+        {
             return Ok(summary); // Up to date: the stored file is left as it is.
         }
         summary.recomputed = recomputed.clone();
@@ -492,6 +518,7 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
             .transpose()?;
         let mut sink = ParquetSink::create(stored, schema.clone(), out_metadata, true)?;
         const STEP: usize = 8192;
+        let mut row = 0usize;
         for (part, &is_new) in gallery.parts.iter().zip(&new_gallery) {
             let mut left = part.rows as usize;
             while left > 0 {
@@ -511,13 +538,19 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
                         ))
                     }
                 };
-                for other in added.iter().chain(&whole) {
-                    if other.column(0) != base.column(0) {
-                        return Err(HubnormError::Internal(
-                            "gallery rows out of step while merging an update".into(),
+                // Every source must hold these very gallery items, in order.
+                let expected = index.ids().slice(row, n);
+                for other in std::iter::once(&base).chain(added.iter()).chain(&whole) {
+                    if other.column(0).as_ref() != expected.as_ref() {
+                        return Err(HubnormError::input(
+                            stored,
+                            Some(row as u64),
+                            Some("gallery_id"),
+                            "the stored rows do not follow the gallery's counted parts in order (was the gallery given another way?); recompute without --update",
                         ));
                     }
                 }
+                row += n;
                 let mut columns: HashMap<String, ArrayRef> = HashMap::new();
                 for m in &merged {
                     let (early, _) = StatsLayout::new(&[*m]).columns();

@@ -24,7 +24,7 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{
     DataType, Field, FieldRef, Float32Type, Float64Type, Schema, UInt64Type,
 };
-use datafusion::common::{exec_err, plan_err, Result, ScalarValue};
+use datafusion::common::{plan_err, Result, ScalarValue};
 use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::{
     Accumulator, AggregateUDF, AggregateUDFImpl, ColumnarValue, EmitTo, GroupsAccumulator,
@@ -369,8 +369,14 @@ impl Statistic for Hubness {
             }
             let state = &mut states[g];
             let size = sizes.value(i);
+            if size == 0 || size > u32::MAX as u64 {
+                return bad_input!(
+                    "hub_hubness: gallery_size must be between 1 and {}, got {size}",
+                    u32::MAX
+                );
+            }
             if state.gallery_size != 0 && state.gallery_size != size {
-                return exec_err!(
+                return bad_input!(
                     "hub_hubness: gallery_size must be the same on every row of a group ({} and {size})",
                     state.gallery_size
                 );
@@ -428,7 +434,14 @@ impl Statistic for Hubness {
         let sizes = state[2].as_primitive::<UInt64Type>();
         for (i, &g) in groups.iter().enumerate() {
             let target = &mut states[g];
-            target.gallery_size = target.gallery_size.max(sizes.value(i));
+            let size = sizes.value(i);
+            if size != 0 && target.gallery_size != 0 && size != target.gallery_size {
+                return bad_input!(
+                    "hub_hubness: gallery_size must be the same on every row of a group ({} and {size})",
+                    target.gallery_size
+                );
+            }
+            target.gallery_size = target.gallery_size.max(size);
             let (id_list, count_list) = (ids.value(i), counts.value(i));
             let id_list = id_list.as_string::<i32>();
             let count_list = count_list.as_primitive::<UInt64Type>();
@@ -449,7 +462,7 @@ impl Statistic for Hubness {
                 continue;
             }
             if (s.counts.len() as u64) > s.gallery_size {
-                return exec_err!(
+                return bad_input!(
                     "hub_hubness: {} distinct gallery ids, more than gallery_size {}",
                     s.counts.len(),
                     s.gallery_size

@@ -96,7 +96,7 @@ const RUN_INPUT_TABLES: [(&str, &str, &str); 4] = [
     (
         "gallery_bank",
         "gallery_stats.parquet",
-        "hubnorm.gallery bank.path",
+        "hubnorm.gallery_bank.path",
     ),
 ];
 

@@ -11,6 +11,14 @@
 //!
 //! [`job`] runs SQL text with a run's inputs and outputs registered as tables.
 
+/// Returns early with a bad-input error (exit code 2): the data handed to a
+/// function is wrong, as the native passes would say.
+macro_rules! bad_input {
+    ($($arg:tt)*) => {
+        Err($crate::sql::external($crate::error::HubnormError::Usage(format!($($arg)*))))
+    };
+}
+
 pub mod aggregate;
 pub mod job;
 pub mod scalar;

@@ -12,7 +12,8 @@ use datafusion::arrow::array::{
 use datafusion::arrow::buffer::{NullBuffer, OffsetBuffer};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Float64Type};
-use datafusion::common::{exec_err, plan_err, Result};
+use datafusion::common::{plan_err, Result};
+
 use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
@@ -49,7 +50,7 @@ impl Embeddings {
         let (start, end) = (offsets[i] as usize, offsets[i + 1] as usize);
         let child = self.list.values().as_primitive::<Float32Type>();
         if child.slice(start, end - start).null_count() > 0 {
-            return exec_err!("{}: row {} holds a null value", self.function, i + 1);
+            return bad_input!("{}: row {} holds a null value", self.function, i + 1);
         }
         Ok(Some(&child.values()[start..end]))
     }
@@ -109,7 +110,7 @@ impl ScalarUDFImpl for Similarity {
                 continue;
             };
             if x.len() != y.len() {
-                return exec_err!(
+                return bad_input!(
                     "{}: row {} has embeddings of dimensions {} and {}",
                     self.name,
                     i + 1,
@@ -121,7 +122,7 @@ impl ScalarUDFImpl for Similarity {
             out.push(Some(if self.cosine {
                 let n = norm(x) * norm(y);
                 if n == 0.0 {
-                    return exec_err!("{}: row {} has a zero vector", self.name, i + 1);
+                    return bad_input!("{}: row {} has a zero vector", self.name, i + 1);
                 }
                 d / n
             } else {
@@ -163,7 +164,7 @@ impl ScalarUDFImpl for L2Normalize {
             let row = v.row(i)?.unwrap_or(&[]);
             let n = norm(row);
             if n == 0.0 && !row.is_empty() {
-                return exec_err!("hub_l2_normalize: row {} is a zero vector", i + 1);
+                return bad_input!("hub_l2_normalize: row {} is a zero vector", i + 1);
             }
             values.extend(row.iter().map(|&x| (x as f64 / n) as f32));
             lengths.push(row.len());

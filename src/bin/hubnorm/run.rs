@@ -73,12 +73,16 @@ pub fn stats(args: StatsArgs) -> Result<()> {
                     .collect::<Vec<_>>()
                     .join(",")
             };
-            if summary.new_bank_parts == 0 && summary.new_gallery_parts == 0 {
+            if summary.new_bank_parts == 0
+                && summary.new_gallery_parts == 0
+                && summary.new_gallery_bank_parts == 0
+            {
                 println!("{} is up to date (no new parts)", job.out.display());
             } else {
                 println!(
-                    "merged {} new bank part(s) and {} new gallery part(s) ({} new items) into {}: merged [{}], recomputed [{}]",
+                    "merged {} new bank part(s), {} new gallery-bank part(s) and {} new gallery part(s) ({} new items) into {}: merged [{}], recomputed [{}]",
                     summary.new_bank_parts,
+                    summary.new_gallery_bank_parts,
                     summary.new_gallery_parts,
                     summary.new_gallery_rows,
                     job.out.display(),
