@@ -646,25 +646,37 @@ pub(crate) fn refuse_existing(path: &Path, overwrite: bool) -> Result<()> {
     Ok(())
 }
 
-/// `hubnorm stats`: pass 1 only; writes `gallery_stats.parquet`.
-pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<PathBuf> {
-    let methods = check_methods(&job.methods, job.gallery_bank.is_some())?;
-    refuse_protocol(&methods, "stats")?;
-    refuse_existing(&job.out, job.overwrite)?;
+/// Opens pass 1's inputs for `job` (in its thread pool) and hands them,
+/// with the stats file's metadata, to `pass`.
+fn with_stats_inputs<T: Send>(
+    job: &StatsJob,
+    methods: &[MethodSpec],
+    pass: impl FnOnce(&StatsInputs<'_>, Vec<(String, String)>) -> Result<T> + Send,
+) -> Result<T> {
     with_threads(job.options.threads, || {
         let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
         let banks = open_banks(
             &job.bank,
             job.gallery_bank.as_deref(),
             job.bank_sample,
-            &methods,
+            methods,
             &gallery,
             &job.options,
         )?;
         let index = IdIndex::build(&gallery)?;
         let metadata = banks.stats_metadata(&gallery, job.bank_sample, &job.options);
+        pass(&banks.inputs(&gallery, &index), metadata)
+    })
+}
+
+/// `hubnorm stats`: pass 1 only; writes `gallery_stats.parquet`.
+pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<PathBuf> {
+    let methods = check_methods(&job.methods, job.gallery_bank.is_some())?;
+    refuse_protocol(&methods, "stats")?;
+    refuse_existing(&job.out, job.overwrite)?;
+    with_stats_inputs(job, &methods, |inputs, metadata| {
         let (file, _) = write_stats(
-            &banks.inputs(&gallery, &index),
+            inputs,
             &methods,
             &job.out,
             job.overwrite,
@@ -741,20 +753,9 @@ pub fn stream_stats(
 ) -> Result<()> {
     let methods = check_methods(&job.methods, job.gallery_bank.is_some())?;
     refuse_protocol(&methods, "stats")?;
-    with_threads(job.options.threads, || {
-        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
-        let banks = open_banks(
-            &job.bank,
-            job.gallery_bank.as_deref(),
-            job.bank_sample,
-            &methods,
-            &gallery,
-            &job.options,
-        )?;
-        let index = IdIndex::build(&gallery)?;
-        let metadata = banks.stats_metadata(&gallery, job.bank_sample, &job.options);
+    with_stats_inputs(job, &methods, |inputs, metadata| {
         crate::stats_file::stream_stats(
-            &banks.inputs(&gallery, &index),
+            inputs,
             &methods,
             spool,
             &job.options,

@@ -8,23 +8,12 @@ use std::path::Path;
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float32Type, Float64Type};
-use common::{random_table, read_results, rng, write_table, Layout, Table};
+use common::{random_table, read_parquet, read_results, rng, write_table, Layout, Table};
 use hubnorm::export::{export, ExportJob};
 use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions};
 use hubnorm::pipeline::{run_search, run_stats, SearchJob, StatsJob};
 use hubnorm::progress::Silent;
 use hubnorm::update::{is_mergeable, update_stats};
-
-fn read_parquet(path: &Path) -> RecordBatch {
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
-        std::fs::File::open(path).unwrap(),
-    )
-    .unwrap()
-    .build()
-    .unwrap();
-    let batches: Vec<_> = reader.map(|b| b.unwrap()).collect();
-    arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap()
-}
 
 fn stats_job(dir: &Path, methods: &[MethodSpec], out: &Path) -> StatsJob {
     StatsJob {

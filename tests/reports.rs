@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray, Int32Array, StringArray};
 use arrow::datatypes::{Float64Type, UInt32Type};
-use common::{queries_near, random_table, rng, write_columns, write_table, Layout, Table};
+use common::{
+    queries_near, random_table, read_parquet, rng, write_columns, write_table, Layout, Table,
+};
 use hubnorm::evaluate::{compare, report, CompareJob, ReportJob};
 use hubnorm::options::{Beta, MethodKind, MethodSpec, PassOptions};
 use hubnorm::pipeline::{run, RunJob};
@@ -16,16 +18,6 @@ use hubnorm::progress::Silent;
 use hubnorm::report::KOccurrence;
 use hubnorm::tune::{tune, GridAxis, SelectionMetric, TuneJob, Validation};
 use rand::Rng;
-
-fn read_batch(path: &Path) -> arrow::array::RecordBatch {
-    let file = std::fs::File::open(path).unwrap();
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-        .unwrap()
-        .build()
-        .unwrap();
-    let batches: Vec<_> = reader.map(|b| b.unwrap()).collect();
-    arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap()
-}
 
 /// spec/hubness-fixture.json (6 queries, 5 gallery items, k = 2): every
 /// value it gives, to 1e-9. The fixture is copied under tests/fixtures; when
@@ -208,7 +200,7 @@ fn data(seed: u64) -> Data {
 fn write_gallery_with_text(path: &Path, gallery: &Table) {
     let plain = path.with_extension("plain.parquet");
     write_table(&plain, gallery, Layout::FixedF32, false);
-    let batch = read_batch(&plain);
+    let batch = read_parquet(&plain);
     std::fs::remove_file(&plain).unwrap();
     let text: ArrayRef = Arc::new(StringArray::from_iter_values(
         gallery.ids.iter().map(|id| format!("item <{id}> & text")),
@@ -281,7 +273,7 @@ fn compare_and_report_agree_with_run_and_with_each_other() {
     let plain = run(&run_job(&d, "run", methods), &Silent).unwrap();
     assert_eq!(plain.methods, outcome.summary.methods);
 
-    let table = read_batch(&out.join("compare.parquet"));
+    let table = read_parquet(&out.join("compare.parquet"));
     let names: Vec<&str> = table
         .column(0)
         .as_string::<i32>()
@@ -319,7 +311,7 @@ fn compare_and_report_agree_with_run_and_with_each_other() {
     );
 
     // report.parquet: one row per method × measure.
-    let rows = read_batch(&out.join("report.parquet"));
+    let rows = read_parquet(&out.join("report.parquet"));
     let measures: Vec<&str> = rows
         .column(1)
         .as_string::<i32>()
@@ -331,7 +323,7 @@ fn compare_and_report_agree_with_run_and_with_each_other() {
     }
 
     // gallery_report.parquet: k-occurrence per method sums to k·n_q.
-    let gallery = read_batch(&out.join("gallery_report.parquet"));
+    let gallery = read_parquet(&out.join("gallery_report.parquet"));
     assert_eq!(gallery.num_rows(), 150);
     assert_eq!(
         gallery
@@ -377,7 +369,7 @@ fn compare_and_report_agree_with_run_and_with_each_other() {
         );
         assert_eq!(got.recall, want.recall, "{}", summary.method);
     }
-    let again = read_batch(&d.dir.path().join("report/gallery_report.parquet"));
+    let again = read_parquet(&d.dir.path().join("report/gallery_report.parquet"));
     assert_eq!(
         again.column_by_name("k_occurrence_nnn").unwrap(),
         gallery.column_by_name("k_occurrence_nnn").unwrap()
@@ -699,7 +691,7 @@ fn tune_chooses_the_best_point_of_a_bank_split_and_its_config_runs() {
         .map(|g| g.spec)
         .collect();
     assert_eq!(methods, chosen);
-    let tune_table = read_batch(&dir.path().join("tune/tune.parquet"));
+    let tune_table = read_parquet(&dir.path().join("tune/tune.parquet"));
     assert_eq!(tune_table.num_rows(), 6);
     let chosen_column = tune_table.column_by_name("chosen").unwrap().as_boolean();
     assert_eq!(chosen_column.true_count(), 3);

@@ -15,7 +15,7 @@ use arrow::array::{
     RecordBatch, StringArray,
 };
 use arrow::datatypes::{DataType, Field, Float64Type};
-use common::{random_table, rng, write_columns, write_table, Layout, Table};
+use common::{random_table, read_parquet, rng, write_columns, write_table, Layout, Table};
 use hubnorm::kernel::{LogSumExp, TopValues};
 use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions};
 use hubnorm::pipeline::{run, run_search, run_stats, RunJob, SearchJob, StatsJob};
@@ -64,17 +64,6 @@ fn strings(batch: &RecordBatch, column: &str) -> Vec<String> {
         .iter()
         .map(|s| s.unwrap().to_owned())
         .collect()
-}
-
-fn read_parquet(path: &Path) -> RecordBatch {
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
-        std::fs::File::open(path).unwrap(),
-    )
-    .unwrap()
-    .build()
-    .unwrap();
-    let batches: Vec<_> = reader.map(|b| b.unwrap()).collect();
-    arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap()
 }
 
 fn options(threads: usize) -> SqlOptions {

@@ -245,6 +245,16 @@ pub fn read_results(path: &Path) -> Vec<ResultRow> {
     out
 }
 
+/// Every row of a Parquet file in one batch.
+pub fn read_parquet(path: &Path) -> RecordBatch {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
+    let batches: Vec<_> = reader.map(|b| b.unwrap()).collect();
+    arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap()
+}
+
 /// The key-value metadata of a Parquet file.
 pub fn parquet_metadata(path: &Path) -> Vec<(String, String)> {
     let builder = ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap()).unwrap();
