@@ -35,7 +35,10 @@ impl TableBlocks {
     /// Calls `f` on every block in table order.
     pub fn for_each(&mut self, mut f: impl FnMut(&EmbeddingBlock) -> Result<()>) -> Result<()> {
         match &self.cached {
-            Some(blocks) => blocks.iter().try_for_each(f),
+            Some(blocks) => blocks.iter().try_for_each(|block| {
+                crate::cancel::check()?;
+                f(block)
+            }),
             None => {
                 let mut reader = self.table.blocks(self.block_rows);
                 while let Some(block) = reader.next_block()? {

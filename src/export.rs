@@ -63,6 +63,11 @@ fn not_exportable(method: &MethodSpec) -> HubnormError {
 /// Writes the gallery with h(g) appended to every vector (`id`,
 /// `embedding` with d + 1 values) to `job.out`, atomically.
 pub fn export(job: &ExportJob, progress: &dyn Progress) -> Result<ExportSummary> {
+    let stats = job.stats.display().to_string();
+    crate::pipeline::refuse_output_in_inputs(
+        &job.out,
+        &[("gallery", job.gallery.as_str()), ("stats", stats.as_str())],
+    )?;
     crate::pipeline::refuse_existing(&job.out, job.overwrite)?;
     job.method.validate()?;
     if !job.method.kind().needs_bank() {

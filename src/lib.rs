@@ -54,6 +54,8 @@
 
 pub mod bank;
 pub mod cache;
+pub mod cancel;
+pub mod checkpoint;
 pub mod error;
 pub mod evaluate;
 pub mod export;
@@ -67,6 +69,7 @@ pub mod query;
 pub mod report;
 pub mod sink;
 pub mod source;
+#[cfg(feature = "sql")]
 pub mod sql;
 pub mod stats_file;
 pub mod tune;

@@ -8,6 +8,7 @@ use arrow::array::{ArrayRef, Float32Array, Int32Array, RecordBatch, StringArray,
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use serde::Serialize;
 
+use crate::checkpoint::{checkpoint_dir, Checkpoint, CheckpointOptions};
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
 use crate::kernel::{QueryState, TopK};
@@ -43,6 +44,16 @@ pub struct StatsJob {
     pub out: PathBuf,
     pub overwrite: bool,
     pub options: PassOptions,
+    /// Checkpoints of finished gallery chunks, and `--resume`.
+    pub checkpoint: CheckpointOptions,
+}
+
+/// What `hubnorm stats` wrote.
+#[derive(Debug, Clone)]
+pub struct StatsOutcome {
+    pub path: PathBuf,
+    /// Gallery rows taken from a checkpoint (`--resume`), 0 when none.
+    pub resumed_rows: u64,
 }
 
 /// Inputs and options of `hubnorm search`.
@@ -626,6 +637,17 @@ fn check_k(k: usize) -> Result<()> {
     Ok(())
 }
 
+/// A top-k needs at least k gallery items.
+fn check_k_within(k: usize, gallery: &EmbeddingTable) -> Result<()> {
+    if k as u64 > gallery.rows {
+        return Err(HubnormError::Usage(format!(
+            "--k {k} is larger than the gallery ({} items in {})",
+            gallery.rows, gallery.spec
+        )));
+    }
+    Ok(())
+}
+
 /// `sinkhorn-pp` has no gallery statistic: it runs in `hubnorm run` only.
 fn refuse_protocol(methods: &[MethodSpec], command: &str) -> Result<()> {
     if methods.iter().any(|m| m.kind() == MethodKind::SinkhornPp) {
@@ -644,6 +666,51 @@ pub(crate) fn refuse_existing(path: &Path, overwrite: bool) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Refuses an output at `out` that is one of the `inputs` ((role, spec)
+/// pairs), lies inside an input directory, or matches an input glob: a later
+/// run would read it as another part of that input, and `--overwrite` would
+/// replace the user's data.
+pub(crate) fn refuse_output_in_inputs(out: &Path, inputs: &[(&str, &str)]) -> Result<()> {
+    let out_abs = absolute(out);
+    for &(role, spec) in inputs.iter().filter(|(_, spec)| !spec.is_empty()) {
+        let spec_path = Path::new(spec);
+        let clash = if spec_path.is_dir() {
+            out_abs.starts_with(absolute(spec_path))
+        } else if spec.contains(['*', '?', '[']) {
+            glob::Pattern::new(spec)
+                .map(|p| p.matches_path(out) || p.matches_path(&out_abs))
+                .unwrap_or(false)
+        } else {
+            out_abs == absolute(spec_path)
+        };
+        if clash {
+            return Err(HubnormError::Usage(format!(
+                "the output {} is inside the {role} input {spec}: a later run would read it as part of the {role}, and --overwrite would replace input data; write it elsewhere",
+                out.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `path` made absolute with symbolic links resolved as far as it exists.
+fn absolute(path: &Path) -> PathBuf {
+    if let Ok(canonical) = path.canonicalize() {
+        return canonical;
+    }
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => {
+            let parent = if parent.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                parent
+            };
+            absolute(parent).join(name)
+        }
+        _ => std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+    }
 }
 
 /// Opens pass 1's inputs for `job` (in its thread pool) and hands them,
@@ -669,13 +736,23 @@ fn with_stats_inputs<T: Send>(
     })
 }
 
-/// `hubnorm stats`: pass 1 only; writes `gallery_stats.parquet`.
-pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<PathBuf> {
+/// `hubnorm stats`: pass 1 only; writes `gallery_stats.parquet`,
+/// checkpointing finished gallery chunks as `job.checkpoint` says.
+pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome> {
     let methods = check_methods(&job.methods, job.gallery_bank.is_some())?;
     refuse_protocol(&methods, "stats")?;
+    refuse_output_in_inputs(&job.out, &stats_inputs(job))?;
     refuse_existing(&job.out, job.overwrite)?;
     with_stats_inputs(job, &methods, |inputs, metadata| {
-        let (file, _) = write_stats(
+        let manifest = checkpoint_manifest(&metadata, &methods, &job.options);
+        let saves_activation = !crate::bank::StatsLayout::new(&methods)
+            .columns()
+            .1
+            .is_empty();
+        let mut checkpoint =
+            Checkpoint::open(&job.out, &manifest, &job.checkpoint, saves_activation)?;
+        let resumed_rows = checkpoint.as_ref().map_or(0, Checkpoint::resumed_rows);
+        let written = write_stats(
             inputs,
             &methods,
             &job.out,
@@ -683,9 +760,67 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<PathBuf> {
             &job.options,
             metadata,
             progress,
-        )?;
-        file.commit()
+            checkpoint.as_mut(),
+        );
+        let (file, _) = match written {
+            Ok(written) => written,
+            Err(err) => {
+                // A fault in the data or options makes the checkpoint useless
+                // (the inputs must change); keep it after a stop or an I/O fault.
+                if let (Some(checkpoint), 2) = (checkpoint, err.exit_code()) {
+                    checkpoint.remove()?;
+                }
+                return Err(match err {
+                    HubnormError::Interrupted(message) => HubnormError::Interrupted(format!(
+                        "{message}; finished gallery chunks are kept in {}: run the same command with --resume to continue",
+                        checkpoint_dir(&job.out).display()
+                    )),
+                    err => err,
+                });
+            }
+        };
+        let path = file.commit()?;
+        if let Some(checkpoint) = checkpoint {
+            checkpoint.remove()?;
+        }
+        Ok(StatsOutcome { path, resumed_rows })
     })
+}
+
+/// The inputs of a stats job, as (role, spec) pairs.
+fn stats_inputs(job: &StatsJob) -> Vec<(&str, &str)> {
+    let mut inputs = vec![
+        ("gallery", job.gallery.as_str()),
+        ("bank", job.bank.as_str()),
+    ];
+    inputs.extend(job.gallery_bank.as_deref().map(|g| ("gallery bank", g)));
+    inputs
+}
+
+/// What a checkpoint must match to be resumed: the stats file's metadata
+/// (input parts with sizes and modification times, normalisation, bank
+/// sample), the methods, and the options that change the statistics.
+fn checkpoint_manifest(
+    metadata: &[(String, String)],
+    methods: &[MethodSpec],
+    options: &PassOptions,
+) -> std::collections::BTreeMap<String, String> {
+    let mut manifest: std::collections::BTreeMap<String, String> =
+        metadata.iter().cloned().collect();
+    manifest.insert(
+        "hubnorm.methods".into(),
+        crate::stats_file::methods_json(methods),
+    );
+    manifest.insert(
+        "hubnorm.sinkhorn_tolerance".into(),
+        format!("{:?}", options.sinkhorn_tolerance),
+    );
+    let read = &options.read;
+    manifest.insert(
+        "hubnorm.columns".into(),
+        format!("{} {}", read.id_column, read.embedding_column),
+    );
+    manifest
 }
 
 /// `hubnorm search`: pass 2 only, with statistics from a stats file.
@@ -693,10 +828,18 @@ pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary
     check_k(job.k)?;
     let methods = check_methods(&job.methods, true)?;
     refuse_protocol(&methods, "search")?;
+    let mut inputs = vec![
+        ("queries", job.queries.as_str()),
+        ("gallery", job.gallery.as_str()),
+    ];
+    let stats = job.stats.as_ref().map(|s| s.display().to_string());
+    inputs.extend(stats.as_deref().map(|s| ("stats", s)));
+    refuse_output_in_inputs(&job.out, &inputs)?;
     refuse_existing(&job.out, job.overwrite)?;
     with_threads(job.options.threads, || {
         let queries = open_table("queries", &job.queries, &job.options, true)?;
         let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        check_k_within(job.k, &gallery)?;
         let index = IdIndex::build(&gallery)?;
         let plan = load_plan(job.stats.as_deref(), &index, &methods)?;
         let mut metadata = Vec::new();
@@ -762,6 +905,7 @@ pub fn stream_stats(
             metadata,
             progress,
             sink,
+            None,
         )?;
         Ok(())
     })
@@ -787,6 +931,7 @@ pub fn stream_search(
     with_threads(job.options.threads, || {
         let queries = open_table("queries", &job.queries, &job.options, true)?;
         let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        check_k_within(job.k, &gallery)?;
         let index = IdIndex::build(&gallery)?;
         let plan = load_plan(job.stats.as_deref(), &index, &methods)?;
         search_into(
@@ -863,12 +1008,23 @@ pub(crate) fn run_uncommitted(
             )));
         }
     }
+    let mut inputs = vec![
+        ("queries", job.queries.as_str()),
+        ("gallery", job.gallery.as_str()),
+    ];
+    if !job.transductive {
+        inputs.push(("bank", job.bank.as_str()));
+    }
+    inputs.extend(job.gallery_bank.as_deref().map(|g| ("gallery bank", g)));
+    refuse_output_in_inputs(&job.out_dir, &inputs)?;
     for name in RUN_OUTPUTS.iter().chain(extra_outputs) {
+        refuse_output_in_inputs(&job.out_dir.join(name), &inputs)?;
         refuse_existing(&job.out_dir.join(name), job.overwrite)?;
     }
     with_threads(job.options.threads, || {
         let queries = open_table("queries", &job.queries, &job.options, true)?;
         let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        check_k_within(job.k, &gallery)?;
         if queries.dim != gallery.dim {
             return Err(crate::bank::pass::dimension_error(&queries, &gallery));
         }
@@ -896,6 +1052,7 @@ pub(crate) fn run_uncommitted(
             &job.options,
             metadata,
             progress,
+            None,
         )?;
         // Read back through the same code as `hubnorm search`.
         let plan = load_plan(Some(stats_file.temporary_path()), &index, &methods)?;
@@ -1000,6 +1157,7 @@ pub(crate) fn evaluate_methods(
             options,
             Vec::new(),
             progress,
+            None,
         )?;
         let plan = load_plan(Some(stats.temporary_path()), &index, &methods)?;
         let (_, outcomes) = write_results(

@@ -38,12 +38,23 @@ impl AtomicFile {
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
+        let mut missing = Vec::new();
+        let mut ancestor = Some(dir);
+        while let Some(d) = ancestor.filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+            missing.push(d.to_path_buf());
+            ancestor = d.parent();
+        }
         std::fs::create_dir_all(dir).map_err(|e| HubnormError::io(dir, e))?;
+        CREATED_DIRS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(missing);
         let name = destination
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let temporary = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+        remove_stale_temporaries(dir, &name);
+        let temporary = dir.join(format!(".{name}{TEMPORARY_INFIX}{}", std::process::id()));
         let file = File::create(&temporary).map_err(|e| HubnormError::io(&temporary, e))?;
         Ok((
             AtomicFile {
@@ -55,11 +66,27 @@ impl AtomicFile {
         ))
     }
 
-    /// Moves the finished file to its destination.
+    /// Flushes the finished file to disk and moves it to its destination, so
+    /// that after a crash the final name holds either the old file or the
+    /// whole new one.
     pub fn commit(mut self) -> Result<PathBuf> {
+        File::open(&self.temporary)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| HubnormError::io(&self.temporary, e))?;
         std::fs::rename(&self.temporary, &self.destination)
             .map_err(|e| HubnormError::io(&self.destination, e))?;
         self.committed = true;
+        // Make the rename itself durable (best effort: not every platform
+        // can open a directory).
+        if let Some(dir) = self
+            .destination
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+        {
+            if let Ok(dir) = File::open(dir) {
+                let _ = dir.sync_all();
+            }
+        }
         Ok(self.destination.clone())
     }
 
@@ -73,23 +100,66 @@ impl AtomicFile {
     }
 }
 
-impl Drop for AtomicFile {
-    fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_file(&self.temporary);
+/// Temporary files are named `.<final name>.tmp-<process id>`.
+const TEMPORARY_INFIX: &str = ".tmp-";
+
+/// Removes the temporary files for `name` in `dir` that a killed run left
+/// behind (their process is gone). Linux only: elsewhere they stay, hidden.
+fn remove_stale_temporaries(dir: &Path, name: &str) {
+    let prefix = format!(".{name}{TEMPORARY_INFIX}");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = Path::new("/proc").join(pid.to_string()).exists();
+        if cfg!(target_os = "linux") && !alive && pid != std::process::id() {
+            let _ = std::fs::remove_file(entry.path());
         }
     }
 }
 
-/// Encoded bytes a writer buffers before it flushes a row group (counted in
-/// the plan's fixed overhead).
+/// Folders this process created for its outputs, deepest first; a failed
+/// run removes those left empty, so a refusal leaves no trace.
+static CREATED_DIRS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.temporary);
+            let mut dirs = CREATED_DIRS.lock().unwrap_or_else(|e| e.into_inner());
+            // Only empty folders go (remove_dir refuses the others).
+            dirs.retain(|d| d.exists() && std::fs::remove_dir(d).is_err());
+        }
+    }
+}
+
+/// Bytes a sink buffers, its pending unit and its row group together
+/// (counted in the plan's fixed overhead).
 pub const WRITER_BUFFER_BYTES: usize = 1 << 20;
 
 /// Writes record batches to a Parquet file atomically, with the run's
 /// options recorded in the key-value metadata.
+///
+/// Rows reach the writer in units of a fixed number of rows, whatever the
+/// sizes of the batches the caller hands in: page and row-group boundaries
+/// then depend only on the data, so the file's bytes do not change with the
+/// block schedule (`--memory-limit`, thread count, a resumed pass).
 pub struct ParquetSink {
     file: AtomicFile,
     writer: ArrowWriter<File>,
+    schema: SchemaRef,
+    /// Rows per unit handed to the writer, fixed by the first row.
+    unit_rows: Option<usize>,
+    pending: Vec<RecordBatch>,
+    pending_rows: usize,
 }
 
 impl ParquetSink {
@@ -119,42 +189,88 @@ impl ParquetSink {
                     .collect(),
             ))
             .build();
-        let writer = ArrowWriter::try_new(handle, schema, Some(props))
+        let writer = ArrowWriter::try_new(handle, schema.clone(), Some(props))
             .map_err(|e| HubnormError::parquet(file.destination(), e))?;
-        Ok(ParquetSink { file, writer })
+        Ok(ParquetSink {
+            file,
+            writer,
+            schema,
+            unit_rows: None,
+            pending: Vec::new(),
+            pending_rows: 0,
+        })
     }
 
+    /// Appends `batch`'s rows (any number, including none).
     pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        let unit = *self
+            .unit_rows
+            .get_or_insert_with(|| unit_rows_for(&batch.slice(0, 1)));
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let take = (unit - self.pending_rows).min(batch.num_rows() - offset);
+            self.pending.push(batch.slice(offset, take));
+            self.pending_rows += take;
+            offset += take;
+            if self.pending_rows == unit {
+                self.write_pending()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands the pending rows to the writer as one batch.
+    fn write_pending(&mut self) -> Result<()> {
+        if self.pending_rows == 0 {
+            return Ok(());
+        }
+        let unit = arrow::compute::concat_batches(&self.schema, &self.pending)?;
+        self.pending.clear();
+        self.pending_rows = 0;
+        let path = self.file.destination();
         self.writer
-            .write(batch)
-            .map_err(|e| HubnormError::parquet(self.file.destination(), e))?;
-        // Flush full row groups early so buffered rows stay bounded.
-        if self.writer.in_progress_size() > WRITER_BUFFER_BYTES {
+            .write(&unit)
+            .map_err(|e| HubnormError::parquet(path, e))?;
+        // Flush row groups early so buffered rows stay bounded: half the
+        // buffer here, the other half for the pending unit.
+        if self.writer.in_progress_size() > WRITER_BUFFER_BYTES / 2 {
             self.writer
                 .flush()
-                .map_err(|e| HubnormError::parquet(self.file.destination(), e))?;
+                .map_err(|e| HubnormError::parquet(path, e))?;
         }
         Ok(())
     }
 
     /// Writes the footer and renames the file into place.
     pub fn finish(self) -> Result<PathBuf> {
-        let ParquetSink { file, writer } = self;
-        writer
-            .close()
-            .map_err(|e| HubnormError::parquet(file.destination(), e))?;
-        file.commit()
+        self.close_uncommitted()?.commit()
     }
 
     /// Finishes the file under its temporary name, to be committed later with
     /// other outputs of the same run.
-    pub fn close_uncommitted(self) -> Result<AtomicFile> {
-        let ParquetSink { file, writer } = self;
+    pub fn close_uncommitted(mut self) -> Result<AtomicFile> {
+        self.write_pending()?;
+        let ParquetSink { file, writer, .. } = self;
         writer
             .close()
             .map_err(|e| HubnormError::parquet(file.destination(), e))?;
         Ok(file)
     }
+}
+
+/// Rows per unit handed to the writer: about half [`WRITER_BUFFER_BYTES`] of
+/// rows the size of `first_row` (the file's first row, the same in every run on
+/// the same data), so wide rows (gc's similarity lists) flush early.
+fn unit_rows_for(first_row: &RecordBatch) -> usize {
+    let row_bytes: usize = first_row
+        .columns()
+        .iter()
+        .map(|c| c.to_data().get_slice_memory_size().unwrap_or(64))
+        .sum();
+    (WRITER_BUFFER_BYTES / 2 / row_bytes.max(1)).clamp(1, 8192)
 }
 
 /// Writes a small text file (JSON) atomically.

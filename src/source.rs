@@ -15,11 +15,16 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Float16Type, Float32Type, Float64Type};
 use arrow::record_batch::RecordBatch;
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder,
+};
 use parquet::arrow::ProjectionMask;
 
 use crate::error::{HubnormError, Result};
 use crate::options::ReadOptions;
+
+mod footer;
 
 /// One Parquet part of a table.
 #[derive(Debug, Clone)]
@@ -355,6 +360,30 @@ impl EmbeddingTable {
         BlockReader::new(self, block_rows.max(1), false)
     }
 
+    /// Reads blocks of at most `block_rows` rows from global row `start`
+    /// on (a resumed pass). Row groups before `start` in its part are
+    /// skipped, not read; the rest of the rows before it are decoded and
+    /// dropped. Not for sampled tables (their rows are picked as read).
+    pub fn blocks_from(&self, block_rows: usize, start: u64) -> Result<BlockReader<'_>> {
+        if self.sample.is_some() && start > 0 {
+            return Err(HubnormError::Internal(
+                "a sampled table is always read from its first row".into(),
+            ));
+        }
+        let mut reader = BlockReader::new(self, block_rows.max(1), false);
+        if start >= self.rows {
+            reader.next_part = self.parts.len();
+        } else if start > 0 {
+            let part = self
+                .parts
+                .partition_point(|p| p.first_row + p.rows <= start);
+            reader.next_part = part;
+            reader.skip_in_next_part = start - self.parts[part].first_row;
+        }
+        reader.next_global_row = start;
+        Ok(reader)
+    }
+
     /// Reads only the id column of the whole table (no embedding is decoded).
     pub fn read_all_ids(&self) -> Result<ArrayRef> {
         let mut reader = BlockReader::new(self, self.options.batch_rows.max(1), true);
@@ -374,6 +403,11 @@ impl EmbeddingTable {
     }
 }
 
+/// The largest embedding dimension accepted. Real models stay far below it;
+/// a larger value is almost surely a mislabelled column, and would make
+/// single rows too big for the block planner's minimum block.
+pub const MAX_DIMENSION: usize = 65_536;
+
 fn check_dim(
     path: &Path,
     row: u64,
@@ -381,6 +415,16 @@ fn check_dim(
     found: usize,
     dim: &mut Option<usize>,
 ) -> Result<()> {
+    if found == 0 || found > MAX_DIMENSION {
+        return Err(HubnormError::input(
+            path,
+            Some(row),
+            Some(column),
+            format!(
+                "embedding has dimension {found}; supported dimensions are 1 to {MAX_DIMENSION}"
+            ),
+        ));
+    }
     match *dim {
         Some(d) if d != found => Err(HubnormError::input(
             path,
@@ -402,14 +446,25 @@ pub(crate) fn open_parquet(path: &Path) -> Result<ParquetRecordBatchReaderBuilde
         std::io::ErrorKind::NotFound => HubnormError::input(path, None, None, "no such file"),
         _ => HubnormError::io(path, e),
     })?;
-    ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| {
+    let unreadable = |why: String| {
         HubnormError::input(
             path,
             None,
             None,
-            format!("not a readable Parquet file: {e}"),
+            format!("not a readable Parquet file: {why}"),
         )
-    })
+    };
+    // The footer first, without the embedded Arrow schema, so that values
+    // the parquet crate would panic on are refused before it sees them.
+    let options = ArrowReaderOptions::new();
+    let footer = ArrowReaderMetadata::load(&file, options.clone().with_skip_arrow_metadata(true))
+        .map_err(|e| unreadable(e.to_string()))?;
+    footer::check(footer.metadata()).map_err(unreadable)?;
+    let metadata = ArrowReaderMetadata::try_new(footer.metadata().clone(), options)
+        .map_err(|e| unreadable(e.to_string()))?;
+    Ok(ParquetRecordBatchReaderBuilder::new_with_metadata(
+        file, metadata,
+    ))
 }
 
 fn locate_columns(
@@ -500,6 +555,8 @@ pub struct BlockReader<'a> {
     /// Stop after learning the dimension of a List column (used by `open`).
     peek_dimension: bool,
     next_part: usize,
+    /// Rows of the next part to skip (a reader started mid-table).
+    skip_in_next_part: u64,
     current: Option<PartReader>,
     next_global_row: u64,
 }
@@ -524,6 +581,7 @@ impl<'a> BlockReader<'a> {
             ids_only,
             peek_dimension: false,
             next_part: 0,
+            skip_in_next_part: 0,
             current: None,
             next_global_row: 0,
         }
@@ -569,26 +627,64 @@ impl<'a> BlockReader<'a> {
         } else {
             table.options.batch_rows.min(self.block_rows).max(1)
         };
-        let reader = builder
-            .with_projection(mask)
-            .with_batch_size(batch_rows)
-            .build()
-            .map_err(|e| {
-                HubnormError::input(&part.path, None, None, format!("cannot read: {e}"))
-            })?;
+        let skip = std::mem::take(&mut self.skip_in_next_part);
+        let mut builder = builder.with_projection(mask).with_batch_size(batch_rows);
+        // Row groups that end before `skip` are not read at all. The rows of
+        // the next one before `skip` are decoded and dropped: the parquet
+        // crate's record skipping (a RowSelection) panics on some damaged
+        // page headers (tests/fixtures/fuzz/damaged_page_header.parquet).
+        let mut batch_first_row = 0u64;
+        if skip > 0 {
+            let mut kept = Vec::new();
+            for (i, group) in builder.metadata().row_groups().iter().enumerate() {
+                let group_rows = group.num_rows() as u64;
+                if kept.is_empty() && batch_first_row + group_rows <= skip {
+                    batch_first_row += group_rows;
+                } else {
+                    kept.push(i);
+                }
+            }
+            builder = builder.with_row_groups(kept);
+        }
+        let mut reader = builder.build().map_err(|e| {
+            HubnormError::input(&part.path, None, None, format!("cannot read: {e}"))
+        })?;
+        let mut pending = None;
+        while batch_first_row < skip {
+            match next_batch(&mut reader) {
+                Some(Ok(batch)) if batch_first_row + batch.num_rows() as u64 <= skip => {
+                    batch_first_row += batch.num_rows() as u64;
+                }
+                Some(Ok(batch)) => {
+                    pending = Some((batch, (skip - batch_first_row) as usize));
+                    break;
+                }
+                Some(Err(e)) => {
+                    self.next_part = table.parts.len();
+                    return Err(HubnormError::input(
+                        &part.path,
+                        Some(batch_first_row),
+                        None,
+                        format!("cannot decode Parquet data: {e}"),
+                    ));
+                }
+                None => break,
+            }
+        }
         self.current = Some(PartReader {
             path: part.path.clone(),
             table_first_row: part.first_row,
             reader,
             columns: projected,
-            pending: None,
-            batch_first_row: 0,
+            pending,
+            batch_first_row,
         });
         Ok(true)
     }
 
     /// The next block, or `None` at the end of the table.
     pub fn next_block(&mut self) -> Result<Option<EmbeddingBlock>> {
+        crate::cancel::check()?;
         let dim = self.table.dim;
         let mut data = Vec::with_capacity(if self.ids_only {
             0
@@ -606,15 +702,19 @@ impl<'a> BlockReader<'a> {
             }
             let part = self.current.as_mut().expect("opened above");
             if part.pending.is_none() {
-                match part.reader.next() {
+                match next_batch(&mut part.reader) {
                     Some(Ok(batch)) => part.pending = Some((batch, 0)),
                     Some(Err(e)) => {
-                        return Err(HubnormError::input(
+                        let err = HubnormError::input(
                             &part.path,
                             Some(part.batch_first_row),
                             None,
                             format!("cannot decode Parquet data: {e}"),
-                        ))
+                        );
+                        // The decoder may be left inconsistent: read no further.
+                        self.current = None;
+                        self.next_part = self.table.parts.len();
+                        return Err(err);
                     }
                     None => {
                         self.current = None;
@@ -709,6 +809,28 @@ impl<'a> BlockReader<'a> {
                 Some(concat(&targets)?)
             },
         }))
+    }
+}
+
+/// The next record batch of `reader`. The parquet crate (59) panics on
+/// some damaged pages instead of failing, e.g. on a dictionary index bit
+/// width over 32 (`BitReader::get_batch`,
+/// tests/fixtures/fuzz/dictionary_bit_width.parquet); such a panic is
+/// caught here and is a decoding error like the others. The reader must not
+/// be used after an error.
+fn next_batch(
+    reader: &mut ParquetRecordBatchReader,
+) -> Option<std::result::Result<RecordBatch, String>> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.next())) {
+        Ok(next) => next.map(|batch| batch.map_err(|e| e.to_string())),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Some(Err(format!("the decoder failed on damaged data ({what})")))
+        }
     }
 }
 
@@ -825,6 +947,12 @@ fn append_list<O: OffsetSizeTrait>(
     for i in 0..list.len() {
         let len = (offsets[i + 1] - offsets[i]).as_usize();
         match *dim {
+            None if len == 0 || len > MAX_DIMENSION => {
+                return Err(err(
+                    i,
+                    format!("embedding has dimension {len}; supported dimensions are 1 to {MAX_DIMENSION}"),
+                ));
+            }
             None => *dim = Some(len),
             Some(d) if d != len => {
                 return Err(err(

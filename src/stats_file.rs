@@ -15,6 +15,7 @@ use crate::bank::sinkhorn::{sinkhorn_potentials, SinkhornRequest};
 use crate::bank::{
     compute_bank_statistics, BankInput, BankPassRequest, DnMeans, StatsLayout, VectorMean,
 };
+use crate::checkpoint::Checkpoint;
 use crate::error::{HubnormError, Result};
 use crate::ids::{id_at, IdIndex};
 use crate::options::{MethodKind, MethodSpec, PassOptions};
@@ -97,7 +98,7 @@ impl StatsSink for FileStatsSink<'_> {
         Ok(())
     }
     fn write(&mut self, batch: &RecordBatch) -> Result<()> {
-        write_in_slices(self.sink.as_mut().expect("begun"), batch)
+        self.sink.as_mut().expect("begun").write(batch)
     }
 }
 
@@ -112,6 +113,7 @@ pub fn write_stats(
     options: &PassOptions,
     metadata: Vec<(String, String)>,
     progress: &dyn Progress,
+    checkpoint: Option<&mut Checkpoint>,
 ) -> Result<(AtomicFile, Vec<SinkhornReport>)> {
     let mut sink = FileStatsSink {
         out,
@@ -126,6 +128,7 @@ pub fn write_stats(
         metadata,
         progress,
         &mut sink,
+        checkpoint,
     )?;
     let file = sink.sink.expect("begun").close_uncommitted()?;
     Ok((file, reports))
@@ -135,6 +138,10 @@ pub fn write_stats(
 /// streamed past it, or, when some column is known only at the end
 /// (activation sets, Sinkhorn potentials), after the last chunk, joined
 /// with the early columns held in a scratch file at `spool`.
+///
+/// With a `checkpoint`, the finished chunks are saved as they go, and a
+/// resumed checkpoint's rows are replayed before the pass goes on after them.
+#[allow(clippy::too_many_arguments)]
 pub fn stream_stats(
     inputs: &StatsInputs<'_>,
     methods: &[MethodSpec],
@@ -143,6 +150,7 @@ pub fn stream_stats(
     mut metadata: Vec<(String, String)>,
     progress: &dyn Progress,
     sink: &mut dyn StatsSink,
+    mut checkpoint: Option<&mut Checkpoint>,
 ) -> Result<Vec<SinkhornReport>> {
     let StatsInputs {
         gallery,
@@ -182,6 +190,41 @@ pub fn stream_stats(
             true,
         )?)
     };
+    // A resumed pass: the saved rows first, then the pass from after them.
+    let mut resume = None;
+    if let Some(checkpoint) = checkpoint.as_deref() {
+        for path in checkpoint.resumed_segments() {
+            let reader = crate::source::open_parquet(path)?
+                .build()
+                .map_err(|e| HubnormError::parquet(path, e))?;
+            for batch in reader {
+                let batch = batch.map_err(|e| HubnormError::parquet(path, e.into()))?;
+                let batch = RecordBatch::try_new(early_schema.clone(), batch.columns().to_vec())
+                    .map_err(|_| {
+                        HubnormError::input(
+                            path,
+                            None,
+                            None,
+                            "corrupt checkpoint: unexpected columns",
+                        )
+                    })?;
+                match &mut spool_sink {
+                    Some(spool) => spool.write(&batch)?,
+                    None => sink.write(&batch)?,
+                }
+            }
+        }
+        let shape = |input: Option<&EmbeddingTable>, k: usize| {
+            input.filter(|_| k > 0).map(|t| (t.rows as usize, k))
+        };
+        resume = checkpoint.resume_point(
+            shape(Some(bank), layout.bank_request().row_top_k),
+            shape(
+                gallery_bank.filter(|_| layout.needs_gallery_bank_tiles()),
+                layout.gallery_bank_request().row_top_k,
+            ),
+        )?;
+    }
     let request = BankPassRequest {
         gallery,
         bank: Some(BankInput {
@@ -197,16 +240,36 @@ pub fn stream_stats(
         budget: options.memory.bytes(),
         resident_bytes: index.memory_bytes(),
         output_row_bytes: layout.output_row_bytes(bank.rows),
+        resume: resume.as_ref(),
     };
     let output = compute_bank_statistics(&request, progress, |chunk| {
         let mut columns = vec![chunk.gallery.ids.clone()];
         columns.extend(layout.chunk_columns(&chunk, means.as_ref())?);
         let batch = RecordBatch::try_new(early_schema.clone(), columns)?;
         match &mut spool_sink {
-            Some(spool) => write_in_slices(spool, &batch),
-            None => sink.write(&batch),
+            Some(spool) => spool.write(&batch)?,
+            None => sink.write(&batch)?,
         }
-    })?;
+        if let Some(checkpoint) = checkpoint.as_deref_mut() {
+            checkpoint.record(&batch, chunk.gallery.first_row, chunk.activations)?;
+        }
+        Ok(())
+    });
+    let output = match (output, checkpoint.as_deref_mut()) {
+        (Err(HubnormError::Interrupted(message)), Some(checkpoint)) => {
+            checkpoint.save_on_interrupt()?;
+            return Err(HubnormError::Interrupted(message));
+        }
+        (output, checkpoint) => {
+            let output = output?;
+            // Sinkhorn's sweeps follow: keep every chunk, so that a stop
+            // during them repeats only the sweeps.
+            if let Some(checkpoint) = checkpoint.filter(|_| !layout.sinkhorn_methods().is_empty()) {
+                checkpoint.save_now(&output)?;
+            }
+            output
+        }
+    };
     let Some(spool_sink) = spool_sink else {
         return Ok(Vec::new());
     };
@@ -280,6 +343,10 @@ pub fn stream_stats(
 }
 
 /// How a Sinkhorn method's iterations ended (summary and stats metadata).
+///
+/// The block schedule (`cached_tiles`, `target_chunks`, `bank_blocks`)
+/// depends on `--memory-limit`, not on the data, so it stays out of every
+/// file: outputs are byte-identical across memory limits and thread counts.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct SinkhornReport {
     #[serde(skip)]
@@ -290,10 +357,13 @@ pub struct SinkhornReport {
     /// (columns are exact after the last target update).
     pub marginal_error: f64,
     /// Whether the bank × targets similarities were cached between sweeps.
+    #[serde(skip)]
     pub cached_tiles: bool,
     /// Target chunks and bank blocks each sweep streamed (more than one of
     /// either: the matrix did not fit the memory limit).
+    #[serde(skip)]
     pub target_chunks: usize,
+    #[serde(skip)]
     pub bank_blocks: usize,
 }
 
@@ -302,26 +372,8 @@ impl SinkhornReport {
         serde_json::json!({
             "iterations": self.iterations,
             "marginal_error": self.marginal_error,
-            "cached_tiles": self.cached_tiles,
-            "target_chunks": self.target_chunks,
-            "bank_blocks": self.bank_blocks,
         })
     }
-}
-
-/// Writes `batch` in slices of about the writer's buffer size, so the
-/// writer flushes row groups before wide rows (gc's lists) pile up.
-fn write_in_slices(sink: &mut ParquetSink, batch: &RecordBatch) -> Result<()> {
-    let rows = batch.num_rows().max(1);
-    let row_bytes = batch.get_array_memory_size() / rows;
-    let step = (crate::sink::WRITER_BUFFER_BYTES / row_bytes.max(1)).max(1);
-    let mut start = 0;
-    while start < batch.num_rows() {
-        let len = step.min(batch.num_rows() - start);
-        sink.write(&batch.slice(start, len))?;
-        start += len;
-    }
-    Ok(())
 }
 
 /// The scratch file beside `out` that holds the columns written per chunk.

@@ -368,6 +368,7 @@ fn partial_stats(
         &job.options,
         vec![],
         progress,
+        None,
     )?;
     Ok(file)
 }

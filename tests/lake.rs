@@ -29,6 +29,7 @@ fn stats_job(dir: &Path, methods: &[MethodSpec], out: &Path) -> StatsJob {
             memory: MemoryBudget(24 << 20),
             ..PassOptions::default()
         },
+        checkpoint: Default::default(),
     }
 }
 
@@ -222,6 +223,7 @@ fn export_reproduces_search_with_a_plain_inner_product() {
             out: stats.clone(),
             overwrite: false,
             options: PassOptions::default(),
+            checkpoint: Default::default(),
         },
         &Silent,
     )

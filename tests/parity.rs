@@ -174,10 +174,25 @@ fn matches_reference_around_tile_sizes() {
 }
 
 #[test]
-fn single_query_and_k_above_gallery_size() {
+fn single_query_and_k_equal_to_gallery_size() {
     run_and_check(4, 1, 50, 40, 8, 10);
-    run_and_check(5, 30, 7, 20, 8, 10);
-    run_and_check(6, 3, 5, 9, 4, 100);
+    // k = the gallery size: every item, ranked.
+    run_and_check(5, 30, 7, 20, 8, 7);
+    run_and_check(6, 3, 5, 9, 4, 5);
+    // Above it: refused (a smaller gallery than meant, most likely).
+    let dir = tempfile::tempdir().unwrap();
+    write_case(dir.path(), &case(6, 3, 5, 9, 4));
+    let err = pipeline::run(
+        &run_job(dir.path(), "out", 6, MemoryBudget::DEFAULT, 0),
+        &Silent,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("--k 6 is larger than the gallery (5 items"),
+        "{err}"
+    );
+    assert!(!dir.path().join("out").exists());
 }
 
 fn results_of(dir: &Path, out: &str) -> Vec<ResultRow> {
@@ -355,6 +370,7 @@ fn stats_then_search_equals_run_and_records_metadata() {
             out: stats_path.clone(),
             overwrite: false,
             options: PassOptions::default(),
+            checkpoint: Default::default(),
         },
         &Silent,
     )
@@ -461,6 +477,7 @@ fn every_method_stats_then_search_equals_run() {
             out: stats_path.clone(),
             overwrite: false,
             options: PassOptions::default(),
+            checkpoint: Default::default(),
         },
         &Silent,
     )

@@ -194,6 +194,7 @@ fn aggregates_equal_the_native_pass_over_partitions() {
             out: stats.clone(),
             overwrite: false,
             options: PassOptions::default(),
+            checkpoint: Default::default(),
         },
         &Silent,
     )
@@ -484,6 +485,7 @@ fn table_functions_stream_the_passes() {
             out: path("stats.parquet"),
             overwrite: false,
             options: PassOptions::default(),
+            checkpoint: Default::default(),
         },
         &Silent,
     )

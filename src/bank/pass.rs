@@ -37,6 +37,17 @@ pub struct BankPassRequest<'a> {
     /// Bytes per gallery item the caller needs while it turns a chunk into
     /// output rows.
     pub output_row_bytes: usize,
+    /// Where a resumed pass starts (gallery rows before it are finished).
+    pub resume: Option<&'a ResumePoint>,
+}
+
+/// The state of a pass stopped after its first `gallery_rows` gallery rows,
+/// restored from a checkpoint.
+#[derive(Debug, Default)]
+pub struct ResumePoint {
+    pub gallery_rows: u64,
+    pub bank_activation: ActivationState,
+    pub gallery_bank_activation: ActivationState,
 }
 
 /// The statistics of one gallery chunk, handed to the caller as soon as the
@@ -50,6 +61,9 @@ pub struct StatsChunk<'a> {
     pub bank: &'a ColumnStates,
     /// States from the gallery bank (empty when there is none).
     pub gallery_bank: &'a ColumnStates,
+    /// The activation states over every gallery row up to the chunk's end
+    /// (what a checkpoint needs to resume after this chunk).
+    pub activations: &'a BankPassOutput,
 }
 
 /// What is only known once every gallery chunk is done.
@@ -161,14 +175,23 @@ pub fn compute_bank_statistics(
     };
     output.bank_activation = activation_of(&request.bank);
     output.gallery_bank_activation = activation_of(&request.gallery_bank);
+    let mut start_row = 0;
+    if let Some(resume) = &request.resume {
+        start_row = resume.gallery_rows;
+        output.bank_activation.merge(&resume.bank_activation);
+        output
+            .gallery_bank_activation
+            .merge(&resume.gallery_bank_activation);
+    }
     let mut rows_done = RowProgress::start(
         progress,
         "pass 1: gallery items",
         gallery.rows,
         inner_total.max(1),
     );
+    rows_done.advance(start_row as usize, inner_total.max(1) as usize);
     let gallery_chunks = gallery.with_batch_rows(plan.batch_rows);
-    let mut chunks = gallery_chunks.blocks(plan.outer_rows);
+    let mut chunks = gallery_chunks.blocks_from(plan.outer_rows, start_row)?;
     let empty = ColumnStatsRequest::default();
     while let Some(chunk) = chunks.next_block()? {
         let mut states: Vec<ColumnStates> = Vec::with_capacity(2);
@@ -221,6 +244,7 @@ pub fn compute_bank_statistics(
             gallery: &chunk,
             bank: &bank_states,
             gallery_bank: &gallery_bank_states,
+            activations: &output,
         })?;
     }
     rows_done.finish();

@@ -144,6 +144,7 @@ pub fn sinkhorn_potentials(
     let mut marginal_error = f64::INFINITY;
     let mut stopped_early = false;
     for it in 0..request.iterations {
+        crate::cancel::check()?;
         let rows = sweeps.sweep(SweepKind::Rows, &f, &g)?;
         progress.advance(1);
         let (g_new, error) = source_update(rows, &g);

@@ -5,7 +5,7 @@
 //! (The others: [`crate::kernel::LogSumExp`] for IS/DIS/DualIS,
 //! [`crate::kernel::TopValues`] for NNN/CSLS.)
 
-use crate::kernel::TopK;
+use crate::kernel::{Candidate, TopK};
 
 /// Every bank similarity of one gallery item, sorted ascending (`gc`).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -144,6 +144,25 @@ impl ActivationState {
                 })
                 .collect(),
         }
+    }
+
+    /// Bank items tracked.
+    pub fn rows(&self) -> usize {
+        self.per_bank_item.len()
+    }
+
+    /// Every kept (bank row, candidate) pair, bank rows ascending and each
+    /// bank row's candidates best first (a checkpoint's contents).
+    pub fn entries(&self) -> impl Iterator<Item = (u32, Candidate)> + '_ {
+        self.per_bank_item
+            .iter()
+            .enumerate()
+            .flat_map(|(row, top)| top.sorted().into_iter().map(move |c| (row as u32, c)))
+    }
+
+    /// Offers `candidate` to bank row `row` (restoring a checkpoint).
+    pub fn offer(&mut self, row: usize, candidate: Candidate) {
+        self.per_bank_item[row].push(candidate);
     }
 
     /// The activation set: whether each of `gallery_rows` items is in the

@@ -270,6 +270,7 @@ impl TableFunctionImpl for StatsFunction {
             out: PathBuf::new(),
             overwrite: false,
             options: self.options.pass_options(),
+            checkpoint: Default::default(),
         };
         let schema = pipeline::stats_schema(&job).map_err(external)?;
         provider(schema, Pass::Stats(job), &self.options)

@@ -292,6 +292,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             out: dir.join("stats.parquet"),
             overwrite: true,
             options: options.clone(),
+            checkpoint: Default::default(),
         };
         let mut failure = None;
         report(
@@ -359,6 +360,7 @@ fn sinkhorn_cost(dir: &Path, rows: usize, dim: usize, args: &BenchArgs) -> Resul
                 threads: args.threads,
                 ..PassOptions::default()
             },
+            checkpoint: Default::default(),
         };
         let mut failure = None;
         let (secs, _) = time(args.repeats.min(3), || {

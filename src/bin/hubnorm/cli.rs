@@ -253,6 +253,18 @@ pub struct StatsArgs {
     /// the others are recomputed in full).
     #[arg(long, conflicts_with = "overwrite")]
     pub update: bool,
+    /// Continue an interrupted run from its checkpoint (OUT.checkpoint/):
+    /// finished gallery chunks are kept, the rest is computed. The inputs and
+    /// options must be the same; starts afresh when there is no checkpoint.
+    #[arg(long, conflicts_with = "update")]
+    pub resume: bool,
+    /// Save finished gallery chunks to OUT.checkpoint/ at most every SECONDS
+    /// (0: after every chunk; the folder is removed once OUT is written).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    pub checkpoint_interval: f64,
+    /// Write no checkpoint.
+    #[arg(long, conflicts_with_all = ["resume", "checkpoint_interval"])]
+    pub no_checkpoint: bool,
     /// Output file (gallery_stats.parquet).
     #[arg(long)]
     pub out: PathBuf,

@@ -12,7 +12,29 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // Rust ignores SIGPIPE, so printing into a closed pipe (`| head`) would
+    // panic; the default action ends the process quietly, as Unix tools do.
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to SIG_DFL before any thread
+    // starts has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = cli::Cli::parse();
+    // Ctrl-C (or SIGTERM) asks the passes to stop at their next block, so
+    // temporary files are removed and nothing half-written is renamed into
+    // place; a second one exits at once.
+    let installed = ctrlc::set_handler(|| {
+        if hubnorm::cancel::request() {
+            std::process::exit(130);
+        }
+        eprintln!("\nstopping after the current block (Ctrl-C again to stop at once)");
+    });
+    if let Err(err) = installed {
+        eprintln!(
+            "warning: no Ctrl-C handler ({err}); an interrupted run may leave temporary files"
+        );
+    }
     let outcome = match cli.command {
         cli::Command::Run(args) => run::run(args),
         cli::Command::Stats(args) => run::stats(args),

@@ -1,5 +1,8 @@
 //! `hubnorm run`, `hubnorm stats`, `hubnorm search`: arguments in, library call, summary out.
 
+use std::time::Duration;
+
+use hubnorm::checkpoint::CheckpointOptions;
 use hubnorm::export::ExportJob;
 use hubnorm::options::{MethodKind, MethodSpec};
 use hubnorm::pipeline::{self, MethodSummary, RunJob, RunSummary, SearchJob, StatsJob};
@@ -53,6 +56,7 @@ pub fn stats(args: StatsArgs) -> Result<()> {
     } else {
         args.method.specs(MethodKind::InvertedSoftmax)?
     };
+    let checkpoint = checkpoint_options(&args)?;
     let job = StatsJob {
         gallery: args.gallery,
         bank: args.bank,
@@ -62,6 +66,7 @@ pub fn stats(args: StatsArgs) -> Result<()> {
         out: args.out,
         overwrite: args.overwrite,
         options: args.method.pass_options(&args.common),
+        checkpoint,
     };
     let progress = reporter(args.common.quiet);
     if args.update {
@@ -93,11 +98,31 @@ pub fn stats(args: StatsArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let path = pipeline::run_stats(&job, progress.as_ref())?;
+    let outcome = pipeline::run_stats(&job, progress.as_ref())?;
     if !args.common.quiet {
-        println!("wrote {}", path.display());
+        if outcome.resumed_rows > 0 {
+            println!(
+                "resumed after {} gallery rows from the checkpoint",
+                outcome.resumed_rows
+            );
+        }
+        println!("wrote {}", outcome.path.display());
     }
     Ok(())
+}
+
+/// `--resume`, `--checkpoint-interval`, `--no-checkpoint`.
+fn checkpoint_options(args: &StatsArgs) -> Result<CheckpointOptions> {
+    let seconds = args.checkpoint_interval;
+    if !seconds.is_finite() || seconds < 0.0 {
+        return Err(HubnormError::Usage(format!(
+            "--checkpoint-interval must be a number of seconds ≥ 0, not {seconds}"
+        )));
+    }
+    Ok(CheckpointOptions {
+        interval: (!args.no_checkpoint && !args.update).then(|| Duration::from_secs_f64(seconds)),
+        resume: args.resume,
+    })
 }
 
 pub fn search(args: SearchArgs) -> Result<()> {

@@ -1,0 +1,487 @@
+//! Checkpoints of pass 1, so that `hubnorm stats --resume` continues an
+//! interrupted statistics pass instead of starting again.
+//!
+//! Pass 1 finishes the gallery chunk by chunk: once the banks have streamed
+//! past a chunk, its rows of the stats file are final. A checkpoint keeps
+//! those rows, and the one state that spans chunks (each bank item's top-k_A
+//! gallery items, for `dis` and `dual-dis`), in a folder beside the output:
+//!
+//! ```text
+//! gallery_stats.parquet.checkpoint/
+//!   manifest.json                  inputs (paths, sizes, modification times) and parameters
+//!   rows-<first>-<end>.parquet     finished rows of gallery rows [first, end)
+//!   activation-<end>.parquet       activation states after gallery row `end`
+//! ```
+//!
+//! Every file is written under a temporary name and renamed when complete;
+//! an activation file is renamed before the rows it goes with, so a crash at
+//! any point leaves a consistent prefix. A resume refuses a checkpoint whose
+//! manifest differs from the current inputs and parameters, and replays the
+//! saved rows, so its stats file is byte-identical to an uninterrupted run's.
+//! Sinkhorn's sweeps (`sn`, `dbsn`) come after the chunks and are not
+//! checkpointed: a resumed run repeats them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::array::{Array, Float32Array, RecordBatch, UInt32Array, UInt8Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+
+use crate::bank::pass::{BankPassOutput, ResumePoint};
+use crate::bank::states::ActivationState;
+use crate::error::{HubnormError, Result};
+use crate::kernel::Candidate;
+use crate::sink::{write_text_atomically, ParquetSink};
+
+/// How `hubnorm stats` checkpoints its progress.
+#[derive(Debug, Clone, Default)]
+pub struct CheckpointOptions {
+    /// Save the finished gallery chunks at most this often (`Some(0)`: after
+    /// every chunk); `None`: no checkpoints.
+    pub interval: Option<Duration>,
+    /// Continue from the checkpoint an interrupted run left (start afresh
+    /// when there is none).
+    pub resume: bool,
+}
+
+impl CheckpointOptions {
+    /// The default of the command-line tool: a save at most once a minute.
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
+}
+
+/// The checkpoint folder of a stats file at `out`.
+pub fn checkpoint_dir(out: &Path) -> PathBuf {
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    out.with_file_name(format!("{name}.checkpoint"))
+}
+
+const MANIFEST: &str = "manifest.json";
+const VERSION: u64 = 1;
+
+/// Which bank an activation row belongs to (the `bank` column).
+const QUERY_BANK: u8 = 0;
+const GALLERY_BANK: u8 = 1;
+
+/// A checkpoint being written (and possibly resumed from).
+pub struct Checkpoint {
+    dir: PathBuf,
+    interval: Duration,
+    last_saved: Instant,
+    /// Gallery rows whose stats rows are saved.
+    saved_rows: u64,
+    /// Whether the layout has activation columns (their state is saved too).
+    saves_activation: bool,
+    /// Rows finished since the last save, in an uncommitted file.
+    segment: Option<Segment>,
+    /// Saved rows files, in gallery order, when resuming.
+    resumed_segments: Vec<PathBuf>,
+    /// The activation file of the resume point.
+    resumed_activation: Option<PathBuf>,
+}
+
+struct Segment {
+    first_row: u64,
+    end_row: u64,
+    sink: ParquetSink,
+}
+
+impl Checkpoint {
+    /// Opens the checkpoint of the stats file `out` computed from inputs and
+    /// parameters `manifest`. Refuses to start afresh over a checkpoint left
+    /// by an interrupted run (unless `resume`), and to resume one made with
+    /// other inputs or parameters. `None` when checkpoints are off.
+    pub fn open(
+        out: &Path,
+        manifest: &BTreeMap<String, String>,
+        options: &CheckpointOptions,
+        saves_activation: bool,
+    ) -> Result<Option<Checkpoint>> {
+        let interval = match (options.interval, options.resume) {
+            (Some(interval), _) => interval,
+            (None, true) => CheckpointOptions::DEFAULT_INTERVAL,
+            (None, false) => return Ok(None),
+        };
+        let dir = checkpoint_dir(out);
+        let mut checkpoint = Checkpoint {
+            dir: dir.clone(),
+            interval,
+            last_saved: Instant::now(),
+            saved_rows: 0,
+            saves_activation,
+            segment: None,
+            resumed_segments: Vec::new(),
+            resumed_activation: None,
+        };
+        if dir.exists() {
+            if !options.resume {
+                return Err(HubnormError::Usage(format!(
+                    "an interrupted `hubnorm stats` left a checkpoint at {}: pass --resume to continue it, or delete that folder to start afresh",
+                    dir.display()
+                )));
+            }
+            checkpoint.check_manifest(manifest)?;
+            checkpoint.find_resume_point()?;
+        } else {
+            std::fs::create_dir_all(&dir).map_err(|e| HubnormError::io(&dir, e))?;
+            let text = serde_json::to_string_pretty(&serde_json::json!({
+                "version": VERSION,
+                "inputs_and_parameters": manifest,
+            }))
+            .map_err(|e| HubnormError::Internal(e.to_string()))?;
+            write_text_atomically(&dir.join(MANIFEST), &text, false)?.commit()?;
+        }
+        Ok(Some(checkpoint))
+    }
+
+    /// Gallery rows a resumed pass skips (0 when starting afresh).
+    pub fn resumed_rows(&self) -> u64 {
+        self.saved_rows
+    }
+
+    /// The saved rows files to replay before the pass goes on, in order.
+    pub fn resumed_segments(&self) -> &[PathBuf] {
+        &self.resumed_segments
+    }
+
+    /// Where the pass restarts, with the activation states restored for
+    /// banks of `bank` and `gallery_bank` rows at activation k `(rows, k)`.
+    pub fn resume_point(
+        &self,
+        bank: Option<(usize, usize)>,
+        gallery_bank: Option<(usize, usize)>,
+    ) -> Result<Option<ResumePoint>> {
+        if self.saved_rows == 0 {
+            return Ok(None);
+        }
+        let new_state = |shape: Option<(usize, usize)>| {
+            shape.map_or_else(ActivationState::default, |(rows, k)| {
+                ActivationState::new(rows, k)
+            })
+        };
+        let mut point = ResumePoint {
+            gallery_rows: self.saved_rows,
+            bank_activation: new_state(bank),
+            gallery_bank_activation: new_state(gallery_bank),
+        };
+        if let Some(path) = &self.resumed_activation {
+            read_activation(path, &mut point)?;
+        }
+        Ok(Some(point))
+    }
+
+    /// Records the finished rows `batch` of gallery rows starting at
+    /// `first_row`; saves when the interval has passed.
+    pub fn record(
+        &mut self,
+        batch: &RecordBatch,
+        first_row: u64,
+        activations: &BankPassOutput,
+    ) -> Result<()> {
+        if self.segment.is_none() {
+            let path = self.dir.join(format!("rows-{first_row:020}.open.parquet"));
+            self.segment = Some(Segment {
+                first_row,
+                end_row: first_row,
+                sink: ParquetSink::create(&path, batch.schema(), Vec::new(), true)?,
+            });
+        }
+        let segment = self.segment.as_mut().expect("opened above");
+        if first_row != segment.end_row {
+            return Err(HubnormError::Internal(format!(
+                "checkpoint rows out of order: {first_row} after {}",
+                segment.end_row
+            )));
+        }
+        segment.sink.write(batch)?;
+        segment.end_row += batch.num_rows() as u64;
+        if self.last_saved.elapsed() >= self.interval {
+            self.save(Some(activations))?;
+        }
+        Ok(())
+    }
+
+    /// Saves the rows recorded since the last save now, with `activations`.
+    pub fn save_now(&mut self, activations: &BankPassOutput) -> Result<()> {
+        self.save(Some(activations))
+    }
+
+    /// Saves the rows recorded since the last save, when that needs no
+    /// activation state (a pass stopped mid-chunk has none consistent with
+    /// its finished rows). Called when the pass is interrupted.
+    pub fn save_on_interrupt(&mut self) -> Result<()> {
+        if self.saves_activation {
+            return Ok(());
+        }
+        self.save(None)
+    }
+
+    fn save(&mut self, activations: Option<&BankPassOutput>) -> Result<()> {
+        let Some(segment) = self.segment.take() else {
+            return Ok(());
+        };
+        let Segment {
+            first_row,
+            end_row,
+            sink,
+        } = segment;
+        let file = sink.close_uncommitted()?;
+        let previous_activation = self.activation_path(self.saved_rows);
+        if self.saves_activation {
+            let activations = activations.ok_or_else(|| {
+                HubnormError::Internal("an activation checkpoint needs the states".into())
+            })?;
+            write_activation(&self.activation_path(end_row), activations)?;
+        }
+        // Flushed under the open name, then named with its range: the rows
+        // count only once complete.
+        let open = file.commit()?;
+        let done = self.rows_path(first_row, end_row);
+        std::fs::rename(&open, &done).map_err(|e| HubnormError::io(&done, e))?;
+        if self.saves_activation && self.saved_rows > 0 {
+            let _ = std::fs::remove_file(previous_activation);
+        }
+        self.saved_rows = end_row;
+        self.last_saved = Instant::now();
+        Ok(())
+    }
+
+    /// Deletes the checkpoint (the stats file is complete).
+    pub fn remove(self) -> Result<()> {
+        let dir = self.dir.clone();
+        drop(self);
+        std::fs::remove_dir_all(&dir).map_err(|e| HubnormError::io(&dir, e))
+    }
+
+    fn rows_path(&self, first: u64, end: u64) -> PathBuf {
+        self.dir.join(format!("rows-{first:020}-{end:020}.parquet"))
+    }
+
+    fn activation_path(&self, end: u64) -> PathBuf {
+        self.dir.join(format!("activation-{end:020}.parquet"))
+    }
+
+    fn check_manifest(&self, current: &BTreeMap<String, String>) -> Result<()> {
+        let path = self.dir.join(MANIFEST);
+        let text = std::fs::read_to_string(&path).map_err(|e| HubnormError::io(&path, e))?;
+        let stored: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            HubnormError::input(&path, None, None, format!("not a checkpoint manifest: {e}"))
+        })?;
+        if stored["version"].as_u64() != Some(VERSION) {
+            return Err(HubnormError::input(
+                &path,
+                None,
+                None,
+                "written by another version of hubnorm; delete the checkpoint to start afresh",
+            ));
+        }
+        let stored: BTreeMap<String, String> =
+            serde_json::from_value(stored["inputs_and_parameters"].clone()).map_err(|e| {
+                HubnormError::input(&path, None, None, format!("not a checkpoint manifest: {e}"))
+            })?;
+        let keys: std::collections::BTreeSet<&String> =
+            stored.keys().chain(current.keys()).collect();
+        let changed: Vec<String> = keys
+            .into_iter()
+            .filter(|k| stored.get(*k) != current.get(*k))
+            .map(|k| describe_key(k))
+            .collect();
+        if changed.is_empty() {
+            return Ok(());
+        }
+        Err(HubnormError::Usage(format!(
+            "cannot resume from {}: it was made with other inputs or parameters ({}); run with the same ones, or delete the checkpoint to start afresh",
+            self.dir.display(),
+            changed.join("; ")
+        )))
+    }
+
+    /// The longest run of saved rows from gallery row 0 (with its activation
+    /// file, when one is needed); files past it are removed.
+    fn find_resume_point(&mut self) -> Result<()> {
+        let entries = std::fs::read_dir(&self.dir).map_err(|e| HubnormError::io(&self.dir, e))?;
+        let mut segments: BTreeMap<u64, (u64, PathBuf)> = BTreeMap::new();
+        let mut activations: BTreeMap<u64, PathBuf> = BTreeMap::new();
+        let mut other: Vec<PathBuf> = Vec::new();
+        for entry in entries {
+            let path = entry.map_err(|e| HubnormError::io(&self.dir, e))?.path();
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let numbers = |prefix: &str| -> Option<Vec<u64>> {
+                name.strip_prefix(prefix)?
+                    .strip_suffix(".parquet")?
+                    .split('-')
+                    .map(|n| n.parse().ok())
+                    .collect()
+            };
+            match (numbers("rows-"), numbers("activation-")) {
+                (Some(r), _) if r.len() == 2 && r[0] < r[1] => {
+                    segments.insert(r[0], (r[1], path));
+                }
+                (_, Some(a)) if a.len() == 1 => {
+                    activations.insert(a[0], path);
+                }
+                _ if name == MANIFEST => {}
+                _ => other.push(path),
+            }
+        }
+        // Follow the chain 0 → end → end' …, keeping the last end that has
+        // its activation file (or every end, when none is needed).
+        let mut chain = Vec::new();
+        let mut end = 0;
+        while let Some((next, path)) = segments.get(&end) {
+            chain.push((*next, path.clone()));
+            end = *next;
+        }
+        while let Some((end, _)) = chain.last() {
+            if !self.saves_activation || activations.contains_key(end) {
+                break;
+            }
+            chain.pop();
+        }
+        self.saved_rows = chain.last().map_or(0, |(end, _)| *end);
+        self.resumed_activation = activations.get(&self.saved_rows).cloned();
+        self.resumed_segments = chain.iter().map(|(_, p)| p.clone()).collect();
+        // Leftovers: rows past the resume point, stale activation states,
+        // the open segment of the interrupted run.
+        for (_, (_, path)) in segments {
+            if !self.resumed_segments.contains(&path) {
+                other.push(path);
+            }
+        }
+        for (end, path) in activations {
+            if end != self.saved_rows || !self.saves_activation {
+                other.push(path);
+            }
+        }
+        for path in other {
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(())
+    }
+}
+
+/// Says in words which input or parameter a manifest key stands for.
+fn describe_key(key: &str) -> String {
+    let role = |k: &str| k.trim_start_matches("hubnorm.").replace('_', " ");
+    if let Some(table) = key.strip_suffix(".parts") {
+        format!(
+            "the {} files changed (paths, sizes or modification times)",
+            role(table)
+        )
+    } else if let Some(table) = key.strip_suffix(".rows") {
+        format!("the {} has a different number of rows", role(table))
+    } else if let Some(table) = key.strip_suffix(".path") {
+        format!("the {} path differs", role(table))
+    } else {
+        format!("{} differs", key.trim_start_matches("hubnorm."))
+    }
+}
+
+fn activation_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("bank", DataType::UInt8, false),
+        Field::new("bank_row", DataType::UInt32, false),
+        Field::new("gallery_row", DataType::UInt32, false),
+        Field::new("score", DataType::Float32, false),
+        Field::new("raw_score", DataType::Float32, false),
+    ]))
+}
+
+fn write_activation(path: &Path, states: &BankPassOutput) -> Result<()> {
+    let mut sink = ParquetSink::create(path, activation_schema(), Vec::new(), true)?;
+    for (bank, state) in [
+        (QUERY_BANK, &states.bank_activation),
+        (GALLERY_BANK, &states.gallery_bank_activation),
+    ] {
+        let entries: Vec<(u32, Candidate)> = state.entries().collect();
+        if entries.is_empty() {
+            continue;
+        }
+        let batch = RecordBatch::try_new(
+            activation_schema(),
+            vec![
+                Arc::new(UInt8Array::from(vec![bank; entries.len()])),
+                Arc::new(UInt32Array::from_iter_values(entries.iter().map(|e| e.0))),
+                Arc::new(UInt32Array::from_iter_values(
+                    entries.iter().map(|e| e.1.row),
+                )),
+                Arc::new(Float32Array::from_iter_values(
+                    entries.iter().map(|e| e.1.score),
+                )),
+                Arc::new(Float32Array::from_iter_values(
+                    entries.iter().map(|e| e.1.raw),
+                )),
+            ],
+        )?;
+        sink.write(&batch)?;
+    }
+    sink.finish()?;
+    Ok(())
+}
+
+fn read_activation(path: &Path, point: &mut ResumePoint) -> Result<()> {
+    let reader = crate::source::open_parquet(path)?
+        .build()
+        .map_err(|e| HubnormError::parquet(path, e))?;
+    let corrupt =
+        |what: &str| HubnormError::input(path, None, None, format!("corrupt checkpoint: {what}"));
+    for batch in reader {
+        let batch = batch.map_err(|e| HubnormError::input(path, None, None, e.to_string()))?;
+        if batch.schema().fields() != activation_schema().fields() {
+            return Err(corrupt("unexpected columns"));
+        }
+        let column = |i: usize| batch.column(i).clone();
+        let bank = column(0);
+        let bank = bank
+            .as_any()
+            .downcast_ref::<UInt8Array>()
+            .expect("schema checked");
+        let bank_row = column(1);
+        let bank_row = bank_row
+            .as_any()
+            .downcast_ref::<UInt32Array>()
+            .expect("schema checked");
+        let gallery_row = column(2);
+        let gallery_row = gallery_row
+            .as_any()
+            .downcast_ref::<UInt32Array>()
+            .expect("schema checked");
+        let score = column(3);
+        let score = score
+            .as_any()
+            .downcast_ref::<Float32Array>()
+            .expect("schema checked");
+        let raw = column(4);
+        let raw = raw
+            .as_any()
+            .downcast_ref::<Float32Array>()
+            .expect("schema checked");
+        for i in 0..batch.num_rows() {
+            let state = match bank.value(i) {
+                QUERY_BANK => &mut point.bank_activation,
+                GALLERY_BANK => &mut point.gallery_bank_activation,
+                _ => return Err(corrupt("unknown bank")),
+            };
+            let row = bank_row.value(i) as usize;
+            if row >= state.rows() || gallery_row.value(i) as u64 >= point.gallery_rows {
+                return Err(corrupt("row out of range"));
+            }
+            state.offer(
+                row,
+                Candidate {
+                    score: score.value(i),
+                    raw: raw.value(i),
+                    row: gallery_row.value(i),
+                },
+            );
+        }
+    }
+    Ok(())
+}
