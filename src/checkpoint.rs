@@ -74,6 +74,8 @@ pub struct Checkpoint {
     last_saved: Instant,
     /// Gallery rows whose stats rows are saved.
     saved_rows: u64,
+    /// Gallery rows taken from the checkpoint when the run started.
+    resumed_rows: u64,
     /// Whether the layout has activation columns (their state is saved too).
     saves_activation: bool,
     /// Rows finished since the last save, in an uncommitted file.
@@ -112,6 +114,7 @@ impl Checkpoint {
             interval,
             last_saved: Instant::now(),
             saved_rows: 0,
+            resumed_rows: 0,
             saves_activation,
             segment: None,
             resumed_segments: Vec::new(),
@@ -126,6 +129,7 @@ impl Checkpoint {
             }
             checkpoint.check_manifest(manifest)?;
             checkpoint.find_resume_point()?;
+            checkpoint.resumed_rows = checkpoint.saved_rows;
         } else {
             std::fs::create_dir_all(&dir).map_err(|e| HubnormError::io(&dir, e))?;
             let text = serde_json::to_string_pretty(&serde_json::json!({
@@ -140,6 +144,11 @@ impl Checkpoint {
 
     /// Gallery rows a resumed pass skips (0 when starting afresh).
     pub fn resumed_rows(&self) -> u64 {
+        self.resumed_rows
+    }
+
+    /// Gallery rows whose stats rows are saved so far.
+    pub fn saved_rows(&self) -> u64 {
         self.saved_rows
     }
 

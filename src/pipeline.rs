@@ -765,16 +765,20 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome
         let (file, _) = match written {
             Ok(written) => written,
             Err(err) => {
-                // A fault in the data or options makes the checkpoint useless
-                // (the inputs must change); keep it after a stop or an I/O fault.
-                if let (Some(checkpoint), 2) = (checkpoint, err.exit_code()) {
+                // Saved work is never deleted (the message says where it
+                // is); a checkpoint with nothing saved would only block the
+                // next run.
+                let saved = checkpoint.as_ref().map_or(0, Checkpoint::saved_rows);
+                if let Some(checkpoint) = checkpoint.filter(|_| saved == 0) {
                     checkpoint.remove()?;
                 }
                 return Err(match err {
-                    HubnormError::Interrupted(message) => HubnormError::Interrupted(format!(
-                        "{message}; finished gallery chunks are kept in {}: run the same command with --resume to continue",
-                        checkpoint_dir(&job.out).display()
-                    )),
+                    HubnormError::Interrupted(message) if saved > 0 => {
+                        HubnormError::Interrupted(format!(
+                            "{message}; the first {saved} gallery rows are saved in {}: run the same command with --resume to continue",
+                            checkpoint_dir(&job.out).display()
+                        ))
+                    }
                     err => err,
                 });
             }

@@ -197,8 +197,11 @@ pub fn default_grid(kind: MethodKind) -> Vec<(&'static str, Vec<f64>)> {
     }
 }
 
+/// The most points a method's grid may have.
+pub const MAX_GRID_POINTS: usize = 10_000;
+
 /// The grid points of `kind`: the default axes with `overrides` applied,
-/// as a Cartesian product.
+/// as a Cartesian product; refused above [`MAX_GRID_POINTS`].
 pub fn grid_of(kind: MethodKind, overrides: &[GridAxis]) -> Result<Vec<MethodSpec>> {
     let mut axes: Vec<(String, Vec<f64>)> = default_grid(kind)
         .into_iter()
@@ -214,6 +217,21 @@ pub fn grid_of(kind: MethodKind, overrides: &[GridAxis]) -> Result<Vec<MethodSpe
             None if o.method == Some(kind) => axes.push((o.parameter.clone(), o.values.clone())),
             None => {}
         }
+    }
+    // Each point is a full pass over the validation data: a grid this large
+    // is a typo, and building it would exhaust memory before any work.
+    let size = axes
+        .iter()
+        .try_fold(1usize, |n, (_, values)| n.checked_mul(values.len()))
+        .filter(|&n| n <= MAX_GRID_POINTS);
+    if size.is_none() {
+        return Err(HubnormError::Usage(format!(
+            "the grid of {kind} has more than {MAX_GRID_POINTS} points ({}); give fewer values per parameter",
+            axes.iter()
+                .map(|(name, values)| format!("{} {name}", values.len()))
+                .collect::<Vec<_>>()
+                .join(" × ")
+        )));
     }
     let mut points: Vec<Vec<(String, f64)>> = vec![vec![]];
     for (name, values) in &axes {

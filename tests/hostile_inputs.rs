@@ -635,6 +635,34 @@ fn bad_options() {
         usage("--alpha must be a non-negative number"),
     );
     case(
+        "a tuning grid of more than 10 000 points",
+        none,
+        |d| {
+            let p = |n: &str| d.join(n).display().to_string();
+            let betas: Vec<String> = (1..=10_001).map(|b| b.to_string()).collect();
+            let grid = format!("beta={}", betas.join(","));
+            [
+                "tune",
+                "--gallery",
+                &p("gallery.parquet"),
+                "--bank",
+                &p("bank.parquet"),
+                "--validation",
+                &p("queries.parquet"),
+                "--methods",
+                "is",
+                "--grid",
+                &grid,
+                "--out",
+                &p("tuned"),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+        },
+        usage("the grid of is has more than 10000 points (10001 beta)"),
+    );
+    case(
         "NNN k larger than the bank",
         none,
         with(&["--method", "nnn", "--nnn-k", "31"]),

@@ -3,9 +3,11 @@
 //! The input is written to a `.parquet` file and opened the way the passes
 //! open the gallery, the bank and the queries (`EmbeddingTable::open` with
 //! the default read options, with and without the ground-truth column), then
-//! every block is read to the end, as are the ids alone, and a seeded sample
-//! of the rows (`--bank-sample`). Any `Err` is a correct answer; a panic, an
-//! abort or an allocation beyond libFuzzer's `-rss_limit_mb` is a bug.
+//! every block is read to the end, as are the ids alone, the second half
+//! (`blocks_from`, a resumed pass) and a seeded sample of the rows and its
+//! complement (`--bank-sample`, `tune --validation-split`). Any `Err` is a
+//! correct answer; a panic, an abort or an allocation beyond libFuzzer's
+//! `-rss_limit_mb` is a bug.
 //!
 //! A panic counts when it escapes the library. The parquet crate panics on
 //! some damaged pages; `source::next_batch` catches those around the
