@@ -23,27 +23,6 @@ fn hubnorm(args: &[&str]) -> (i32, String) {
     )
 }
 
-/// A valid small case; tests replace one table with a bad one.
-fn valid_case(dir: &Path) {
-    let mut r = rng(21);
-    let gallery = random_table(&mut r, "g", 40, 4);
-    let queries = queries_near(&mut r, &gallery, 10, 0.1);
-    let bank = random_table(&mut r, "b", 30, 4);
-    write_table(
-        &dir.join("queries.parquet"),
-        &queries,
-        Layout::FixedF32,
-        false,
-    );
-    write_table(
-        &dir.join("gallery.parquet"),
-        &gallery,
-        Layout::FixedF32,
-        false,
-    );
-    write_table(&dir.join("bank.parquet"), &bank, Layout::FixedF32, false);
-}
-
 /// Runs `hubnorm run` and checks the failure is reported as bad input at
 /// `file`, `row`, `column`, with `phrase` in the message, and that nothing was written.
 fn assert_refused(dir: &Path, file: &str, row: Option<u64>, column: Option<&str>, phrase: &str) {
@@ -265,51 +244,6 @@ fn zero_vector_when_normalising() {
         Some(5),
         Some("embedding"),
         "zero vector",
-    );
-}
-
-#[test]
-fn duplicate_gallery_ids() {
-    let dir = tempfile::tempdir().unwrap();
-    valid_case(dir.path());
-    let mut names: Vec<String> = (0..40).map(|i| format!("g{i}")).collect();
-    names[33] = "g7".into();
-    write_columns(
-        &dir.path().join("gallery.parquet"),
-        vec![
-            ("id", Arc::new(StringArray::from(names)) as ArrayRef),
-            ("embedding", fixed(vec![0.5; 160], 4, None)),
-        ],
-    );
-    assert_refused(
-        dir.path(),
-        "gallery.parquet",
-        Some(33),
-        Some("id"),
-        "duplicate id 'g7'",
-    );
-}
-
-#[test]
-fn null_id() {
-    let dir = tempfile::tempdir().unwrap();
-    valid_case(dir.path());
-    let names: Vec<Option<String>> = (0..40)
-        .map(|i| (i != 12).then(|| format!("g{i}")))
-        .collect();
-    write_columns(
-        &dir.path().join("gallery.parquet"),
-        vec![
-            ("id", Arc::new(StringArray::from(names)) as ArrayRef),
-            ("embedding", fixed(vec![0.5; 160], 4, None)),
-        ],
-    );
-    assert_refused(
-        dir.path(),
-        "gallery.parquet",
-        Some(12),
-        Some("id"),
-        "null id",
     );
 }
 

@@ -44,30 +44,9 @@ struct Expected<'a> {
     phrase: &'a str,
 }
 
+/// The gallery size and dimension of `common::valid_case`.
 const GALLERY_ROWS: usize = 40;
-const BANK_ROWS: usize = 30;
 const DIM: i32 = 4;
-
-/// A valid small case in `dir`: queries, gallery, bank (dimension 4).
-fn valid_case(dir: &Path) {
-    let mut r = rng(21);
-    let gallery = random_table(&mut r, "g", GALLERY_ROWS, DIM as usize);
-    let queries = queries_near(&mut r, &gallery, 10, 0.1);
-    let bank = random_table(&mut r, "b", BANK_ROWS, DIM as usize);
-    write_table(
-        &dir.join("queries.parquet"),
-        &queries,
-        Layout::FixedF32,
-        false,
-    );
-    write_table(
-        &dir.join("gallery.parquet"),
-        &gallery,
-        Layout::FixedF32,
-        false,
-    );
-    write_table(&dir.join("bank.parquet"), &bank, Layout::FixedF32, false);
-}
 
 /// Every file under `dir` (recursively) with its bytes.
 fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {

@@ -77,6 +77,28 @@ pub fn random_table(rng: &mut StdRng, prefix: &str, rows: usize, dim: usize) -> 
     }
 }
 
+/// A valid small case in `dir` (queries with targets, gallery of 40, bank
+/// of 30, dimension 4); the bad-input tests replace one table with a bad one.
+pub fn valid_case(dir: &Path) {
+    let mut r = rng(21);
+    let gallery = random_table(&mut r, "g", 40, 4);
+    let queries = queries_near(&mut r, &gallery, 10, 0.1);
+    let bank = random_table(&mut r, "b", 30, 4);
+    write_table(
+        &dir.join("queries.parquet"),
+        &queries,
+        Layout::FixedF32,
+        false,
+    );
+    write_table(
+        &dir.join("gallery.parquet"),
+        &gallery,
+        Layout::FixedF32,
+        false,
+    );
+    write_table(&dir.join("bank.parquet"), &bank, Layout::FixedF32, false);
+}
+
 pub fn rng(seed: u64) -> StdRng {
     eprintln!("random seed: {seed}");
     StdRng::seed_from_u64(seed)
