@@ -10,7 +10,10 @@
 
 use crate::cache::TableBlocks;
 use crate::error::Result;
-use crate::kernel::{lse_sweep, LogSumExp, Rows, Sweep, TileSource, TILE_COLS, TILE_ROWS};
+use crate::kernel::{
+    fused_group, lse_sweep, LogSumExp, Rows, StripRows, Sweep, TileSource, GROUP_ROWS, TILE_COLS,
+    TILE_ROWS,
+};
 use crate::plan::PlanRequest;
 use crate::progress::Progress;
 use crate::source::EmbeddingTable;
@@ -75,8 +78,9 @@ pub fn sinkhorn_potentials(
     let m = sources.rows as usize;
     let n: usize = request.targets.iter().map(|t| t.rows as usize).sum();
     let matrix_bytes = m * n * 4;
-    // Potentials in f64 and their f32 copies for the kernel.
-    let potential_bytes = (m + n) * 12;
+    // Per source and per target: the potential (f64), its f32 copy, the
+    // sweep's log-sum-exp state and the next potential.
+    let potential_bytes = (m + n) * 36;
     let threads = rayon::current_num_threads();
     let free = request
         .budget
@@ -131,8 +135,9 @@ pub fn sinkhorn_potentials(
     // The source update from a row sweep: the new g, and the relative
     // row-marginal error of the plan with the old g, since
     // |B|·Σ_t π(b, t) = exp((g_new(b) − g(b))/τ).
+    let potential = |row: &LogSumExp| tau * row.value() + tau * log_m;
     let source_update = |rows: Vec<LogSumExp>, g: &[f64]| -> (Vec<f64>, f64) {
-        let g_new: Vec<f64> = rows.iter().map(|s| tau * s.value() + tau * log_m).collect();
+        let g_new: Vec<f64> = rows.iter().map(potential).collect();
         let error = g_new
             .iter()
             .zip(g)
@@ -145,7 +150,13 @@ pub fn sinkhorn_potentials(
     let mut stopped_early = false;
     for it in 0..request.iterations {
         crate::cancel::check()?;
-        let rows = sweeps.sweep(SweepKind::Rows, &f, &g)?;
+        // Once the tiles are cached, both updates share one read of them.
+        let (rows, fused_cols) = if sweeps.fused_ready() {
+            let (rows, cols) = sweeps.fused_iteration(&f, &|row| potential(row) as f32)?;
+            (rows, Some(cols))
+        } else {
+            (sweeps.sweep(SweepKind::Rows, &f, &g)?, None)
+        };
         progress.advance(1);
         let (g_new, error) = source_update(rows, &g);
         if it > 0 {
@@ -157,7 +168,10 @@ pub fn sinkhorn_potentials(
             }
         }
         g = g_new;
-        let cols = sweeps.sweep(SweepKind::Columns, &f, &g)?;
+        let cols = match fused_cols {
+            Some(cols) => cols,
+            None => sweeps.sweep(SweepKind::Columns, &f, &g)?,
+        };
         progress.advance(1);
         f = cols.iter().map(|s| tau * s.value() + tau * log_n).collect();
         iterations = it + 1;
@@ -203,6 +217,68 @@ struct Sweeper<'a> {
 }
 
 impl Sweeper<'_> {
+    /// Whether every tile is cached, so an iteration can be fused.
+    fn fused_ready(&self) -> bool {
+        self.cache && !self.chunks.is_empty()
+    }
+
+    /// One whole iteration over the cached tiles, a group of source rows at
+    /// a time: the source update (LSE per row, shifted by f), then the target
+    /// update with the new source potentials `potential(row state)`, while
+    /// the group is in cache. Bit-identical to a row sweep then a column
+    /// sweep (`kernel::fused_group`), with one read of the tiles instead of
+    /// two.
+    fn fused_iteration(
+        &self,
+        f: &[f64],
+        potential: &(dyn Fn(&LogSumExp) -> f32 + Sync),
+    ) -> Result<(Vec<LogSumExp>, Vec<LogSumExp>)> {
+        let n = f.len();
+        let f32s: Vec<f32> = f.iter().map(|&v| v as f32).collect();
+        let mut col_max = vec![f64::NEG_INFINITY; n];
+        let mut col_sum = vec![0f64; n];
+        let mut rows = Vec::with_capacity(self.sources.rows as usize);
+        let blocks = self.source_blocks;
+        let chunk_rows = self.chunks[0].rows.max(1);
+        for block in 0..blocks {
+            let block_rows = self.tiles[block].len() / chunk_rows;
+            for g0 in (0..block_rows).step_by(GROUP_ROWS) {
+                crate::cancel::check()?;
+                let g1 = (g0 + GROUP_ROWS).min(block_rows);
+                let mut strips = Vec::new();
+                for (c, chunk) in self.chunks.iter().enumerate() {
+                    let tile = &self.tiles[c * blocks + block];
+                    // The tile holds its strips one after the other, each
+                    // `block_rows × width`, row-major.
+                    for c0 in (0..chunk.rows).step_by(TILE_COLS) {
+                        let width = TILE_COLS.min(chunk.rows - c0);
+                        let base = c0 * block_rows;
+                        strips.push(StripRows {
+                            cells: &tile[base + g0 * width..base + g1 * width],
+                            width,
+                            first_col: chunk.offset + c0,
+                        });
+                    }
+                }
+                rows.extend(fused_group(
+                    &strips,
+                    g1 - g0,
+                    &f32s,
+                    self.inv_tau,
+                    potential,
+                    &mut col_max,
+                    &mut col_sum,
+                ));
+            }
+        }
+        let cols = col_max
+            .into_iter()
+            .zip(col_sum)
+            .map(|(max, sum)| LogSumExp { max, sum })
+            .collect();
+        Ok((rows, cols))
+    }
+
     /// One sweep over every (target chunk, bank block) pair: LSE per source
     /// row (`Rows`, shifted by f) or per target column (`Columns`, shifted by g).
     fn sweep(&mut self, kind: SweepKind, f: &[f64], g: &[f64]) -> Result<Vec<LogSumExp>> {

@@ -45,24 +45,39 @@ macro_rules! dispatched {
 }
 
 dispatched! {
-    fn column_max(tile: &[f32], nc: usize, out: &mut [f32]) = bodies::column_max;
-    fn add_exp_columns(tile: &[f32], nc: usize, beta: f32, shift: &[f32], sum: &mut [f64])
-        = bodies::add_exp_columns;
+    fn column_max(cells: &[f32], stride: usize, width: usize, rows: usize, out: &mut [f32])
+        = bodies::column_max;
+    fn exp_sum_columns(
+        cells: &[f32],
+        stride: usize,
+        width: usize,
+        rows: usize,
+        beta: f32,
+        shift: &[f32],
+        sum: &mut [f32]
+    ) = bodies::exp_sum_columns;
     fn scan_row(scores: &[f32], h: &[f32], col0: u32, state: &mut QueryState) = bodies::scan_row;
     fn column_top_values(tile: &[f32], nc: usize, thresholds: &mut [f32], tops: &mut [TopValues])
         = bodies::column_top_values;
     fn shifted_row_lse(scores: &[f32], shifts: &[f32], inv_tau: f32) -> LogSumExp
         = super::sinkhorn::shifted_row_lse_body;
-    fn shifted_column_max(tile: &[f32], nc: usize, row_shift: &[f32], inv_tau: f32, out: &mut [f32])
-        = super::sinkhorn::shifted_column_max_body;
-    fn shifted_add_exp_columns(
-        tile: &[f32],
-        nc: usize,
+    fn shifted_column_max(
+        cells: &[f32],
+        stride: usize,
+        width: usize,
+        row_shift: &[f32],
+        inv_tau: f32,
+        out: &mut [f32]
+    ) = super::sinkhorn::shifted_column_max_body;
+    fn shifted_exp_sum_columns(
+        cells: &[f32],
+        stride: usize,
+        width: usize,
         row_shift: &[f32],
         inv_tau: f32,
         shift: &[f32],
-        sum: &mut [f64]
-    ) = super::sinkhorn::shifted_add_exp_columns_body;
+        sum: &mut [f32]
+    ) = super::sinkhorn::shifted_exp_sum_columns_body;
     fn stack_column_max(row: &[f32], g: f32, inv_tau: f32, max: &mut [f32])
         = super::sinkhorn::stack_column_max_body;
     fn stack_column_exp_add(row: &[f32], g: f32, inv_tau: f32, max: &[f32], sum: &mut [f32])

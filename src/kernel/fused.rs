@@ -30,6 +30,22 @@ use super::topk::{Candidate, TieBreak, TopK, TopValues};
 /// 256-row tiles were up to 40% slower than 512-row ones. 512 rows keep two
 /// strips busy for query blocks of a few hundred rows.
 pub const TILE_ROWS: usize = 512;
+
+/// Column folds (log-sum-exp over rows) take the rows of a tile in groups of
+/// this many: each group's column maxima shift its exps, which are summed in
+/// f32 over the group (each ≤ 1) before joining the f64 sums. Tiles and bank
+/// blocks start at multiples of it, so the groups are the same global rows
+/// however the matrix is cut, and results do not depend on block sizes.
+pub const GROUP_ROWS: usize = 128;
+const _: () = assert!(
+    TILE_ROWS % GROUP_ROWS == 0,
+    "tiles start on group boundaries"
+);
+
+/// Column folds take the columns of a group in blocks of this many, so the
+/// group's second read (the exps after the maxima) hits L2: 128 rows × 256
+/// columns × 4 bytes = 128 KiB.
+pub(super) const COLUMN_BLOCK: usize = 256;
 /// Columns of one similarity tile (gallery items). A 512 × 2048 f32 tile is 4 MiB.
 pub const TILE_COLS: usize = 2048;
 /// Lanes processed together by the epilogues (one AVX-512 register of f32).
@@ -247,6 +263,50 @@ struct StripStates<'a> {
     all: &'a mut [Vec<f32>],
 }
 
+/// Folds a tile (`nc` columns) into the per-β column log-sum-exp states of
+/// β·s (`max[b]`, `sum[b]`), a group of [`GROUP_ROWS`] rows and a block of
+/// [`COLUMN_BLOCK`] columns at a time: the block's column maxima once, then
+/// per β the running maxima raised and the shifted exps summed in f32 over
+/// the group and added to the f64 sums.
+fn fold_exp_columns(
+    tile: &[f32],
+    nc: usize,
+    betas: &[f32],
+    max: &mut [Vec<f64>],
+    sum: &mut [Vec<f64>],
+) {
+    if betas.is_empty() {
+        return;
+    }
+    let mut group_max = [0f32; COLUMN_BLOCK];
+    let mut shift = [0f32; COLUMN_BLOCK];
+    let mut group_sum = [0f32; COLUMN_BLOCK];
+    for group in tile.chunks(GROUP_ROWS * nc) {
+        let group_rows = group.len() / nc;
+        for c0 in (0..nc).step_by(COLUMN_BLOCK) {
+            let w = COLUMN_BLOCK.min(nc - c0);
+            let block = &group[c0..];
+            super::dispatch::column_max(block, nc, w, group_rows, &mut group_max[..w]);
+            for (b, &beta) in betas.iter().enumerate() {
+                let (max, sum) = (&mut max[b][c0..c0 + w], &mut sum[b][c0..c0 + w]);
+                raise_column_maxima(&group_max[..w], beta, max, sum, &mut shift[..w]);
+                super::dispatch::exp_sum_columns(
+                    block,
+                    nc,
+                    w,
+                    group_rows,
+                    beta,
+                    &shift[..w],
+                    &mut group_sum[..w],
+                );
+                for (acc, &part) in sum.iter_mut().zip(&group_sum[..w]) {
+                    *acc += part as f64;
+                }
+            }
+        }
+    }
+}
+
 /// One column strip of pass 1, run by one thread.
 fn column_strip(
     rows: Rows<'_>,
@@ -274,8 +334,6 @@ fn column_strip(
     };
     let zeros = vec![0f32; if row_tops.is_empty() { 0 } else { nc }];
     let mut tile = vec![0f32; TILE_ROWS * nc];
-    let mut col_max = vec![0f32; nc];
-    let mut shift = vec![0f32; nc];
     let mut r0 = 0;
     while r0 < rows.rows {
         let r1 = (r0 + TILE_ROWS).min(rows.rows);
@@ -290,14 +348,7 @@ fn column_strip(
             cols.dim,
         );
         let tile = &tile[..tile_rows * nc];
-        if nb > 0 {
-            super::dispatch::column_max(tile, nc, &mut col_max);
-        }
-        for b in 0..nb {
-            let beta = betas[b];
-            raise_column_maxima(&col_max, beta, &mut max[b], &mut sum[b], &mut shift);
-            super::dispatch::add_exp_columns(tile, nc, beta, &shift, &mut sum[b]);
-        }
+        fold_exp_columns(tile, nc, betas, &mut max, &mut sum);
         if !states.top.is_empty() {
             super::dispatch::column_top_values(tile, nc, &mut top_thresholds, states.top);
         }
@@ -791,21 +842,38 @@ fn scan_bank_rank(
 pub(super) mod bodies {
     use super::*;
 
+    /// Per column, the max over `rows` rows (`stride` apart) of the first
+    /// `width` columns.
     #[inline(always)]
-    pub fn column_max(tile: &[f32], nc: usize, out: &mut [f32]) {
-        out[..nc].copy_from_slice(&tile[..nc]);
-        for row in tile.chunks_exact(nc).skip(1) {
-            for (m, &s) in out[..nc].iter_mut().zip(row) {
+    pub fn column_max(cells: &[f32], stride: usize, width: usize, rows: usize, out: &mut [f32]) {
+        let out = &mut out[..width];
+        out.copy_from_slice(&cells[..width]);
+        for i in 1..rows {
+            let row = &cells[i * stride..i * stride + width];
+            for (m, &s) in out.iter_mut().zip(row) {
                 *m = if s > *m { s } else { *m };
             }
         }
     }
 
+    /// Per column, Σ over `rows` rows (`stride` apart) of exp(β·s − shift)
+    /// in f32, for the first `width` columns.
     #[inline(always)]
-    pub fn add_exp_columns(tile: &[f32], nc: usize, beta: f32, shift: &[f32], sum: &mut [f64]) {
-        for row in tile.chunks_exact(nc) {
-            for ((acc, &s), &m) in sum[..nc].iter_mut().zip(row).zip(&shift[..nc]) {
-                *acc += fast_exp(beta * s - m) as f64;
+    pub fn exp_sum_columns(
+        cells: &[f32],
+        stride: usize,
+        width: usize,
+        rows: usize,
+        beta: f32,
+        shift: &[f32],
+        sum: &mut [f32],
+    ) {
+        let (sum, shift) = (&mut sum[..width], &shift[..width]);
+        sum.fill(0.0);
+        for i in 0..rows {
+            let row = &cells[i * stride..i * stride + width];
+            for ((acc, &s), &m) in sum.iter_mut().zip(row).zip(shift) {
+                *acc += fast_exp(beta * s - m);
             }
         }
     }

@@ -13,9 +13,9 @@ pub mod topk;
 pub use dispatch::has_avx512;
 pub use fused::{
     column_log_sum_exp, column_statistics, count_above, search_block, tile_workspace_bytes,
-    ColumnScoring, ColumnStates, ColumnStatsRequest, Positives, QueryState, Rows, TILE_COLS,
-    TILE_ROWS,
+    ColumnScoring, ColumnStates, ColumnStatsRequest, Positives, QueryState, Rows, GROUP_ROWS,
+    TILE_COLS, TILE_ROWS,
 };
 pub use lse::LogSumExp;
-pub use sinkhorn::{lse_sweep, stack_column_potential, Sweep, TileSource};
+pub use sinkhorn::{fused_group, lse_sweep, stack_column_potential, StripRows, Sweep, TileSource};
 pub use topk::{Candidate, TieBreak, TopK, TopValues};

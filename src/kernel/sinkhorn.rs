@@ -16,7 +16,7 @@
 use rayon::prelude::*;
 
 use super::exp::fast_exp;
-use super::fused::{Rows, TILE_COLS, TILE_ROWS};
+use super::fused::{Rows, COLUMN_BLOCK, GROUP_ROWS, TILE_COLS, TILE_ROWS};
 use super::gemm::similarity_tile;
 use super::lse::{raise_column_maxima, LogSumExp};
 
@@ -133,8 +133,6 @@ fn sweep_strip(
     };
     let mut max: Vec<f64> = col_states.iter().map(|s| s.max).collect();
     let mut sum: Vec<f64> = col_states.iter().map(|s| s.sum).collect();
-    let mut col_max = vec![0f32; nc];
-    let mut shift = vec![0f32; nc];
     let mut r0 = 0;
     while r0 < rows.rows {
         let r1 = (r0 + TILE_ROWS).min(rows.rows);
@@ -169,27 +167,15 @@ fn sweep_strip(
                     );
                 }
             }
-            Sweep::Columns { row_shift } => {
-                // (s − g_i)/τ, column by column, as the pass-1 log-sum-exp,
-                // shifted on the fly (no copy of the tile).
-                let row_shift = &row_shift[r0..r1];
-                super::dispatch::shifted_column_max(
-                    similarities,
-                    nc,
-                    row_shift,
-                    inv_tau,
-                    &mut col_max,
-                );
-                raise_column_maxima(&col_max, 1.0, &mut max, &mut sum, &mut shift);
-                super::dispatch::shifted_add_exp_columns(
-                    similarities,
-                    nc,
-                    row_shift,
-                    inv_tau,
-                    &shift,
-                    &mut sum,
-                );
-            }
+            Sweep::Columns { row_shift } => fold_columns(
+                similarities,
+                nc,
+                nc,
+                &row_shift[r0..r1],
+                inv_tau,
+                &mut max,
+                &mut sum,
+            ),
         }
         r0 = r1;
     }
@@ -200,6 +186,135 @@ fn sweep_strip(
         };
     }
     row_out
+}
+
+/// Folds `row_shift.len()` rows of `width` columns, `stride` floats apart,
+/// into per-column log-sum-exp states (`max`, `sum`) of (s − g_i)·inv_tau.
+/// The rows must start at a multiple of [`GROUP_ROWS`] of the whole matrix.
+///
+/// Per group of rows and block of columns: the column maxima, the running
+/// maxima raised (sums rescaled), then the shifted exps summed in f32 over
+/// the group (each ≤ 1, at most 128 of them) and added to the f64 sums. A
+/// column's arithmetic depends only on its values and the global groups, so
+/// the recomputed sweep, the cached sweep and the fused iteration give the
+/// same bits, whatever the block sizes and column splits.
+pub(crate) fn fold_columns(
+    cells: &[f32],
+    stride: usize,
+    width: usize,
+    row_shift: &[f32],
+    inv_tau: f32,
+    max: &mut [f64],
+    sum: &mut [f64],
+) {
+    let mut group_max = [0f32; COLUMN_BLOCK];
+    let mut shift = [0f32; COLUMN_BLOCK];
+    let mut group_sum = [0f32; COLUMN_BLOCK];
+    for (g, shifts) in row_shift.chunks(GROUP_ROWS).enumerate() {
+        let group = &cells[g * GROUP_ROWS * stride..];
+        for c0 in (0..width).step_by(COLUMN_BLOCK) {
+            let w = COLUMN_BLOCK.min(width - c0);
+            let block = &group[c0..];
+            super::dispatch::shifted_column_max(
+                block,
+                stride,
+                w,
+                shifts,
+                inv_tau,
+                &mut group_max[..w],
+            );
+            raise_column_maxima(
+                &group_max[..w],
+                1.0,
+                &mut max[c0..c0 + w],
+                &mut sum[c0..c0 + w],
+                &mut shift[..w],
+            );
+            super::dispatch::shifted_exp_sum_columns(
+                block,
+                stride,
+                w,
+                shifts,
+                inv_tau,
+                &shift[..w],
+                &mut group_sum[..w],
+            );
+            for (acc, &part) in sum[c0..c0 + w].iter_mut().zip(&group_sum[..w]) {
+                *acc += part as f64;
+            }
+        }
+    }
+}
+
+/// One row group's part of one cached strip: `rows × width` similarities,
+/// row-major, for the targets `first_col..first_col + width`.
+#[derive(Debug, Clone, Copy)]
+pub struct StripRows<'a> {
+    pub cells: &'a [f32],
+    pub width: usize,
+    pub first_col: usize,
+}
+
+/// Rows of a group handled by one task of the fused row update.
+const FUSED_ROW_TASK: usize = 16;
+/// Columns of a strip handled by one task of the fused column update.
+const FUSED_COLUMN_TASK: usize = 512;
+
+/// One Sinkhorn iteration over one group of cached rows (at most
+/// [`GROUP_ROWS`], starting at a multiple of it), while the group is in
+/// cache: the rows' log-sum-exp over every target of (s − f)·inv_tau, then,
+/// with the new source potentials `potential(row state)`, the group folded
+/// into the column states (`col_max`, `col_sum`, one per target).
+///
+/// `strips` covers the targets in order. Row states are merged strip after
+/// strip and columns folded by [`fold_columns`], exactly as a row sweep
+/// followed by a column sweep would, so the result is bit-identical to the
+/// two sweeps (and to their recomputed form) at half the memory traffic.
+pub fn fused_group(
+    strips: &[StripRows<'_>],
+    rows: usize,
+    col_shift: &[f32],
+    inv_tau: f32,
+    potential: &(dyn Fn(&LogSumExp) -> f32 + Sync),
+    col_max: &mut [f64],
+    col_sum: &mut [f64],
+) -> Vec<LogSumExp> {
+    // Row update: each task takes a few rows across every strip.
+    let row_states: Vec<LogSumExp> = (0..rows.div_ceil(FUSED_ROW_TASK))
+        .into_par_iter()
+        .flat_map_iter(|task| {
+            let r0 = task * FUSED_ROW_TASK;
+            let r1 = (r0 + FUSED_ROW_TASK).min(rows);
+            (r0..r1).map(|r| {
+                let mut state = LogSumExp::default();
+                for strip in strips {
+                    let row = &strip.cells[r * strip.width..(r + 1) * strip.width];
+                    let shifts = &col_shift[strip.first_col..strip.first_col + strip.width];
+                    state.merge(&super::dispatch::shifted_row_lse(row, shifts, inv_tau));
+                }
+                state
+            })
+        })
+        .collect();
+    let row_shift: Vec<f32> = row_states.iter().map(potential).collect();
+    // Column update: tasks over column blocks of every strip.
+    let mut tasks = Vec::new();
+    let (mut max_rest, mut sum_rest) = (col_max, col_sum);
+    for strip in strips {
+        for c0 in (0..strip.width).step_by(FUSED_COLUMN_TASK) {
+            let w = FUSED_COLUMN_TASK.min(strip.width - c0);
+            let (max_part, m) = std::mem::take(&mut max_rest).split_at_mut(w);
+            let (sum_part, s) = std::mem::take(&mut sum_rest).split_at_mut(w);
+            (max_rest, sum_rest) = (m, s);
+            tasks.push((&strip.cells[c0..], strip.width, w, max_part, sum_part));
+        }
+    }
+    tasks
+        .into_par_iter()
+        .for_each(|(cells, stride, width, max, sum)| {
+            fold_columns(cells, stride, width, &row_shift, inv_tau, max, sum)
+        });
+    row_states
 }
 
 /// T iterations of log-domain Sinkhorn (row update, then column update,
@@ -255,38 +370,46 @@ pub fn stack_column_potential(
     f
 }
 
-/// Epilogue body: per column, the max over the tile's rows of (s − g_i)·inv_tau.
+/// Epilogue body: per column, the max over the rows (`stride` apart) of
+/// (s − g_i)·inv_tau, for the first `width` columns.
 #[inline(always)]
 pub(super) fn shifted_column_max_body(
-    tile: &[f32],
-    nc: usize,
+    cells: &[f32],
+    stride: usize,
+    width: usize,
     row_shift: &[f32],
     inv_tau: f32,
     out: &mut [f32],
 ) {
-    out[..nc].fill(f32::NEG_INFINITY);
-    for (row, &g) in tile.chunks_exact(nc).zip(row_shift) {
-        for (m, &s) in out[..nc].iter_mut().zip(row) {
+    let out = &mut out[..width];
+    out.fill(f32::NEG_INFINITY);
+    for (i, &g) in row_shift.iter().enumerate() {
+        let row = &cells[i * stride..i * stride + width];
+        for (m, &s) in out.iter_mut().zip(row) {
             let v = (s - g) * inv_tau;
             *m = if v > *m { v } else { *m };
         }
     }
 }
 
-/// Epilogue body: per column, adds exp((s − g_i)·inv_tau − shift_j) over the
-/// tile's rows, accumulated in f64.
+/// Epilogue body: per column, Σ over the rows (`stride` apart) of
+/// exp((s − g_i)·inv_tau − shift_j) in f32, for the first `width` columns.
 #[inline(always)]
-pub(super) fn shifted_add_exp_columns_body(
-    tile: &[f32],
-    nc: usize,
+pub(super) fn shifted_exp_sum_columns_body(
+    cells: &[f32],
+    stride: usize,
+    width: usize,
     row_shift: &[f32],
     inv_tau: f32,
     shift: &[f32],
-    sum: &mut [f64],
+    sum: &mut [f32],
 ) {
-    for (row, &g) in tile.chunks_exact(nc).zip(row_shift) {
-        for ((acc, &s), &m) in sum[..nc].iter_mut().zip(row).zip(&shift[..nc]) {
-            *acc += fast_exp((s - g) * inv_tau - m) as f64;
+    let (sum, shift) = (&mut sum[..width], &shift[..width]);
+    sum.fill(0.0);
+    for (i, &g) in row_shift.iter().enumerate() {
+        let row = &cells[i * stride..i * stride + width];
+        for ((acc, &s), &m) in sum.iter_mut().zip(row).zip(shift) {
+            *acc += fast_exp((s - g) * inv_tau - m);
         }
     }
 }
@@ -448,5 +571,76 @@ mod tests {
                 "column {j}"
             );
         }
+    }
+
+    /// The fused iteration over cached strips gives the same bits as a row
+    /// sweep followed by a column sweep with the new potentials, for groups
+    /// that end mid-tile and strips of uneven width.
+    #[test]
+    fn fused_group_equals_a_row_sweep_then_a_column_sweep() {
+        let dim = 5;
+        let (nr, nc) = (2 * GROUP_ROWS + 37, 2 * TILE_COLS + 300);
+        let a = pseudo_random(nr * dim, 13);
+        let b = pseudo_random(nc * dim, 14);
+        let f: Vec<f32> = pseudo_random(nc, 15).iter().map(|v| v * 0.1).collect();
+        let inv_tau = 40.0f32;
+        let potential = |s: &LogSumExp| (0.025 * s.value() + 0.3) as f32;
+        let (rows, cols) = (Rows::new(&a, dim), Rows::new(&b, dim));
+        let mut cache = vec![0f32; nr * nc];
+        let mut by_row = vec![LogSumExp::default(); nr];
+        lse_sweep(
+            rows,
+            cols,
+            TileSource::Fill(&mut cache),
+            Sweep::Rows { col_shift: &f },
+            inv_tau,
+            &mut by_row,
+            &mut [],
+        );
+        let g: Vec<f32> = by_row.iter().map(potential).collect();
+        let mut by_col = vec![LogSumExp::default(); nc];
+        lse_sweep(
+            rows,
+            cols,
+            TileSource::Compute,
+            Sweep::Columns { row_shift: &g },
+            inv_tau,
+            &mut [],
+            &mut by_col,
+        );
+
+        let (mut max, mut sum) = (vec![f64::NEG_INFINITY; nc], vec![0f64; nc]);
+        let mut fused_rows = Vec::new();
+        for g0 in (0..nr).step_by(GROUP_ROWS) {
+            let g1 = (g0 + GROUP_ROWS).min(nr);
+            let strips: Vec<StripRows<'_>> = (0..nc)
+                .step_by(TILE_COLS)
+                .map(|c0| {
+                    let width = TILE_COLS.min(nc - c0);
+                    let base = c0 * nr;
+                    StripRows {
+                        cells: &cache[base + g0 * width..base + g1 * width],
+                        width,
+                        first_col: c0,
+                    }
+                })
+                .collect();
+            fused_rows.extend(fused_group(
+                &strips,
+                g1 - g0,
+                &f,
+                inv_tau,
+                &potential,
+                &mut max,
+                &mut sum,
+            ));
+        }
+        assert_eq!(fused_rows, by_row);
+        let fused_cols: Vec<LogSumExp> = max
+            .into_iter()
+            .zip(sum)
+            .map(|(max, sum)| LogSumExp { max, sum })
+            .collect();
+        assert_eq!(fused_cols, by_col);
     }
 }

@@ -141,8 +141,8 @@ impl HubnessMeasures {
             counts
                 .iter()
                 .filter(|&&c| c as f64 >= threshold)
-                .map(|&c| c as f64)
-                .sum::<f64>()
+                // A fold from +0: an empty f64 `sum()` is −0, printed as "-0.0".
+                .fold(0.0, |acc, &c| acc + c as f64)
                 / total
         };
         let mut sorted = counts.clone();
@@ -221,5 +221,24 @@ pub fn skewness(values: impl Iterator<Item = f64> + Clone) -> f64 {
         0.0
     } else {
         m3 / m2.powf(1.5)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With no item at 2k or more, the hub occurrence is +0, not −0 (an empty
+    /// f64 sum is −0, which the summary would print as "-0.0").
+    #[test]
+    fn no_hubs_give_a_positive_zero() {
+        let occurrence = KOccurrence {
+            k: 2,
+            queries: 4,
+            counts: vec![2, 2, 2, 2],
+        };
+        let m = occurrence.measures(0);
+        assert_eq!(m.hub_occurrence.to_bits(), 0f64.to_bits());
+        assert_eq!(m.hub_occurrence_relative.to_bits(), 0f64.to_bits());
     }
 }

@@ -9,8 +9,8 @@ use arrow::array::{FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use clap::Args;
 use hubnorm::kernel::{
-    column_log_sum_exp, gemm::similarity_tile, has_avx512, search_block, ColumnScoring, LogSumExp,
-    Positives, QueryState, Rows, TILE_COLS, TILE_ROWS,
+    column_log_sum_exp, gemm::similarity_tile, has_avx512, lse_sweep, search_block, ColumnScoring,
+    LogSumExp, Positives, QueryState, Rows, Sweep, TileSource, TILE_COLS, TILE_ROWS,
 };
 use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions};
 use hubnorm::pipeline;
@@ -88,6 +88,13 @@ pub struct BenchArgs {
     /// Skip the end-to-end passes (kernel only).
     #[arg(long)]
     pub kernel_only: bool,
+    /// Only the sn-versus-is pass-1 comparison (no kernel or pass benchmarks).
+    #[arg(long, conflicts_with = "kernel_only")]
+    pub sinkhorn_only: bool,
+    /// Only measure the f32 FMA peak and print `peak_gflops=X threads=N`
+    /// (for scripts such as benches/peers).
+    #[arg(long)]
+    pub peak_only: bool,
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -207,6 +214,26 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         .num_threads(args.threads)
         .build()
         .map_err(|e| HubnormError::Internal(e.to_string()))?;
+    if args.peak_only {
+        // Best of three: the machine is shared, and a peak is an upper bound.
+        let best = (0..3)
+            .filter_map(|_| measured_peak_gflops(&pool))
+            .fold(None, |best: Option<f64>, p| {
+                Some(best.map_or(p, |b| b.max(p)))
+            });
+        return match best {
+            Some(peak) => {
+                println!(
+                    "peak_gflops={peak:.1} threads={}",
+                    pool.current_num_threads()
+                );
+                Ok(())
+            }
+            None => Err(HubnormError::Internal(
+                "no AVX-512 on this CPU: the FMA peak loop needs it".into(),
+            )),
+        };
+    }
     let peak = measured_peak_gflops(&pool).unwrap_or(DESIGN_PEAK_GFLOPS);
     println!(
         "threads {}, AVX-512 {}, measured FMA peak {peak:.1} GFLOP/s (DESIGN.md's machine: {DESIGN_PEAK_GFLOPS})",
@@ -214,6 +241,13 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         if has_avx512() { "on" } else { "off" }
     );
     for &dim in &args.dims {
+        if args.sinkhorn_only {
+            let dir = tempfile_dir()?;
+            let outcome = sinkhorn_cost(&dir, args.sinkhorn_rows, dim, &args);
+            let _ = std::fs::remove_dir_all(&dir);
+            outcome?;
+            continue;
+        }
         let (m, n) = (args.rows, args.cols);
         let a = random_rows(m, dim, 1);
         let b = random_rows(n, dim, 2);
@@ -342,6 +376,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
 /// items × `rows` bank rows: with the similarity tiles cached (the default
 /// limit holds them) and streamed (a limit that cannot hold them).
 fn sinkhorn_cost(dir: &Path, rows: usize, dim: usize, args: &BenchArgs) -> Result<()> {
+    sweep_cost(rows, dim, args)?;
     for (name, seed) in [("sn_gallery", 6), ("sn_bank", 7)] {
         write_bench_table(&dir.join(format!("{name}.parquet")), rows, dim, seed)?;
     }
@@ -387,6 +422,64 @@ fn sinkhorn_cost(dir: &Path, rows: usize, dim: usize, args: &BenchArgs) -> Resul
         streamed / is,
         args.repeats.min(3)
     );
+    Ok(())
+}
+
+/// One cached row sweep and one cached column sweep of `rows`² similarities
+/// (the two halves of a Sinkhorn iteration once the tiles are cached), in
+/// ms and in elements per ns: a memory pass plus one exp per element.
+fn sweep_cost(rows: usize, dim: usize, args: &BenchArgs) -> Result<()> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .build()
+        .map_err(|e| HubnormError::Internal(e.to_string()))?;
+    let a = random_rows(rows, dim, 8);
+    let b = random_rows(rows, dim, 9);
+    let (sources, targets) = (Rows::new(&a, dim), Rows::new(&b, dim));
+    let shifts = vec![0.0f32; rows];
+    let inv_tau = 100.0;
+    let mut cache = vec![0f32; rows * rows];
+    pool.install(|| {
+        let mut row_states = vec![LogSumExp::default(); rows];
+        lse_sweep(
+            sources,
+            targets,
+            TileSource::Fill(&mut cache),
+            Sweep::Rows { col_shift: &shifts },
+            inv_tau,
+            &mut row_states,
+            &mut [],
+        );
+        let cached = |sweep: Sweep<'_>| {
+            time(args.repeats, || {
+                let (mut by_row, mut by_col) = match sweep {
+                    Sweep::Rows { .. } => (vec![LogSumExp::default(); rows], Vec::new()),
+                    Sweep::Columns { .. } => (Vec::new(), vec![LogSumExp::default(); rows]),
+                };
+                lse_sweep(
+                    sources,
+                    targets,
+                    TileSource::Cached(&cache),
+                    sweep,
+                    inv_tau,
+                    &mut by_row,
+                    &mut by_col,
+                );
+                std::hint::black_box((by_row, by_col));
+            })
+        };
+        let (by_rows, _) = cached(Sweep::Rows { col_shift: &shifts });
+        let (by_cols, _) = cached(Sweep::Columns { row_shift: &shifts });
+        let elements = (rows * rows) as f64;
+        println!(
+            "cached sinkhorn sweeps, {rows}²: rows {:.1} ms ({:.2} elements/ns), columns {:.1} ms ({:.2} elements/ns); median of {}",
+            by_rows * 1e3,
+            elements / by_rows / 1e9,
+            by_cols * 1e3,
+            elements / by_cols / 1e9,
+            args.repeats
+        );
+    });
     Ok(())
 }
 

@@ -1,0 +1,1280 @@
+#!/usr/bin/env python3
+"""hubnorm against its peers, on the same data in the same run, with the machine's f32 peak.
+
+Run through benches/peers/run.sh (it makes the virtual environment and builds hubnorm):
+
+    benches/peers/run.sh --sizes dev,10k --threads 1,2
+    benches/peers/run.sh --summarize benches/runs/2025-11-23     # regenerate summary.md only
+
+Every measurement is a separate child process (hubnorm, or `python peers.py JOB`), timed here
+with os.wait4: wall time, user+sys CPU time and peak RSS of that child alone. Tools alternate
+within each repeat (hubnorm, peer A, peer B, hubnorm, ...); medians are reported. Peers run under
+an address-space limit, so a dense peer that cannot hold its matrix fails fast: `oom` is a result.
+Every peer's output is checked against hubnorm's (same top-k ids except at exact ties, statistics
+within 1e-5) before its time counts. Writes setup.md, raw.csv, commands.log and summary.md into
+--out; summary.md is generated from raw.csv alone (--summarize).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, HERE)
+
+JOBS_ALL = ["peak", "topk", "is-pass1", "is-pass2", "dis", "nnn", "sn", "hubness", "memory", "scaling"]
+RAW_FIELDS = ["run_id", "job", "size", "tool", "threads", "repeat", "wall_s", "cpu_s", "max_rss_mib",
+              "gflop", "status", "check", "gflops_reported", "n_queries", "n_gallery", "n_bank", "dim",
+              "loadavg", "note"]
+
+# generated sizes: gallery x bank x queries x d
+GENERATED = {
+    "tiny": dict(d=64, gallery=2_000, bank=3_000, queries=1_000),
+    "10k": dict(d=384, gallery=10_000, bank=100_000, queries=10_000),
+    "100k": dict(d=384, gallery=100_000, bank=100_000, queries=10_000),
+    "1m": dict(d=384, gallery=1_000_000, bank=100_000, queries=10_000),
+}
+SIZE_ORDER = ["tiny", "dev", "10k", "100k", "1m"]
+K = 10
+# method defaults of METHODS.md, and the gallery_stats.parquet columns they give
+BETA, KA, ALPHA, NNN_K, TAU, ITER = 20, 1, 0.75, 128, 0.01, 10
+COL = {
+    "is": "is_beta20_correction",
+    "dis": "dis_beta20_ka1_correction",
+    "dis_active": "dis_beta20_ka1_active",
+    "nnn": "nnn_alpha0.75_k128_correction",
+    "sn": "sn_tau0.01_t10_correction",
+}
+TIE = 1e-6  # a top-k id mismatch is forgiven when the scores tie within this
+SCORE_TOL = 1e-4  # scores at the same rank must agree within this
+STAT_TOL = 1e-5  # per-gallery statistics must agree within this (absolute)
+PEER_ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+JOB_TEXT = {
+    "topk": "Top-10 inner-product search, no correction. hubnorm `search --method none`; faiss "
+            "`IndexFlatIP.search`; numpy blocked matmul (~1024 queries per block) + argpartition + sort. "
+            "GFLOP = 2·queries·gallery·d.",
+    "is-pass1": "Pass 1 of inverted softmax (β = 20): h(g) over bank × gallery. hubnorm `stats --method "
+                "is`; dense numpy: the whole bank × gallery matrix, then the column log-sum-exp (QB-Norm "
+                "reference style). GFLOP = 2·bank·gallery·d.",
+    "is-pass2": "Pass 2 of inverted softmax: top-10 of s(q, g) − h(g) with h from hubnorm's pass 1 "
+                "(the same file for every tool). hubnorm `search --method is --stats F`; faiss `IndexFlatIP` "
+                "on (d+1)-vectors [g, h(g)] · [q, −1] (the README's export convention); dense numpy "
+                "query × gallery matrix. GFLOP = 2·queries·gallery·d.",
+    "dis": "Dynamic inverted softmax (β = 20, k_A = 1), both passes. hubnorm `stats --method dis` then "
+           "`search --method dis` (two processes, times added, RSS the larger); dense numpy bank × gallery "
+           "and query × gallery matrices. GFLOP = 2·d·(bank + queries)·gallery.",
+    "nnn": "NNN (α = 0.75, k = 128), both passes. hubnorm `stats` + `search --method nnn`; peer: chunked "
+           "top-k of bank similarities per gallery item (~256 MB chunks), then a faiss `IndexFlatIP` search "
+           "on (d+1)-vectors. GFLOP = 2·d·(bank + queries)·gallery.",
+    "sn": "Sinkhorn normalisation (τ = 0.01, T = 10, uniform marginals, bank × gallery), both passes. "
+          "hubnorm `stats` + `search --method sn`; numpy: dense matrix, log-domain loop (f32 blocks, f64 sums); "
+          "POT: `ot.sinkhorn(method='sinkhorn_log', numItermax=10, stopThr=0)` on the transposed problem "
+          "(its first update is then METHODS.md's source update; f = −τ·log_u). GFLOP counts the GEMM "
+          "once: 2·d·(bank + queries)·gallery, although every iteration sweeps the matrix twice.",
+    "hubness": "k-occurrence skewness (k = 10, all gallery items) of the same neighbour lists (hubnorm `run "
+               "--methods none`'s results.parquet). hubnorm `report`; peer: pyarrow + numpy bincount + "
+               "`scipy.stats.skew`. Checked against summary.json of `hubnorm run`.",
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# small helpers
+# ----------------------------------------------------------------------------------------------
+
+def parse_size(s: str) -> int:
+    """'10k' -> 10000, '1m' -> 1000000, '256MiB' -> bytes."""
+    s = s.strip()
+    m = re.fullmatch(r"(?i)([0-9.]+)\s*(k|m|g|kib|mib|gib|kb|mb|gb|b)?", s)
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad size {s!r}")
+    v, unit = float(m.group(1)), (m.group(2) or "").lower()
+    mult = {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9, "kb": 1e3, "mb": 1e6, "gb": 1e9,
+            "kib": 1024, "mib": 1024 ** 2, "gib": 1024 ** 3}[unit]
+    return int(round(v * mult))
+
+
+def human_bytes(b: float) -> str:
+    if b >= 1e9:
+        return f"{b / 1e9:.1f} GB"
+    if b >= 1e6:
+        return f"{b / 1e6:.0f} MB"
+    return f"{b / 1e3:.0f} kB"
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def mem_total() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def loadavg() -> float:
+    try:
+        return float(open("/proc/loadavg").read().split()[0])
+    except OSError:
+        return float("nan")
+
+
+def fmt(v, digits=3):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        if abs(v) >= 100:
+            return f"{v:.0f}"
+        if abs(v) >= 10:
+            return f"{v:.1f}"
+        return f"{v:.{digits}g}" if abs(v) < 1 else f"{v:.2f}"
+    return str(v)
+
+
+# ----------------------------------------------------------------------------------------------
+# data
+# ----------------------------------------------------------------------------------------------
+
+class Data:
+    def __init__(self, name, queries, gallery, bank, nq, ng, nb, d):
+        self.name, self.queries, self.gallery, self.bank = name, queries, gallery, bank
+        self.nq, self.ng, self.nb, self.d = nq, ng, nb, d
+        self._gidx = self._qidx = None
+
+    def gallery_index(self):
+        import common
+        if self._gidx is None:
+            self._gidx = common.id_index(common.load_ids(self.gallery))
+        return self._gidx
+
+    def query_index(self):
+        import common
+        if self._qidx is None:
+            self._qidx = common.id_index(common.load_ids(self.queries))
+        return self._qidx
+
+    def input_bytes(self):
+        return (self.nq + self.ng + self.nb) * self.d * 4
+
+
+def gen_paths(data_dir, d, ng, nb, nq):
+    base = os.path.join(data_dir, f"d{d}")
+    return (os.path.join(base, f"queries_{nq}_of_{ng}.parquet"), os.path.join(base, f"gallery_{ng}.parquet"),
+            os.path.join(base, f"bank_{nb}.parquet"))
+
+
+def generated(name, data_dir, d, ng, nb, nq, log) -> Data:
+    import common
+    q, g, b = gen_paths(data_dir, d, ng, nb, nq)
+    common.write_stream(g, d, common.STREAM_GALLERY, ng, log=log)
+    common.write_stream(b, d, common.STREAM_BANK, nb, log=log)
+    if nq:
+        common.write_queries(q, d, ng, nq, log=log)
+    return Data(name, q if nq else None, g, b, nq, ng, nb, d)
+
+
+def size_data(name, args, log):
+    import common
+    if name == "dev":
+        root = args.dev_data
+        q, g, b = (os.path.join(root, f) for f in ("queries.parquet", "gallery.parquet", "bank.parquet"))
+        if not all(os.path.exists(p) for p in (q, g, b)):
+            log(f"size dev: skipped, no development data at {root} (set --dev-data)")
+            return None
+        return Data("dev", q, g, b, common.parquet_rows(q), common.parquet_rows(g), common.parquet_rows(b),
+                    common.parquet_dim(g))
+    s = GENERATED[name]
+    return generated(name, args.data_dir, s["d"], s["gallery"], s["bank"], s["queries"], log)
+
+
+# ----------------------------------------------------------------------------------------------
+# running one measurement
+# ----------------------------------------------------------------------------------------------
+
+class Measurement:
+    def __init__(self):
+        self.wall = self.cpu = 0.0
+        self.rss_kib = 0
+        self.status = "ok"
+        self.note = ""
+        self.output = ""
+
+
+_CURRENT = {"pid": None}
+SPAWN = os.path.join(HERE, "spawn.py")
+
+
+class RU:
+    def __init__(self, user, sys_, maxrss):
+        self.ru_utime, self.ru_stime, self.ru_maxrss = user, sys_, maxrss
+
+
+def run_child(argv, env, log_path, timeout, as_limit):
+    """Run one child through spawn.py (a small launcher, so that the child's peak RSS is its own and
+    not the driver's; see spawn.py). Returns (wall, rusage, exit code, timed_out)."""
+    result = log_path + ".result"
+    launcher = [sys.executable, "-S", "-I", SPAWN, result, log_path, f"{timeout:g}", str(int(as_limit or 0)), "--"]
+    p = subprocess.Popen(launcher + list(argv), env=env, start_new_session=True,
+                         stdin=subprocess.DEVNULL)
+    _CURRENT["pid"] = p.pid
+    try:
+        try:
+            p.wait(timeout=timeout + 120)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    finally:
+        _CURRENT["pid"] = None
+    try:
+        with open(result) as f:
+            wall, user, sys_, rss, rc, to = f.read().split()
+        os.unlink(result)
+        return float(wall), RU(float(user), float(sys_), int(rss)), int(rc), to == "1"
+    except (OSError, ValueError):
+        with open(log_path, "a") as f:
+            f.write(f"\nbench.py: the launcher failed (exit {p.returncode})\n")
+        return 0.0, RU(0.0, 0.0, 0), p.returncode if p.returncode else 1, False
+
+
+def classify(rc, timed_out, text, peer):
+    if timed_out:
+        return "timeout"
+    if rc == 0:
+        return "ok"
+    # under RLIMIT_AS, failing to map a thread stack is also running out of (address) space
+    oom_words = ("MemoryError", "out of memory", "bad_alloc", "Cannot allocate memory",
+                 "Failed to launch worker thread", "pthread_create failed", "Resource temporarily unavailable")
+    if peer and (rc == 3 or any(w in text for w in oom_words)):
+        return "oom"
+    if rc < 0:
+        return f"failed (signal {-rc})"
+    return f"failed (rc {rc})"
+
+
+def last_line(text):
+    """The first line that starts with 'error', else the last line."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    err = [ln for ln in lines if ln.lower().startswith(("error", "out of memory", "memoryerror"))]
+    return (err[0] if err else lines[-1] if lines else "")[:300]
+
+
+# ----------------------------------------------------------------------------------------------
+# tools
+# ----------------------------------------------------------------------------------------------
+
+class Tool:
+    """One timed tool of a job: its child command(s) per repeat directory, memory need and check."""
+
+    def __init__(self, name, steps, peer=False, need=0, check=None, limited=None):
+        self.name, self.steps, self.peer, self.need, self.check = name, steps, peer, need, check
+        self.limited = peer if limited is None else limited  # run under the address-space limit
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.run_id = dt.datetime.now().strftime("%Y%m%dT%H%M%S")
+        self.out = os.path.abspath(args.out)
+        os.makedirs(self.out, exist_ok=True)
+        self.work = os.path.abspath(os.path.join(args.work_dir, self.run_id))
+        os.makedirs(self.work, exist_ok=True)
+        self.raw_path = os.path.join(self.out, "raw.csv")
+        new = not os.path.exists(self.raw_path)
+        self.raw = open(self.raw_path, "a", newline="")
+        self.writer = csv.DictWriter(self.raw, fieldnames=RAW_FIELDS)
+        if new:
+            self.writer.writeheader()
+        self.cmdlog = open(os.path.join(self.out, "commands.log"), "a")
+        self.cmdlog.write(f"# run {self.run_id}: {' '.join(map(shlex.quote, sys.argv))}\n")
+        self.examples = {}  # (job, tool) -> command line, for setup.md
+        self.prep_cache = {}
+        self.hub = args.hubnorm_bin
+        self.py = sys.executable
+        self.peers = os.path.join(HERE, "peers.py")
+        self.max_threads = max(args.threads)
+
+    # -- logging -------------------------------------------------------------------------------
+    def log(self, msg):
+        print(f"[{dt.datetime.now().strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    def as_limit(self):
+        if self.args.peer_memory:
+            return self.args.peer_memory
+        return int(0.9 * mem_available())
+
+    def env(self, threads, peer):
+        env = dict(os.environ)
+        if peer:
+            for v in PEER_ENV:
+                env[v] = str(threads)
+            env["OPENBLAS_CORETYPE"] = "SkylakeX"
+        return env
+
+    def hub_common(self, threads, limit=None):
+        return ["--threads", str(threads), "--memory-limit", limit or self.args.memory_limit_text,
+                "--quiet", "--overwrite"]
+
+    # -- measuring -----------------------------------------------------------------------------
+    def measure(self, job, tool: Tool, threads, rdir):
+        m = Measurement()
+        steps = tool.steps(rdir, threads)
+        env = self.env(threads, tool.peer)
+        as_limit = self.as_limit() if tool.limited else None
+        texts = []
+        for i, argv in enumerate(steps):
+            line = " ".join(shlex.quote(a) for a in argv)
+            if tool.peer:
+                line = " ".join(f"{v}={threads}" for v in PEER_ENV) + " OPENBLAS_CORETYPE=SkylakeX " + line
+            self.cmdlog.write(line + "\n")
+            self.cmdlog.flush()
+            examples = self.examples.setdefault((job, tool.name), [])
+            if len(examples) < len(steps):
+                examples.append(line)
+            log_path = os.path.join(rdir, f"step{i}.log")
+            wall, ru, rc, timed_out = run_child(argv, env, log_path, self.args.timeout, as_limit)
+            text = open(log_path, errors="replace").read()
+            texts.append(text)
+            m.wall += wall
+            m.cpu += ru.ru_utime + ru.ru_stime
+            m.rss_kib = max(m.rss_kib, ru.ru_maxrss)
+            m.status = classify(rc, timed_out, text, tool.peer)
+            if m.status != "ok":
+                m.note = last_line(text)
+                break
+        m.output = "\n".join(texts)
+        ph = re.findall(r"^phases: (.*)$", m.output, re.M)
+        if ph and m.status == "ok":
+            m.note = ph[-1]
+        return m
+
+    def write_row(self, **row):
+        row.setdefault("run_id", self.run_id)
+        self.writer.writerow({k: row.get(k, "") for k in RAW_FIELDS})
+        self.raw.flush()
+
+    def run_group(self, job, size_label, data: Data | None, threads, tools, repeats, gflop, note_extra=""):
+        """Repeats × tools, alternating tools within each repeat (hubnorm first)."""
+        ref_dir = None
+        skip = {}
+        checked = set()
+        dims = dict(n_queries=data.nq if data else "", n_gallery=data.ng if data else "",
+                    n_bank=data.nb if data else "", dim=data.d if data else "")
+        base = os.path.join(self.work, size_label, job, f"t{threads}")
+        for rep in range(repeats):
+            for tool in tools:
+                if tool.name in skip:
+                    continue
+                if tool.peer and tool.need and tool.need > self.as_limit():
+                    status = f"oom (needs {human_bytes(tool.need)})"
+                    self.log(f"{job} {size_label} t{threads} {tool.name}: {status}, "
+                             f"limit {human_bytes(self.as_limit())}; not run")
+                    self.write_row(job=job, size=size_label, tool=tool.name, threads=threads, repeat=rep,
+                                   gflop=f"{gflop:.3f}" if gflop else "", status=status,
+                                   note=f"needs {tool.need} bytes > address-space limit {self.as_limit()}"
+                                        + (f"; {note_extra}" if note_extra else ""), **dims)
+                    skip[tool.name] = status
+                    continue
+                rdir = os.path.join(base, tool.name, f"r{rep}")
+                os.makedirs(rdir, exist_ok=True)
+                la = loadavg()
+                m = self.measure(job, tool, threads, rdir)
+                check = ""
+                if m.status == "ok" and job != "peak":
+                    if not tool.peer and ref_dir is None:
+                        ref_dir = rdir
+                        check = "reference"
+                    elif tool.peer and tool.check and tool.name not in checked:
+                        checked.add(tool.name)
+                        try:
+                            check = tool.check(ref_dir, rdir) if ref_dir else "n/a (no hubnorm output)"
+                        except Exception as e:  # a check that cannot run is reported, not fatal
+                            check = f"n/a (check failed: {type(e).__name__}: {e})"
+                gf = ""
+                rep_gf = re.search(r"(?:peak_gflops|gflops)=([0-9.eE+-]+)", m.output or "")
+                if job == "peak":
+                    if m.status == "ok" and rep_gf:
+                        gf = rep_gf.group(1)
+                    elif m.status != "ok" or not rep_gf:
+                        if "unexpected argument" in m.output or (m.status == "ok" and not rep_gf):
+                            m.status = "n/a (--peak-only not supported)"
+                note = m.note + (f"; {note_extra}" if note_extra else "")
+                rss_mib = m.rss_kib / 1024
+                self.log(f"{job} {size_label} t{threads} r{rep} {tool.name}: {m.status} wall {m.wall:.2f}s "
+                         f"cpu {m.cpu:.2f}s rss {rss_mib:.0f}MiB" + (f" {check}" if check else "")
+                         + (f" gflops={gf}" if gf else ""))
+                self.write_row(job=job, size=size_label, tool=tool.name, threads=threads, repeat=rep,
+                               wall_s=f"{m.wall:.4f}", cpu_s=f"{m.cpu:.4f}", max_rss_mib=f"{rss_mib:.1f}",
+                               gflop=f"{gflop:.3f}" if gflop else "", status=m.status, check=check,
+                               gflops_reported=gf, loadavg=f"{la:.2f}", note=note, **dims)
+                if m.status != "ok":
+                    skip[tool.name] = m.status
+                if rep > 0 and not self.args.keep_work:
+                    shutil.rmtree(rdir, ignore_errors=True)
+        return ref_dir
+
+    # -- preparation (untimed) -----------------------------------------------------------------
+    def prep(self, key, argv):
+        """Run an untimed hubnorm command once per invocation (cached by key)."""
+        if key in self.prep_cache:
+            return self.prep_cache[key]
+        d = os.path.join(self.work, "prep", *key)
+        os.makedirs(d, exist_ok=True)
+        cmd = argv(d)
+        self.cmdlog.write("# prep: " + " ".join(shlex.quote(a) for a in cmd) + "\n")
+        self.log(f"prep {'/'.join(key)}")
+        wall, ru, rc, to = run_child(cmd, self.env(self.max_threads, False), os.path.join(d, "prep.log"),
+                                     self.args.timeout, None)
+        if rc != 0:
+            text = open(os.path.join(d, "prep.log"), errors="replace").read()
+            self.log(f"prep {'/'.join(key)} failed: {last_line(text)}")
+            d = None
+        self.prep_cache[key] = d
+        return d
+
+    def prep_stats(self, data, method):
+        d = self.prep((data.name, f"stats_{method}"),
+                      lambda d: [self.hub, "stats", "--gallery", data.gallery, "--bank", data.bank,
+                                 "--method", method, "--out", os.path.join(d, "gallery_stats.parquet")]
+                      + self.hub_common(self.max_threads))
+        return os.path.join(d, "gallery_stats.parquet") if d else None
+
+    def prep_run_none(self, data):
+        return self.prep((data.name, "run_none"),
+                         lambda d: [self.hub, "run", "--queries", data.queries, "--gallery", data.gallery,
+                                    "--bank", data.bank, "--methods", "none", "--k", str(K),
+                                    "--bootstrap", "0", "--out", os.path.join(d, "run")]
+                         + self.hub_common(self.max_threads))
+
+    # -- peer commands -------------------------------------------------------------------------
+    def peer(self, job, data, *extra, out="out.npz"):
+        def steps(rdir, threads):
+            argv = [self.py, self.peers, job, "--threads", str(threads), "--out", os.path.join(rdir, out)]
+            for flag, val in (("--queries", data.queries), ("--gallery", data.gallery), ("--bank", data.bank)):
+                if val:
+                    argv += [flag, val]
+            return [argv + list(extra)]
+        return steps
+
+    # -- jobs ----------------------------------------------------------------------------------
+    def job_peak(self):
+        for threads in self.args.threads:
+            tools = [
+                Tool("hubnorm-fma", lambda rdir, t: [[self.hub, "bench", "--peak-only", "--threads", str(t)]]),
+                Tool("numpy-sgemm", lambda rdir, t: [[self.py, self.peers, "peak-sgemm", "--threads", str(t)]],
+                     peer=True, limited=False),
+            ]
+            self.run_group("peak", "-", None, threads, tools, self.args.peak_repeats, 0)
+
+    def tools_for(self, job, data: Data):
+        nq, ng, nb, d = data.nq, data.ng, data.nb, data.d
+        from peers import block_rows
+        blk = block_rows(ng)
+        sel = blk * ng * 12  # one block of scores + argpartition indices
+        inp_qg = (nq + ng) * d * 4
+        inp_all = data.input_bytes()
+        hc = self.hub_common
+        res = lambda rdir: os.path.join(rdir, "results.parquet")  # noqa: E731
+        stats = lambda rdir: os.path.join(rdir, "gallery_stats.parquet")  # noqa: E731
+
+        def stats_search(method):
+            return lambda rdir, t: [
+                [self.hub, "stats", "--gallery", data.gallery, "--bank", data.bank, "--method", method,
+                 "--out", stats(rdir)] + hc(t),
+                [self.hub, "search", "--queries", data.queries, "--gallery", data.gallery, "--stats", stats(rdir),
+                 "--method", method, "--k", str(K), "--bootstrap", "0", "--out", res(rdir)] + hc(t)]
+
+        if job == "topk":
+            chk = lambda ref, mine: check_topk(ref and res(ref), "none", mine, data)  # noqa: E731
+            return 2.0 * nq * ng * d, [
+                Tool("hubnorm", lambda rdir, t: [[self.hub, "search", "--queries", data.queries, "--gallery",
+                                                  data.gallery, "--method", "none", "--k", str(K), "--bootstrap",
+                                                  "0", "--out", res(rdir)] + hc(t)]),
+                Tool("faiss-flatip", self.peer("topk-faiss", Data("", data.queries, data.gallery, None, 0, 0, 0, 0)),
+                     peer=True, need=inp_qg, check=chk),
+                Tool("numpy-blocked", self.peer("topk-numpy", Data("", data.queries, data.gallery, None, 0, 0, 0, 0)),
+                     peer=True, need=inp_qg + ng * d * 4 + sel, check=chk),
+            ]
+        if job == "is-pass1":
+            chk = lambda ref, mine: check_stats(ref and stats(ref), {"h": COL["is"]}, mine, data)  # noqa: E731
+            return 2.0 * nb * ng * d, [
+                Tool("hubnorm", lambda rdir, t: [[self.hub, "stats", "--gallery", data.gallery, "--bank", data.bank,
+                                                  "--method", "is", "--out", stats(rdir)] + hc(t)]),
+                Tool("numpy-dense", self.peer("is-pass1", Data("", None, data.gallery, data.bank, 0, 0, 0, 0),
+                                              "--beta", str(BETA)),
+                     peer=True, need=(nb + ng) * d * 4 + nb * ng * 4, check=chk),
+            ]
+        if job == "is-pass2":
+            f = self.prep_stats(data, "is")
+            if not f:
+                return None, []
+            chk = lambda ref, mine: check_topk(ref and res(ref), "is", mine, data)  # noqa: E731
+            qg = Data("", data.queries, data.gallery, None, 0, 0, 0, 0)
+            return 2.0 * nq * ng * d, [
+                Tool("hubnorm", lambda rdir, t: [[self.hub, "search", "--queries", data.queries, "--gallery",
+                                                  data.gallery, "--stats", f, "--method", "is", "--k", str(K),
+                                                  "--bootstrap", "0", "--out", res(rdir)] + hc(t)]),
+                Tool("faiss-flatip", self.peer("is-faiss", qg, "--stats", f, "--stats-column", COL["is"]),
+                     peer=True, need=2 * (nq + ng) * (d + 1) * 4, check=chk),
+                Tool("numpy-dense", self.peer("is-pass2", qg, "--stats", f, "--stats-column", COL["is"]),
+                     peer=True, need=inp_qg + nq * ng * 4 + sel, check=chk),
+            ]
+        both = 2.0 * d * (nb + nq) * ng
+        if job == "dis":
+            chk = lambda ref, mine: combine(  # noqa: E731
+                check_stats(ref and stats(ref), {"h": COL["dis"], "active": COL["dis_active"]}, mine, data),
+                check_topk(ref and res(ref), "dis", mine, data))
+            return both, [
+                Tool("hubnorm", stats_search("dis")),
+                Tool("numpy-dense", self.peer("dis-dense", data, "--beta", str(BETA), "--activation-k", str(KA)),
+                     peer=True, need=inp_all + max(nb * ng * 4, nq * ng * 4 + sel), check=chk),
+            ]
+        if job == "nnn":
+            chk = lambda ref, mine: combine(  # noqa: E731
+                check_stats(ref and stats(ref), {"h": COL["nnn"]}, mine, data),
+                check_topk(ref and res(ref), "nnn", mine, data))
+            chunk = max(1, min(ng, (1 << 26) // max(1, nb)))
+            return both, [
+                Tool("hubnorm", stats_search("nnn")),
+                Tool("chunked+faiss", self.peer("nnn-chunked", data, "--alpha", str(ALPHA), "--nnn-k", str(NNN_K)),
+                     peer=True, need=2 * inp_all + 2 * chunk * nb * 4 + 2 * (nq + ng) * (d + 1) * 4, check=chk),
+            ]
+        if job == "sn":
+            chk = lambda ref, mine: combine(  # noqa: E731
+                check_stats(ref and stats(ref), {"h": COL["sn"]}, mine, data),
+                check_topk(ref and res(ref), "sn", mine, data))
+            flags = ("--tau", str(TAU), "--iterations", str(ITER))
+            return both, [
+                Tool("hubnorm", stats_search("sn")),
+                Tool("numpy-logdomain", self.peer("sn-numpy", data, *flags),
+                     peer=True, need=inp_all + ng * d * 4 + nb * ng * 4 + 2 * (1 << 26) + sel, check=chk),
+                # POT holds about 9 float32 copies of the matrix (M, -M/reg, the arguments and
+                # results of logsumexp, the plan): 1.86 GB peak RSS for 10k x 5k on the dev data
+                Tool("pot-sinkhorn-log", self.peer("sn-pot", data, *flags),
+                     peer=True, need=inp_all + 9 * nb * ng * 4, check=chk),
+            ]
+        if job == "hubness":
+            run_dir = self.prep_run_none(data)
+            if not run_dir:
+                return None, []
+            results = os.path.join(run_dir, "run", "results.parquet")
+            summary = os.path.join(run_dir, "run", "summary.json")
+            chk = lambda ref, mine: check_hubness(ref, summary, mine)  # noqa: E731
+            return 0.0, [
+                Tool("hubnorm-report", lambda rdir, t: [[self.hub, "report", "--results", results, "--gallery",
+                                                         data.gallery, "--k", str(K), "--bootstrap", "0",
+                                                         "--out", os.path.join(rdir, "report")] + hc(t)]),
+                Tool("scipy-skew", lambda rdir, t: [[self.py, self.peers, "hubness", "--results", results,
+                                                     "--gallery", data.gallery, "--k", str(K), "--method", "none",
+                                                     "--out", os.path.join(rdir, "out.npz")]],
+                     peer=True, need=0, check=chk),
+            ]
+        raise ValueError(job)
+
+    def job_size(self, job, size_label, data):
+        a = self.args
+        if job == "sn" and data.nb * data.ng > a.sn_max_pairs:
+            self.log(f"sn {size_label}: skipped, bank × gallery = {data.nb * data.ng:.3g} pairs is above "
+                     f"--sn-max-pairs {a.sn_max_pairs:.3g} (every iteration sweeps them twice; raise it to run)")
+            self.write_row(job=job, size=size_label, tool="hubnorm", threads=a.threads[0], repeat=0,
+                           status=f"skipped (above --sn-max-pairs {a.sn_max_pairs:.3g})",
+                           n_queries=data.nq, n_gallery=data.ng, n_bank=data.nb, dim=data.d)
+            return
+        for threads in a.threads:
+            gflop, tools = self.tools_for(job, data)
+            if not tools:
+                self.log(f"{job} {size_label}: skipped (preparation failed)")
+                return
+            self.run_group(job, size_label, data, threads, tools, a.repeats_for(size_label), gflop / 1e9)
+        if not a.keep_work:
+            shutil.rmtree(os.path.join(self.work, size_label, job), ignore_errors=True)
+
+    def job_memory(self):
+        """hubnorm with inputs >= 4x its --memory-limit: peak RSS against the limit."""
+        a = self.args
+        name = a.memory_size
+        if name == "dev":
+            base = size_data("dev", a, self.log)
+            if base is None:
+                return
+            d, ng, nq = base.d, base.ng, base.nq
+            bank = base.bank
+            nb = base.nb
+            data = base
+        else:
+            s = GENERATED[name]
+            d, ng, nq, nb = s["d"], s["gallery"], s["queries"], a.memory_bank_rows
+            data = generated(f"{name}-bank{nb}", a.data_dir, d, ng, nb, nq, self.log)
+            bank = data.bank
+        limit = a.memory_small_limit
+        gallery_bytes = ng * d * 4
+        label = f"{name}/bank{nb}"
+        if gallery_bytes < 4 * limit:
+            self.log(f"memory: the gallery ({human_bytes(gallery_bytes)}) is less than 4x the limit "
+                     f"({human_bytes(limit)}); the test is weaker than asked")
+        dense1 = nb * ng * 4
+        dense2 = nq * ng * 4
+        note = (f"limit_bytes={limit};gallery_bytes={gallery_bytes};input_bytes={data.input_bytes()};"
+                f"dense_pass1_bytes={dense1};dense_pass2_bytes={dense2}")
+        lt = a.memory_small_limit_text
+        threads = self.max_threads
+        res = lambda rdir: os.path.join(rdir, "out")  # noqa: E731
+        tools = [
+            Tool("hubnorm-stats", lambda rdir, t: [[self.hub, "stats", "--gallery", data.gallery, "--bank", bank,
+                                                    "--method", "is", "--out",
+                                                    os.path.join(rdir, "gallery_stats.parquet")]
+                                                   + self.hub_common(t, lt)]),
+            Tool("hubnorm-run", lambda rdir, t: [[self.hub, "run", "--queries", data.queries, "--gallery",
+                                                  data.gallery, "--bank", bank, "--methods", "none,is", "--k",
+                                                  str(K), "--bootstrap", "0", "--out", res(rdir)]
+                                                 + self.hub_common(t, lt)]),
+            Tool("numpy-dense-is-pass1", self.peer("is-pass1", Data("", None, data.gallery, bank, 0, 0, 0, 0),
+                                                   "--beta", str(BETA)),
+                 peer=True, need=(nb + ng) * d * 4 + dense1,
+                 check=lambda ref, mine: check_stats(ref and os.path.join(ref, "gallery_stats.parquet"),
+                                                     {"h": COL["is"]}, mine, data)),
+        ]
+        gflop = 2.0 * nb * ng * d / 1e9
+        self.run_group("memory", label, data, threads, tools, a.memory_repeats, gflop, note_extra=note)
+        if not a.keep_work:
+            shutil.rmtree(os.path.join(self.work, label), ignore_errors=True)
+
+    def job_scaling(self):
+        """hubnorm stats --method is over gallery sizes and over bank sizes."""
+        a = self.args
+        d = a.scaling_dim
+        points = [(g, a.scaling_fixed_bank) for g in a.scaling_gallery]
+        points += [(a.scaling_fixed_gallery, b) for b in a.scaling_bank]
+        seen = set()
+        for ng, nb in points:
+            if (ng, nb) in seen:
+                continue
+            seen.add((ng, nb))
+            data = generated(f"g{ng}xb{nb}", a.data_dir, d, ng, nb, 0, self.log)
+            label = f"g{ng}xb{nb}"
+            tools = [Tool("hubnorm", lambda rdir, t, data=data: [
+                [self.hub, "stats", "--gallery", data.gallery, "--bank", data.bank, "--method", "is",
+                 "--out", os.path.join(rdir, "gallery_stats.parquet")] + self.hub_common(t)])]
+            self.run_group("scaling", label, data, a.scaling_threads or self.max_threads, tools,
+                           a.scaling_repeats, 2.0 * nb * ng * d / 1e9)
+            shutil.rmtree(os.path.join(self.work, label), ignore_errors=True)
+
+    # -- everything ----------------------------------------------------------------------------
+    def run(self):
+        a = self.args
+        write_setup(self, started=True)
+        if "peak" in a.jobs:
+            self.job_peak()
+        per_size = [j for j in a.jobs if j not in ("peak", "memory", "scaling")]
+        for size in a.sizes:
+            if not per_size:
+                break
+            data = size_data(size, a, self.log)
+            if data is None:
+                continue
+            self.log(f"size {size}: {data.nq} queries × {data.ng} gallery × bank {data.nb}, d {data.d}")
+            for job in per_size:
+                self.job_size(job, size, data)
+        if "memory" in a.jobs:
+            self.job_memory()
+        if "scaling" in a.jobs:
+            self.job_scaling()
+        write_setup(self, started=False)
+        self.raw.close()
+        self.cmdlog.close()
+        summarize(self.out)
+        if not a.keep_work:
+            shutil.rmtree(self.work, ignore_errors=True)
+        self.log(f"wrote {self.out}/{{setup.md,raw.csv,commands.log,summary.md}}")
+
+
+# ----------------------------------------------------------------------------------------------
+# correctness checks
+# ----------------------------------------------------------------------------------------------
+
+def _npz(rdir):
+    import numpy as np
+    return np.load(os.path.join(rdir, "out.npz"))
+
+
+def load_hub_topk(path, method, data: Data, k=K):
+    import numpy as np
+    import pyarrow.parquet as pq
+    import common
+    t = pq.read_table(path, columns=["method", "query_id", "rank", "gallery_id", "score"],
+                      filters=[("method", "=", method)])
+    q = common.map_ids(t["query_id"], data.query_index())
+    g = common.map_ids(t["gallery_id"], data.gallery_index())
+    r = t["rank"].to_numpy() - 1
+    ids = np.full((data.nq, k), -1, np.int64)
+    scores = np.full((data.nq, k), np.nan, np.float32)
+    keep = r < k
+    ids[q[keep], r[keep]] = g[keep]
+    scores[q[keep], r[keep]] = t["score"].to_numpy()[keep]
+    return ids, scores
+
+
+def check_topk(ref_results, method, mine_dir, data: Data):
+    import numpy as np
+    if not ref_results:
+        return "n/a (no hubnorm output)"
+    hi, hs = load_hub_topk(ref_results, method, data)
+    z = _npz(mine_dir)
+    pi, ps = z["ids"], z["scores"].astype(np.float32)
+    if pi.shape != hi.shape:
+        return f"mismatch: shape {pi.shape} vs hubnorm {hi.shape}"
+    kth_h, kth_p = hs[:, -1], ps[:, -1]
+    bad_q, swaps, first = set(), 0, None
+    for i, r in np.argwhere(hi != pi):
+        if (abs(hs[i, r] - ps[i, r]) < TIE or abs(ps[i, r] - kth_h[i]) < TIE or abs(hs[i, r] - kth_p[i]) < TIE):
+            swaps += 1
+            continue
+        bad_q.add(int(i))
+        if first is None:
+            first = (int(i), int(r) + 1, int(hi[i, r]), float(hs[i, r]), int(pi[i, r]), float(ps[i, r]))
+    dmax = float(np.nanmax(np.abs(hs - ps))) if hs.size else 0.0
+    if bad_q:
+        q, r, a, sa, b, sb = first
+        return (f"mismatch: {len(bad_q)}/{data.nq} queries differ (first: query row {q} rank {r}: hubnorm "
+                f"row {a} {sa:.7f}, peer row {b} {sb:.7f}); max Δscore {dmax:.1e}")
+    if dmax > SCORE_TOL:
+        return f"mismatch: same ids but scores differ by up to {dmax:.1e}"
+    return "ok" + (f" ({swaps} tie swaps)" if swaps else "") + f", max Δscore {dmax:.0e}"
+
+
+def check_stats(ref_stats, columns, mine_dir, data: Data):
+    import numpy as np
+    import pyarrow.parquet as pq
+    import common
+    if not ref_stats:
+        return "n/a (no hubnorm output)"
+    t = pq.read_table(ref_stats, columns=["gallery_id"] + list(columns.values()))
+    rows = common.map_ids(t["gallery_id"], data.gallery_index())
+    z = _npz(mine_dir)
+    parts, bad = [], False
+    for key, col in columns.items():
+        ref = np.empty(data.ng, dtype=t.schema.field(col).type.to_pandas_dtype())
+        ref[rows] = t[col].to_numpy(zero_copy_only=False)
+        mine = z[key]
+        if ref.dtype == bool:
+            n = int((ref != mine.astype(bool)).sum())
+            parts.append(f"{key} {'ok' if n == 0 else f'{n} items differ'}")
+            bad |= n > 0
+        else:
+            diff = np.abs(ref - mine.astype(np.float64))
+            dmax = float(diff.max())
+            n = int((diff > STAT_TOL).sum())
+            parts.append(f"{key} max Δ {dmax:.0e}" + (f" ({n} items > {STAT_TOL:g})" if n else ""))
+            bad |= n > 0
+    return ("mismatch: " if bad else "ok: ") + ", ".join(parts)
+
+
+def check_hubness(ref_dir, summary_path, mine_dir):
+    import pyarrow.parquet as pq
+    z = _npz(mine_dir)
+    mine = float(z["skewness"])
+    out = []
+    bad = False
+    with open(summary_path) as f:
+        summ = json.load(f)
+    s_run = next(m["k_occurrence_skewness"] for m in summ["methods"] if m["method"] == "none")
+    out.append(f"run summary.json {s_run:.6f}")
+    bad |= abs(mine - s_run) > STAT_TOL
+    if ref_dir:
+        t = pq.read_table(os.path.join(ref_dir, "report", "report.parquet")).to_pylist()
+        s_rep = next((r["value"] for r in t if r["measure"] == "skewness" and r.get("method", "none") == "none"), None)
+        if s_rep is not None:
+            out.append(f"report {s_rep:.6f}")
+            bad |= abs(mine - s_rep) > STAT_TOL
+    return ("mismatch: " if bad else "ok: ") + f"scipy {mine:.6f} vs " + ", ".join(out)
+
+
+def combine(*checks):
+    bad = any(c.startswith("mismatch") for c in checks)
+    na = all(c.startswith("n/a") for c in checks)
+    body = "; ".join(b for b in (re.sub(r"^(ok|mismatch)[:,]?\s*", "", c).strip() for c in checks) if b)
+    if na:
+        return checks[0]
+    return ("mismatch: " if bad else "ok: ") + body
+
+
+# ----------------------------------------------------------------------------------------------
+# setup.md
+# ----------------------------------------------------------------------------------------------
+
+def sh(cmd, cwd=None):
+    try:
+        return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=60).stdout.strip()
+    except Exception as e:  # noqa: BLE001
+        return f"n/a ({e})"
+
+
+def blas_info(py):
+    code = r"""
+import json, numpy
+cfg = numpy.show_config(mode='dicts')
+blas = cfg.get('Build Dependencies', {}).get('blas', {})
+out = {'numpy_blas': {k: blas.get(k) for k in ('name', 'version', 'openblas configuration')}}
+try:
+    import faiss
+    out['faiss_compile_options'] = faiss.get_compile_options()
+except Exception as e:
+    out['faiss_compile_options'] = str(e)
+try:
+    from threadpoolctl import threadpool_info
+    out['threadpools'] = [{k: p.get(k) for k in ('internal_api', 'version', 'architecture', 'num_threads',
+                                                  'threading_layer', 'filepath')} for p in threadpool_info()]
+except Exception as e:
+    out['threadpools'] = str(e)
+print(json.dumps(out))
+"""
+    env = dict(os.environ, OPENBLAS_CORETYPE="SkylakeX")
+    try:
+        r = subprocess.run([py, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        return json.loads(r.stdout)
+    except Exception as e:  # noqa: BLE001
+        return {"error": str(e)}
+
+
+def versions():
+    out = {"python": platform.python_version()}
+    for mod, name in (("numpy", "numpy"), ("faiss", "faiss-cpu"), ("scipy", "scipy"), ("pyarrow", "pyarrow"),
+                      ("ot", "POT"), ("threadpoolctl", "threadpoolctl")):
+        try:
+            m = __import__(mod)
+            out[name] = getattr(m, "__version__", "?")
+        except Exception as e:  # noqa: BLE001
+            out[name] = f"n/a ({e})"
+    return out
+
+
+def cpu_model():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def cpu_flags():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                fl = line.split(":", 1)[1].split()
+                return " ".join(f for f in fl if f.startswith(("avx", "fma", "amx")))
+    except OSError:
+        pass
+    return ""
+
+
+def write_setup(b: Bench, started: bool):
+    a = b.args
+    path = os.path.join(b.out, "setup.md")
+    if started:
+        b.setup_start = dt.datetime.now().astimezone()
+        b.setup_load = loadavg()
+        return
+    end = dt.datetime.now().astimezone()
+    new = not os.path.exists(path)
+    rev = sh(["git", "rev-parse", "HEAD"], cwd=REPO)
+    dirty = sh(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
+    hub_ver = sh([b.hub, "--version"]) if b.hub else "n/a"
+    blas = blas_info(b.py)
+    floor_log = os.path.join(b.work if os.path.isdir(b.work) else b.out, "floor.log")
+    _, floor_ru, _, _ = run_child(["true"], dict(os.environ), floor_log, 60, None)
+    for p_ in (floor_log,):
+        if os.path.exists(p_):
+            os.unlink(p_)
+    lines = []
+    if new:
+        lines += ["# Benchmark setup", "",
+                  "One section per invocation of `benches/peers/bench.py` into this folder; `summary.md` uses each "
+                  "measurement's latest run.", ""]
+    lines += [f"## Run {b.run_id}", "",
+              f"- started {b.setup_start.isoformat(timespec='seconds')}, finished {end.isoformat(timespec='seconds')} "
+              f"({(end - b.setup_start).total_seconds() / 60:.1f} min)",
+              f"- command: `{' '.join(map(shlex.quote, sys.argv))}`",
+              f"- host: {platform.node()}, {platform.platform()}",
+              f"- CPU: {cpu_model()}; {os.cpu_count()} logical cores, {len(os.sched_getaffinity(0))} usable; "
+              f"flags: {cpu_flags()}",
+              f"- memory: {human_bytes(mem_total())} total, {human_bytes(mem_available())} available at the end; "
+              f"peers' address-space limit {'%s' % human_bytes(a.peer_memory) if a.peer_memory else '90% of MemAvailable at each launch'}",
+              f"- load average (1 min): {b.setup_load:.2f} at the start, {loadavg():.2f} at the end "
+              "(each raw.csv row has the load at its start; other processes on the machine make wall times longer)",
+              f"- hubnorm: `{b.hub}` ({hub_ver}); repository {REPO} at {rev}"
+              + (" with uncommitted changes" if dirty else ""),
+              "- Python packages: " + ", ".join(f"{k} {v}" for k, v in versions().items()),
+              f"- numpy BLAS: {json.dumps(blas.get('numpy_blas'))}",
+              f"- runtime thread pools (with OPENBLAS_CORETYPE=SkylakeX): {json.dumps(blas.get('threadpools'))}",
+              f"- faiss compile options: {blas.get('faiss_compile_options')}",
+              f"- peak RSS floor: a trivial child (`true`) measured the same way reports "
+              f"{floor_ru.ru_maxrss / 1024:.1f} MiB (the launcher spawn.py's resident size, which a forked child "
+              "inherits in ru_maxrss); every tool measured here is larger, so its RSS is its own",
+              f"- peers' environment: {', '.join(PEER_ENV)} = the thread count, OPENBLAS_CORETYPE=SkylakeX, "
+              "faiss.omp_set_num_threads(N); hubnorm gets `--threads N`",
+              f"- threads {','.join(map(str, a.threads))}; repeats {a.repeats_text} (median reported; tools alternate "
+              f"within a repeat); hubnorm `--memory-limit {a.memory_limit_text}`; timeout {a.timeout:.0f} s per "
+              "measurement",
+              f"- jobs: {','.join(a.jobs)}; sizes: {','.join(a.sizes)}",
+              "", "| size | queries | gallery | bank | d | files |", "|---|---|---|---|---|---|"]
+    for s in a.sizes:
+        if s == "dev":
+            lines.append(f"| dev | 5000 | 5000 | 10000 | 384 | {a.dev_data} (WordNet definitions, MiniLM) |")
+        else:
+            g = GENERATED[s]
+            q, gp, bp = gen_paths(a.data_dir, g["d"], g["gallery"], g["bank"], g["queries"])
+            lines.append(f"| {s} | {g['queries']} | {g['gallery']} | {g['bank']} | {g['d']} | {os.path.dirname(q)} "
+                         f"(generated, seed {__import__('common').GEN_SEED}) |")
+    lines += ["", "Generated data (common.py): unit vectors from a mixture of 300 centres with Zipf-like weights "
+              "plus a shared offset (so hubs exist), float32, `id` int64 + `embedding` FixedSizeList<float32>, "
+              "row groups of 65,536 rows, snappy; queries are noisy copies of distinct gallery items "
+              "(`target_id`); each file is a prefix of the longer ones of its stream.", "",
+              "Commands (one example per job and tool; every command is in commands.log):", ""]
+    for (job, tool), cmds in b.examples.items():
+        for c in cmds:
+            lines.append(f"- {job} / {tool}: `{c}`")
+    lines.append("")
+    with open(path, "a") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# summary.md from raw.csv
+# ----------------------------------------------------------------------------------------------
+
+def _f(x):
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def load_raw(out_dir):
+    with open(os.path.join(out_dir, "raw.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    latest = {}
+    for r in rows:
+        key = (r["job"], r["size"], r["tool"], r["threads"])
+        latest[key] = max(latest.get(key, ""), r["run_id"])
+    return [r for r in rows if r["run_id"] == latest[(r["job"], r["size"], r["tool"], r["threads"])]]
+
+
+class Group:
+    def __init__(self, rows):
+        self.rows = rows
+        ok = [r for r in rows if r["status"] == "ok"]
+        self.ok = ok
+        self.n = len(ok)
+        self.repeats = len(rows)
+        med = lambda k: statistics.median([_f(r[k]) for r in ok]) if ok else float("nan")  # noqa: E731
+        self.wall, self.cpu, self.rss = med("wall_s"), med("cpu_s"), med("max_rss_mib")
+        self.gflop = _f(rows[0]["gflop"]) if rows else float("nan")
+        self.gfr = statistics.median([_f(r["gflops_reported"]) for r in ok if r["gflops_reported"]]) \
+            if any(r["gflops_reported"] for r in ok) else float("nan")
+        self.check = next((r["check"] for r in rows if r["check"]), "")
+        self.status = "ok" if ok else (rows[0]["status"] if rows else "not run")
+        self.load = statistics.median([_f(r["loadavg"]) for r in rows if r["loadavg"]]) \
+            if any(r["loadavg"] for r in rows) else float("nan")
+        self.note = next((r["note"] for r in rows if r["note"]), "")
+        r0 = rows[0] if rows else {}
+        self.nq, self.ng, self.nb, self.d = (_f(r0.get(k)) for k in ("n_queries", "n_gallery", "n_bank", "dim"))
+
+    @property
+    def gflops(self):
+        return self.gflop / self.wall if self.n and self.gflop and self.gflop > 0 else float("nan")
+
+
+def esc(s):
+    return str(s).replace("|", "\\|")
+
+
+def _size_key(s):
+    return (SIZE_ORDER.index(s) if s in SIZE_ORDER else len(SIZE_ORDER), s)
+
+
+def summarize(out_dir):
+    rows = load_raw(out_dir)
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["job"], r["size"], r["tool"], int(r["threads"])), []).append(r)
+    G = {k: Group(v) for k, v in groups.items()}
+    run_ids = sorted({r["run_id"] for r in rows})
+
+    # measured peak per thread count
+    peak = {}
+    peak_rows = []
+    for t in sorted({k[3] for k in G if k[0] == "peak"}):
+        npy = G.get(("peak", "-", "numpy-sgemm", t))
+        hub = G.get(("peak", "-", "hubnorm-fma", t))
+        vals = [g.gfr for g in (npy, hub) if g and not math.isnan(g.gfr)]
+        peak[t] = max(vals) if vals else float("nan")
+        peak_rows.append((t, npy, hub))
+
+    L = ["# Peer benchmark summary", "",
+         f"Generated from raw.csv by `bench.py --summarize` (runs {', '.join(run_ids)}; each measurement's latest "
+         "run). Setup, versions and commands: setup.md. Times are medians over the runs that succeeded; "
+         "`runs` = successful/attempted. GFLOP/s = the job's GEMM work (stated per job) / median wall time; "
+         "% peak = that over the measured f32 peak at the same thread count. hubnorm/peer = hubnorm's median "
+         "wall time over the peer's (below 1: hubnorm faster). check = the peer's output against hubnorm's "
+         f"(top-k ids equal except at ties within {TIE:g}, scores within {SCORE_TOL:g}, statistics within "
+         f"{STAT_TOL:g}). Every time is a whole process, as a user runs it: reading the Parquet inputs, and for "
+         "the Python peers starting the interpreter and importing numpy/faiss/scipy/POT (0.3–3 s, which "
+         "dominates the small sizes; raw.csv's note column has each peer's time per phase).", ""]
+    loads = [_f(r["loadavg"]) for r in rows if r["loadavg"]]
+    if loads:
+        L += [f"Load average (1 min) at the start of the measurements: median {statistics.median(loads):.2f}, "
+              f"max {max(loads):.2f} on {os.cpu_count()} cores here. Above the thread count, other processes "
+              "shared the cores and wall times are longer than on an idle machine (CPU times are less affected).",
+              ""]
+
+    L += ["## Measured f32 peak", "",
+          "numpy sgemm: (4096×1024)·(1024×16384), OPENBLAS_CORETYPE=SkylakeX, median of 3 products per process. "
+          "hubnorm: `hubnorm bench --peak-only` (an FMA loop). The higher is the peak used below.", "",
+          "| threads | numpy sgemm GFLOP/s | hubnorm FMA GFLOP/s | measured peak GFLOP/s |", "|---|---|---|---|"]
+    for t, npy, hub in peak_rows:
+        cell = lambda g: (fmt(g.gfr) if g and g.n and not math.isnan(g.gfr) else (g.status if g else "not run"))  # noqa: E731
+        L.append(f"| {t} | {cell(npy)} | {cell(hub)} | {fmt(peak[t])} |")
+    if not peak_rows:
+        L.append("| — | not run | not run | — |")
+    L.append("")
+
+    def pct(g, t):
+        p = peak.get(t, float("nan"))
+        return g.gflops / p * 100 if p and not math.isnan(p) and not math.isnan(g.gflops) else float("nan")
+
+    job_order = ["topk", "is-pass1", "is-pass2", "dis", "nnn", "sn", "hubness"]
+    for job in job_order:
+        keys = [k for k in G if k[0] == job]
+        if not keys:
+            continue
+        L += [f"## {job}", "", JOB_TEXT.get(job, ""), "",
+              "| size | threads | tool | runs | wall s | CPU s | peak RSS MiB | GFLOP/s | % peak | hubnorm/peer | check |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for size in sorted({k[1] for k in keys}, key=_size_key):
+            for t in sorted({k[3] for k in keys if k[1] == size}):
+                tools = [k for k in keys if k[1] == size and k[3] == t]
+                tools.sort(key=lambda k: (not k[2].startswith("hubnorm"), k[2]))
+                hub = next((G[k] for k in tools if k[2].startswith("hubnorm")), None)
+                for k in tools:
+                    g = G[k]
+                    is_hub = k[2].startswith("hubnorm")
+                    ratio = (hub.wall / g.wall if hub and hub.n and g.n and not is_hub else float("nan"))
+                    if g.n:
+                        cells = [fmt(g.wall), fmt(g.cpu), fmt(g.rss), fmt(g.gflops), fmt(pct(g, t))]
+                    else:
+                        cells = [g.status, "—", "—", "—", "—"]
+                    L.append(f"| {size} | {t} | {k[2]} | {g.n}/{g.repeats} | " + " | ".join(cells)
+                             + f" | {fmt(ratio) if not is_hub else '—'} | {esc(g.check or ('reference' if is_hub and g.n else '—'))} |")
+        L.append("")
+
+    # targets
+    L += ["## Targets", ""]
+    L += ["### Pass 1 (inverted softmax statistics): ≥ 70% of the measured f32 peak", "",
+          "| size | threads | hubnorm `stats --method is` GFLOP/s | measured peak | % of peak | target |",
+          "|---|---|---|---|---|---|"]
+    p1 = sorted([k for k in G if k[0] in ("is-pass1",) and k[2] == "hubnorm"], key=lambda k: (_size_key(k[1]), k[3]))
+    for k in p1:
+        g = G[k]
+        p = pct(g, k[3])
+        verdict = "—" if math.isnan(p) else ("met" if p >= 70 else "missed")
+        L.append(f"| {k[1]} | {k[3]} | {fmt(g.gflops) if g.n else g.status} | {fmt(peak.get(k[3]))} | {fmt(p)} | {verdict} |")
+    if not p1:
+        L.append("| — | — | not run | — | — | — |")
+    L += ["", "### Pass 2 (top-10 corrected search): faster than faiss IndexFlatIP at equal results", "",
+          "| size | threads | hubnorm `search --method is` s | faiss (d+1) s | hubnorm/faiss | equal results | target |",
+          "|---|---|---|---|---|---|---|"]
+    p2 = sorted([k for k in G if k[0] == "is-pass2" and k[2] == "hubnorm"], key=lambda k: (_size_key(k[1]), k[3]))
+    for k in p2:
+        h = G[k]
+        f = G.get(("is-pass2", k[1], "faiss-flatip", k[3]))
+        if f and f.n and h.n:
+            ratio = h.wall / f.wall
+            eq = f.check.startswith("ok")
+            verdict = ("met" if ratio < 1 and eq else "missed") + ("" if eq else " (results differ)")
+            L.append(f"| {k[1]} | {k[3]} | {fmt(h.wall)} | {fmt(f.wall)} | {fmt(ratio)} | {esc(f.check)} | {verdict} |")
+        else:
+            L.append(f"| {k[1]} | {k[3]} | {fmt(h.wall) if h.n else h.status} | {f.status if f else 'not run'} | — | — | — |")
+    if not p2:
+        L.append("| — | — | not run | — | — | — | — |")
+
+    mem = sorted([k for k in G if k[0] == "memory"], key=lambda k: k[2])
+    L += ["", "### Memory: inputs ≥ 4× `--memory-limit`, peak RSS within the limit plus a stated overhead", ""]
+    if mem:
+        L += ["| data | threads | tool | limit | inputs (gallery) | peak RSS | overhead = RSS − limit | wall s | "
+              "the dense peer would need | status |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for k in mem:
+            g = G[k]
+            kv = dict(x.split("=", 1) for x in re.findall(r"[a-z_0-9]+=[0-9.]+", g.note))
+            lim = _f(kv.get("limit_bytes")) / 2 ** 20
+            inp = _f(kv.get("input_bytes"))
+            gal = _f(kv.get("gallery_bytes"))
+            need = max(_f(kv.get("dense_pass1_bytes")), _f(kv.get("dense_pass2_bytes")))
+            peer = not k[2].startswith("hubnorm")
+            over = g.rss - lim if g.n and not peer else float("nan")
+            st = esc(g.status if g.check in ("", "reference") else f"{g.status}; {g.check}")
+            L.append(f"| {k[1]} | {k[3]} | {k[2]} | {fmt(lim)} MiB | {human_bytes(inp)} ({human_bytes(gal)}; "
+                     f"{gal / (lim * 2 ** 20):.1f}× the limit) | {fmt(g.rss) + ' MiB' if g.n else '—'} | "
+                     f"{fmt(over) + ' MiB' if g.n and not peer else '—'} | {fmt(g.wall) if g.n else '—'} | "
+                     f"{human_bytes(need)} for one dense matrix (bank × gallery {human_bytes(_f(kv.get('dense_pass1_bytes')))}, "
+                     f"queries × gallery {human_bytes(_f(kv.get('dense_pass2_bytes')))}) | {st} |")
+    else:
+        L.append("Not run.")
+
+    sc = [k for k in G if k[0] == "scaling"]
+    L += ["", "### Scaling: hubnorm `stats --method is` over gallery and bank sizes", ""]
+    if sc:
+        L += ["| gallery | bank | threads | wall s | ns per (bank × gallery) pair | GFLOP/s | % peak | peak RSS MiB |",
+              "|---|---|---|---|---|---|---|---|"]
+        pts = sorted(sc, key=lambda k: (G[k].nb, G[k].ng))
+        per_pair, rss = [], []
+        for k in pts:
+            g = G[k]
+            pp = g.wall / (g.ng * g.nb) * 1e9 if g.n else float("nan")
+            if g.n:
+                per_pair.append(pp)
+                rss.append(g.rss)
+            L.append(f"| {int(g.ng)} | {int(g.nb)} | {k[3]} | {fmt(g.wall) if g.n else g.status} | {fmt(pp)} | "
+                     f"{fmt(g.gflops)} | {fmt(pct(g, k[3]))} | {fmt(g.rss)} |")
+        if per_pair:
+            L += ["", f"Time per pair ranges {min(per_pair):.3g}–{max(per_pair):.3g} ns (max/min "
+                  f"{max(per_pair) / min(per_pair):.2f}; 1.00 = exactly linear in bank × gallery, small sizes carry "
+                  f"a fixed start-up cost); peak RSS ranges {min(rss):.0f}–{max(rss):.0f} MiB."]
+    else:
+        L.append("Not run.")
+    L.append("")
+    with open(os.path.join(out_dir, "summary.md"), "w") as f:
+        f.write("\n".join(L))
+    return os.path.join(out_dir, "summary.md")
+
+
+# ----------------------------------------------------------------------------------------------
+# command line
+# ----------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    home = os.path.expanduser("~")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="dev,10k", help="comma list of tiny, dev, 10k, 100k, 1m (default dev,10k)")
+    p.add_argument("--threads", default="1,2", help="thread counts (default 1,2)")
+    p.add_argument("--repeats", default="3,1m=1",
+                   help="runs per measurement, optionally per size: '3,1m=1' (default) = 3, but 1 for the 1m size")
+    p.add_argument("--jobs", default=",".join(JOBS_ALL), help=f"comma list of {','.join(JOBS_ALL)} (default all)")
+    p.add_argument("--out", default=None, help="results folder (default benches/runs/<YYYY-MM-DD>)")
+    p.add_argument("--data-dir", default=os.path.join(home, ".cache/hubnorm/bench-data"),
+                   help="generated Parquet, made once and reused")
+    p.add_argument("--work-dir", default=os.path.join(home, ".cache/hubnorm/bench-work"),
+                   help="outputs of the runs while they are checked (removed afterwards unless --keep-work)")
+    p.add_argument("--keep-work", action="store_true")
+    p.add_argument("--dev-data", default=os.path.normpath(os.path.join(REPO, "..", "shared", "dev-data", "wordnet-minilm")))
+    p.add_argument("--memory-limit", default="1GiB", help="hubnorm --memory-limit of every job but memory")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per measurement (default 3600)")
+    p.add_argument("--hubnorm-bin", default=os.environ.get("HUBNORM_BIN"))
+    p.add_argument("--peer-memory", default=None,
+                   help="address-space limit of the peers (default 90%% of MemAvailable at each launch)")
+    p.add_argument("--peak-repeats", type=int, default=3)
+    p.add_argument("--memory-size", default="1m", help="data of the memory job: its gallery and queries (default 1m)")
+    p.add_argument("--memory-bank-rows", default="10k", help="bank rows of the memory job (default 10k)")
+    p.add_argument("--memory-small-limit", default="256MiB", help="hubnorm --memory-limit in the memory job")
+    p.add_argument("--memory-repeats", type=int, default=1)
+    p.add_argument("--scaling-gallery", default="10k,100k,1m", help="gallery sizes at the fixed bank")
+    p.add_argument("--scaling-fixed-bank", default="100k")
+    p.add_argument("--scaling-bank", default="10k,30k,100k", help="bank sizes at the fixed gallery")
+    p.add_argument("--scaling-fixed-gallery", default="100k")
+    p.add_argument("--scaling-dim", type=int, default=384)
+    p.add_argument("--scaling-repeats", type=int, default=1)
+    p.add_argument("--scaling-threads", type=int, default=0, help="default: the largest of --threads")
+    p.add_argument("--sn-max-pairs", type=float, default=2e9,
+                   help="skip the sn job above this many bank × gallery pairs (default 2e9: dev and 10k run, 100k "
+                        "and 1m do not; no dense peer fits there, and hubnorm recomputes 2·T = 20 sweeps of the "
+                        "matrix when it exceeds --memory-limit, about 40 min per run at 100k)")
+    p.add_argument("--summarize", metavar="DIR", help="only regenerate DIR/summary.md from DIR/raw.csv")
+    a = p.parse_args(argv)
+
+    if a.summarize:
+        print(summarize(a.summarize))
+        return 0
+
+    a.sizes = [s.strip() for s in a.sizes.split(",") if s.strip()]
+    for s in a.sizes:
+        if s not in SIZE_ORDER:
+            p.error(f"unknown size {s!r} (choose from {', '.join(SIZE_ORDER)})")
+    a.threads = [int(t) for t in a.threads.split(",")]
+    a.jobs = [j.strip() for j in a.jobs.split(",") if j.strip()]
+    for j in a.jobs:
+        if j not in JOBS_ALL:
+            p.error(f"unknown job {j!r} (choose from {', '.join(JOBS_ALL)})")
+    a.repeats_text = a.repeats
+    default_rep, per = 3, {}
+    for part in a.repeats.split(","):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            per[k.strip()] = int(v)
+        else:
+            default_rep = int(part)
+    a.repeats_for = lambda size: per.get(size, default_rep)
+    a.memory_limit_text = a.memory_limit
+    a.memory_small_limit_text = a.memory_small_limit
+    a.memory_small_limit = parse_size(a.memory_small_limit)
+    a.memory_bank_rows = parse_size(a.memory_bank_rows)
+    if a.memory_size not in SIZE_ORDER:
+        p.error(f"unknown --memory-size {a.memory_size!r}")
+    a.peer_memory = parse_size(a.peer_memory) if a.peer_memory else None
+    a.scaling_gallery = [parse_size(x) for x in a.scaling_gallery.split(",") if x]
+    a.scaling_bank = [parse_size(x) for x in a.scaling_bank.split(",") if x]
+    a.scaling_fixed_bank = parse_size(a.scaling_fixed_bank)
+    a.scaling_fixed_gallery = parse_size(a.scaling_fixed_gallery)
+    if a.out is None:
+        a.out = os.path.join(REPO, "benches", "runs", dt.date.today().isoformat())
+    if not a.hubnorm_bin or not os.access(a.hubnorm_bin, os.X_OK):
+        p.error(f"no hubnorm binary (--hubnorm-bin or HUBNORM_BIN): {a.hubnorm_bin!r}")
+    a.hubnorm_bin = os.path.abspath(a.hubnorm_bin)
+
+    b = Bench(a)
+
+    def on_signal(signum, frame):
+        pid = _CURRENT["pid"]
+        if pid:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        print("\ninterrupted; summary of what was measured so far:", flush=True)
+        b.raw.flush()
+        try:
+            summarize(b.out)
+        except Exception:  # noqa: BLE001
+            pass
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    b.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
