@@ -6,7 +6,9 @@
 //! normalised separately and merged. Each iteration is therefore two sweeps
 //! over bank × targets, chunk by chunk within the memory limit. When the
 //! whole similarity matrix fits in half the limit, the first sweep caches its
-//! tiles (f32) and later sweeps read them instead of recomputing the GEMM.
+//! tiles (f32), and every later iteration is one fused pass over the cache
+//! (each group of source rows: its row update, then its share of the column
+//! update while it is in cache) instead of two GEMM sweeps.
 
 use crate::cache::TableBlocks;
 use crate::error::Result;

@@ -46,6 +46,7 @@ const _: () = assert!(
 /// group's second read (the exps after the maxima) hits L2: 128 rows × 256
 /// columns × 4 bytes = 128 KiB.
 pub(super) const COLUMN_BLOCK: usize = 256;
+
 /// Columns of one similarity tile (gallery items). A 512 × 2048 f32 tile is 4 MiB.
 pub const TILE_COLS: usize = 2048;
 /// Lanes processed together by the epilogues (one AVX-512 register of f32).
