@@ -30,24 +30,18 @@ fn all_methods() -> Vec<MethodSpec> {
 /// targets similarities of `dbsn` (32 MB) are cached under the default
 /// limit but not under the small ones.
 fn small_case(dir: &Path) {
-    let mut r = rng(808);
-    let gallery = random_table(&mut r, "g", 1000, 24);
-    let queries = queries_near(&mut r, &gallery, 250, 0.3);
-    let bank = random_table(&mut r, "b", 2000, 24);
+    let mut r = write_case(
+        dir,
+        &CaseShape {
+            seed: 808,
+            gallery: 1000,
+            queries: 250,
+            bank: 2000,
+            dim: 24,
+            noise: 0.3,
+        },
+    );
     let gallery_bank = random_table(&mut r, "c", 3000, 24);
-    write_table(
-        &dir.join("queries.parquet"),
-        &queries,
-        Layout::FixedF32,
-        false,
-    );
-    write_table(
-        &dir.join("gallery.parquet"),
-        &gallery,
-        Layout::FixedF32,
-        false,
-    );
-    write_table(&dir.join("bank.parquet"), &bank, Layout::FixedF32, false);
     write_table(
         &dir.join("gallery_bank.parquet"),
         &gallery_bank,
@@ -147,23 +141,17 @@ fn outputs_are_byte_identical_across_runs_threads_and_memory_limits() {
 /// A case big enough that a pass runs for a second or more in a test build,
 /// in many chunks under a small memory limit.
 fn large_case(dir: &Path) {
-    let mut r = rng(4242);
-    let gallery = random_table(&mut r, "g", 12_000, 64);
-    let queries = queries_near(&mut r, &gallery, 3_000, 0.3);
-    let bank = random_table(&mut r, "b", 8_000, 64);
-    write_table(
-        &dir.join("queries.parquet"),
-        &queries,
-        Layout::FixedF32,
-        false,
+    write_case(
+        dir,
+        &CaseShape {
+            seed: 4242,
+            gallery: 12_000,
+            queries: 3_000,
+            bank: 8_000,
+            dim: 64,
+            noise: 0.3,
+        },
     );
-    write_table(
-        &dir.join("gallery.parquet"),
-        &gallery,
-        Layout::FixedF32,
-        false,
-    );
-    write_table(&dir.join("bank.parquet"), &bank, Layout::FixedF32, false);
 }
 
 fn spawn(args: &[String]) -> Child {

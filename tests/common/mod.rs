@@ -77,26 +77,53 @@ pub fn random_table(rng: &mut StdRng, prefix: &str, rows: usize, dim: usize) -> 
     }
 }
 
+/// The shape of a generated case: `queries` queries near the gallery (each
+/// with its `target_id`), `gallery` items and `bank` rows of dimension `dim`.
+pub struct CaseShape {
+    pub seed: u64,
+    pub gallery: usize,
+    pub queries: usize,
+    pub bank: usize,
+    pub dim: usize,
+    pub noise: f32,
+}
+
+/// Writes queries.parquet, gallery.parquet and bank.parquet of `shape` into
+/// `dir` (FixedSizeList<f32>); returns the generator for further tables.
+pub fn write_case(dir: &Path, shape: &CaseShape) -> StdRng {
+    let mut r = rng(shape.seed);
+    let gallery = random_table(&mut r, "g", shape.gallery, shape.dim);
+    let queries = queries_near(&mut r, &gallery, shape.queries, shape.noise);
+    let bank = random_table(&mut r, "b", shape.bank, shape.dim);
+    for (name, table) in [
+        ("queries", &queries),
+        ("gallery", &gallery),
+        ("bank", &bank),
+    ] {
+        write_table(
+            &dir.join(format!("{name}.parquet")),
+            table,
+            Layout::FixedF32,
+            false,
+        );
+    }
+    r
+}
+
 /// A valid small case in `dir` (queries with targets, gallery of 40, bank
 /// of 30, dimension 4); the bad-input tests replace one table with a bad one.
 pub fn valid_case(dir: &Path) {
-    let mut r = rng(21);
-    let gallery = random_table(&mut r, "g", 40, 4);
-    let queries = queries_near(&mut r, &gallery, 10, 0.1);
-    let bank = random_table(&mut r, "b", 30, 4);
-    write_table(
-        &dir.join("queries.parquet"),
-        &queries,
-        Layout::FixedF32,
-        false,
+    write_case(
+        dir,
+        &CaseShape {
+            seed: 21,
+            gallery: 40,
+            queries: 10,
+            bank: 30,
+            dim: 4,
+            noise: 0.1,
+        },
     );
-    write_table(
-        &dir.join("gallery.parquet"),
-        &gallery,
-        Layout::FixedF32,
-        false,
-    );
-    write_table(&dir.join("bank.parquet"), &bank, Layout::FixedF32, false);
 }
 
 pub fn rng(seed: u64) -> StdRng {
