@@ -33,6 +33,48 @@ pub fn fast_exp(x: f32) -> f32 {
     p * scale
 }
 
+/// Exps computed per step of the accumulating loops below: four 16-lane
+/// vectors. One vector at a time leaves the core waiting on the polynomial's
+/// dependency chain; four independent ones run about 1.3–1.5× faster here
+/// (measured on this machine's AVX-512 cores).
+pub const EXP_CHUNK: usize = 64;
+
+/// `acc[j] += exp(arg(cells[j], shift[j]))` for every `j < acc.len()`.
+///
+/// Each element gets exactly the arithmetic of the plain loop, in the same
+/// order, so the bits do not depend on the chunking; the chunks only let the
+/// compiler keep several exps in flight.
+#[inline(always)]
+pub fn add_exps(
+    acc: &mut [f32],
+    cells: &[f32],
+    shift: &[f32],
+    arg: impl Fn(f32, f32) -> f32 + Copy,
+) {
+    let n = acc.len();
+    let (cells, shift) = (&cells[..n], &shift[..n]);
+    let full = n - n % EXP_CHUNK;
+    for ((a, s), m) in acc[..full]
+        .chunks_exact_mut(EXP_CHUNK)
+        .zip(cells[..full].chunks_exact(EXP_CHUNK))
+        .zip(shift[..full].chunks_exact(EXP_CHUNK))
+    {
+        let a: &mut [f32; EXP_CHUNK] = a.try_into().expect("chunk");
+        let s: &[f32; EXP_CHUNK] = s.try_into().expect("chunk");
+        let m: &[f32; EXP_CHUNK] = m.try_into().expect("chunk");
+        for l in 0..EXP_CHUNK {
+            a[l] += fast_exp(arg(s[l], m[l]));
+        }
+    }
+    for ((a, &s), &m) in acc[full..]
+        .iter_mut()
+        .zip(&cells[full..])
+        .zip(&shift[full..])
+    {
+        *a += fast_exp(arg(s, m));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,5 +92,22 @@ mod tests {
         assert!(worst < 3e-7, "worst relative error {worst}");
         assert_eq!(fast_exp(0.0), 1.0);
         assert!(fast_exp(-1000.0) > 0.0 && fast_exp(-1000.0) < 1e-37);
+    }
+
+    #[test]
+    fn chunked_accumulation_gives_the_bits_of_the_plain_loop() {
+        // Lengths below, at and around the chunk, so the tail path runs too.
+        for n in [0, 1, 15, 63, 64, 65, 200] {
+            let cells: Vec<f32> = (0..n).map(|i| ((i * 37 % 101) as f32) / 101.0).collect();
+            let shift: Vec<f32> = (0..n).map(|i| (i % 5) as f32 * 0.3).collect();
+            let arg = |s: f32, m: f32| (s - 0.25) * 40.0 - m;
+            let mut chunked: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+            let mut plain = chunked.clone();
+            add_exps(&mut chunked, &cells, &shift, arg);
+            for ((a, &s), &m) in plain.iter_mut().zip(&cells).zip(&shift) {
+                *a += fast_exp(arg(s, m));
+            }
+            assert_eq!(chunked, plain, "n = {n}");
+        }
     }
 }

@@ -16,7 +16,7 @@
 
 use rayon::prelude::*;
 
-use super::exp::fast_exp;
+use super::exp::add_exps;
 use super::gemm::similarity_tile;
 use super::lse::{raise_column_maxima, LogSumExp};
 use super::topk::{Candidate, TieBreak, TopK, TopValues};
@@ -873,9 +873,7 @@ pub(super) mod bodies {
         sum.fill(0.0);
         for i in 0..rows {
             let row = &cells[i * stride..i * stride + width];
-            for ((acc, &s), &m) in sum.iter_mut().zip(row).zip(shift) {
-                *acc += fast_exp(beta * s - m);
-            }
+            add_exps(sum, row, shift, |s, m| beta * s - m);
         }
     }
 

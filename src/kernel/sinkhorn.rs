@@ -15,7 +15,7 @@
 
 use rayon::prelude::*;
 
-use super::exp::fast_exp;
+use super::exp::{add_exps, fast_exp, EXP_CHUNK};
 use super::fused::{Rows, COLUMN_BLOCK, GROUP_ROWS, TILE_COLS, TILE_ROWS};
 use super::gemm::similarity_tile;
 use super::lse::{raise_column_maxima, LogSumExp};
@@ -408,9 +408,7 @@ pub(super) fn shifted_exp_sum_columns_body(
     sum.fill(0.0);
     for (i, &g) in row_shift.iter().enumerate() {
         let row = &cells[i * stride..i * stride + width];
-        for ((acc, &s), &m) in sum.iter_mut().zip(row).zip(shift) {
-            *acc += fast_exp((s - g) * inv_tau - m);
-        }
+        add_exps(sum, row, shift, |s, m| (s - g) * inv_tau - m);
     }
 }
 
@@ -432,9 +430,8 @@ pub(super) fn stack_column_exp_add_body(
     max: &[f32],
     sum: &mut [f32],
 ) {
-    for ((acc, &x), &c) in sum.iter_mut().zip(row).zip(max) {
-        *acc += fast_exp((x - g) * inv_tau - c);
-    }
+    let n = sum.len().min(row.len()).min(max.len());
+    add_exps(&mut sum[..n], row, max, |x, c| (x - g) * inv_tau - c);
 }
 
 /// Epilogue body: LSE over one row of (s − shift)·inv_tau, with f32 lanes
@@ -466,10 +463,29 @@ pub(super) fn shifted_row_lse_body(scores: &[f32], shifts: &[f32], inv_tau: f32)
         let v = (s - c) * inv_tau;
         m = if v > m { v } else { m };
     }
+    // The exps of EXP_CHUNK values at once (several vectors in flight), then
+    // added lane-wise chunk after chunk: the order of the one-vector loop.
     let mut lane_sum = [0f32; LANES];
-    for (s, c) in scores[..full]
+    let wide = n - n % EXP_CHUNK;
+    let mut exps = [0f32; EXP_CHUNK];
+    for (s, c) in scores[..wide]
+        .chunks_exact(EXP_CHUNK)
+        .zip(shifts[..wide].chunks_exact(EXP_CHUNK))
+    {
+        let s: &[f32; EXP_CHUNK] = s.try_into().expect("exp chunk");
+        let c: &[f32; EXP_CHUNK] = c.try_into().expect("exp chunk");
+        for l in 0..EXP_CHUNK {
+            exps[l] = fast_exp((s[l] - c[l]) * inv_tau - m);
+        }
+        for part in exps.chunks_exact(LANES) {
+            for l in 0..LANES {
+                lane_sum[l] += part[l];
+            }
+        }
+    }
+    for (s, c) in scores[wide..full]
         .chunks_exact(LANES)
-        .zip(shifts[..full].chunks_exact(LANES))
+        .zip(shifts[wide..full].chunks_exact(LANES))
     {
         let s: &[f32; LANES] = s.try_into().expect("lane chunk");
         let c: &[f32; LANES] = c.try_into().expect("lane chunk");
