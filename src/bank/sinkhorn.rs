@@ -9,12 +9,17 @@
 //! tiles (f32), and every later iteration is one fused pass over the cache
 //! (each group of source rows: its row update, then its share of the column
 //! update while it is in cache) instead of two GEMM sweeps.
+//!
+//! The column update reuses the row update's exps (`kernel::RowWeight`):
+//! one exp per cell per iteration instead of two. Where a column's mass is
+//! too small for that form to be exact (`MIN_COLUMN_MASS`, early iterations
+//! at small τ), the iteration's column update is redone exactly.
 
 use crate::cache::TableBlocks;
 use crate::error::Result;
 use crate::kernel::{
-    fused_group, lse_sweep, LogSumExp, Rows, StripRows, Sweep, TileSource, GROUP_ROWS, TILE_COLS,
-    TILE_ROWS,
+    fused_group, lse_sweep, LogSumExp, RowWeight, Rows, StripRows, Sweep, TileSource, GROUP_ROWS,
+    MIN_COLUMN_MASS, TILE_COLS, TILE_ROWS,
 };
 use crate::plan::PlanRequest;
 use crate::progress::Progress;
@@ -53,6 +58,9 @@ pub struct SinkhornOutcome {
     pub marginal_error: f64,
     /// Whether the similarity tiles were cached between sweeps.
     pub cached: bool,
+    /// Iterations whose column update was redone exactly because a column's
+    /// mass was below `kernel::MIN_COLUMN_MASS`.
+    pub exact_column_updates: usize,
     /// Target chunks and source blocks each sweep streamed.
     pub target_chunks: usize,
     pub source_blocks: usize,
@@ -81,8 +89,12 @@ pub fn sinkhorn_potentials(
     let n: usize = request.targets.iter().map(|t| t.rows as usize).sum();
     let matrix_bytes = m * n * 4;
     // Per source and per target: the potential (f64), its f32 copy, the
-    // sweep's log-sum-exp state and the next potential.
-    let potential_bytes = (m + n) * 36;
+    // sweep's log-sum-exp state and the next potential; per source and strip
+    // of targets, the row's max (the shift of its exps, for the column update).
+    let strips = n.div_ceil(TILE_COLS) + request.targets.len();
+    let potential_bytes = (m + n) * 36 + m * strips * 4;
+    // The fused iteration keeps a group's exps: GROUP_ROWS × targets.
+    let group_exps_bytes = GROUP_ROWS.min(m) * n * 4;
     let threads = rayon::current_num_threads();
     let free = request
         .budget
@@ -93,7 +105,11 @@ pub fn sinkhorn_potentials(
         dim,
         resident_bytes: request.resident_bytes
             + potential_bytes
-            + if cache { matrix_bytes } else { 0 },
+            + if cache {
+                matrix_bytes + group_exps_bytes
+            } else {
+                0
+            },
         // A target row: embedding, column state and its working copies.
         outer_row_bytes: dim * 4 + 48,
         // A source row: embedding, one row state per strip task.
@@ -105,7 +121,7 @@ pub fn sinkhorn_potentials(
     };
     // Cache the tiles when they fit half of what is free and the blocks
     // still fit beside them; otherwise recompute them every sweep.
-    let cached_plan = (matrix_bytes <= free / 2)
+    let cached_plan = (matrix_bytes + group_exps_bytes <= free / 2)
         .then(|| request_for(true).plan().ok())
         .flatten();
     let cache = cached_plan.is_some();
@@ -127,6 +143,7 @@ pub fn sinkhorn_potentials(
         tiles: Vec::new(),
         chunks: Vec::new(),
         source_blocks: 0,
+        strip_max: Vec::new(),
     };
     let tau = request.tau;
     let mut f = vec![0f64; n];
@@ -138,6 +155,8 @@ pub fn sinkhorn_potentials(
     // row-marginal error of the plan with the old g, since
     // |B|·Σ_t π(b, t) = exp((g_new(b) − g(b))/τ).
     let potential = |row: &LogSumExp| tau * row.value() + tau * log_m;
+    // g/τ, the log of a source row's mass (weights of the column update).
+    let log_mass = |row: &LogSumExp| row.value() + log_m;
     let source_update = |rows: Vec<LogSumExp>, g: &[f64]| -> (Vec<f64>, f64) {
         let g_new: Vec<f64> = rows.iter().map(potential).collect();
         let error = g_new
@@ -148,18 +167,20 @@ pub fn sinkhorn_potentials(
         (g_new, error)
     };
     let mut iterations = 0;
+    let mut exact_column_updates = 0;
     let mut marginal_error = f64::INFINITY;
     let mut stopped_early = false;
     for it in 0..request.iterations {
         crate::cancel::check()?;
         // Once the tiles are cached, both updates share one read of them.
         let (rows, fused_cols) = if sweeps.fused_ready() {
-            let (rows, cols) = sweeps.fused_iteration(&f, &|row| potential(row) as f32)?;
+            let (rows, cols) = sweeps.fused_iteration(&f, &log_mass)?;
             (rows, Some(cols))
         } else {
-            (sweeps.sweep(SweepKind::Rows, &f, &g)?, None)
+            (sweeps.sweep(SweepKind::Rows, &f, &[], &[])?, None)
         };
         progress.advance(1);
+        let log_masses: Vec<f64> = rows.iter().map(log_mass).collect();
         let (g_new, error) = source_update(rows, &g);
         if it > 0 {
             marginal_error = error;
@@ -170,17 +191,23 @@ pub fn sinkhorn_potentials(
             }
         }
         g = g_new;
-        let cols = match fused_cols {
+        let mut cols = match fused_cols {
             Some(cols) => cols,
-            None => sweeps.sweep(SweepKind::Columns, &f, &g)?,
+            None => sweeps.sweep(SweepKind::WeightedColumns, &f, &g, &log_masses)?,
         };
+        if cols.iter().any(|c| !(c.sum >= MIN_COLUMN_MASS)) {
+            // A column with (almost) no mass: its reused exps sit at their
+            // floor, so redo this column update with per-column shifts.
+            cols = sweeps.sweep(SweepKind::Columns, &f, &g, &[])?;
+            exact_column_updates += 1;
+        }
         progress.advance(1);
         f = cols.iter().map(|s| tau * s.value() + tau * log_n).collect();
         iterations = it + 1;
     }
     if !stopped_early && iterations > 0 {
         // Measure the final plan's row marginals (one more row sweep).
-        let rows = sweeps.sweep(SweepKind::Rows, &f, &g)?;
+        let rows = sweeps.sweep(SweepKind::Rows, &f, &g, &[])?;
         marginal_error = source_update(rows, &g).1;
         progress.status(&format!("marginal error {marginal_error:.2e}"));
     }
@@ -191,6 +218,7 @@ pub fn sinkhorn_potentials(
         iterations,
         marginal_error,
         cached: cache,
+        exact_column_updates,
         target_chunks: sweeps.chunks.len(),
         source_blocks: sweeps.source_blocks,
     })
@@ -198,8 +226,13 @@ pub fn sinkhorn_potentials(
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SweepKind {
+    /// Per source: LSE over the targets of (s − f)/τ.
     Rows,
+    /// Per target: LSE over the sources of (s − g)/τ, with per-column shifts.
     Columns,
+    /// The same as `Columns`, from the last row sweep's exps
+    /// (`kernel::RowWeight`).
+    WeightedColumns,
 }
 
 /// The tables, the tile cache and the chunk shapes shared by the sweeps.
@@ -216,6 +249,9 @@ struct Sweeper<'a> {
     chunks: Vec<Chunk>,
     /// Source blocks per target chunk.
     source_blocks: usize,
+    /// Per strip of targets (all chunks, in order), per source row: the
+    /// row's max over the strip in the last row sweep.
+    strip_max: Vec<Vec<f32>>,
 }
 
 impl Sweeper<'_> {
@@ -226,22 +262,23 @@ impl Sweeper<'_> {
 
     /// One whole iteration over the cached tiles, a group of source rows at
     /// a time: the source update (LSE per row, shifted by f), then the target
-    /// update with the new source potentials `potential(row state)`, while
-    /// the group is in cache. Bit-identical to a row sweep then a column
-    /// sweep (`kernel::fused_group`), with one read of the tiles instead of
-    /// two.
+    /// update from the same exps weighted by the new source potentials
+    /// (`log_mass(row state)` = g/τ), while the group is in cache.
+    /// Bit-identical to a row sweep then a weighted column sweep
+    /// (`kernel::fused_group`), with one read of the tiles and one exp per
+    /// cell instead of two of each.
     fn fused_iteration(
         &self,
         f: &[f64],
-        potential: &(dyn Fn(&LogSumExp) -> f32 + Sync),
+        log_mass: &(dyn Fn(&LogSumExp) -> f64 + Sync),
     ) -> Result<(Vec<LogSumExp>, Vec<LogSumExp>)> {
         let n = f.len();
         let f32s: Vec<f32> = f.iter().map(|&v| v as f32).collect();
-        let mut col_max = vec![f64::NEG_INFINITY; n];
         let mut col_sum = vec![0f64; n];
         let mut rows = Vec::with_capacity(self.sources.rows as usize);
         let blocks = self.source_blocks;
         let chunk_rows = self.chunks[0].rows.max(1);
+        let mut exps = vec![0f32; GROUP_ROWS * n];
         for block in 0..blocks {
             let block_rows = self.tiles[block].len() / chunk_rows;
             for g0 in (0..block_rows).step_by(GROUP_ROWS) {
@@ -267,30 +304,49 @@ impl Sweeper<'_> {
                     g1 - g0,
                     &f32s,
                     self.inv_tau,
-                    potential,
-                    &mut col_max,
+                    log_mass,
+                    &mut exps,
                     &mut col_sum,
                 ));
             }
         }
-        let cols = col_max
-            .into_iter()
+        let inv_tau = self.inv_tau as f64;
+        let cols = f32s
+            .iter()
             .zip(col_sum)
-            .map(|(max, sum)| LogSumExp { max, sum })
+            .map(|(&shift, sum)| LogSumExp {
+                max: shift as f64 * inv_tau,
+                sum,
+            })
             .collect();
         Ok((rows, cols))
     }
 
     /// One sweep over every (target chunk, bank block) pair: LSE per source
-    /// row (`Rows`, shifted by f) or per target column (`Columns`, shifted by g).
-    fn sweep(&mut self, kind: SweepKind, f: &[f64], g: &[f64]) -> Result<Vec<LogSumExp>> {
+    /// row (`Rows`, shifted by f), per target column (`Columns`, shifted by
+    /// g), or per target column from the last row sweep's exps
+    /// (`WeightedColumns`, with each source row's log mass g/τ).
+    fn sweep(
+        &mut self,
+        kind: SweepKind,
+        f: &[f64],
+        g: &[f64],
+        log_mass: &[f64],
+    ) -> Result<Vec<LogSumExp>> {
         let m = self.sources.rows as usize;
         let n = f.len();
         let dim = self.sources.dim;
         let mut states = vec![LogSumExp::default(); if kind == SweepKind::Rows { m } else { n }];
         let g32: Vec<f32> = g.iter().map(|&v| v as f32).collect();
-        let inv_tau = self.inv_tau;
+        let fold_context = FoldContext {
+            kind,
+            f,
+            g32: &g32,
+            log_mass,
+            inv_tau: self.inv_tau,
+        };
         let mut pair = 0usize;
+        let mut strip_base = 0;
         if self.cache && !self.chunks.is_empty() {
             // Every tile is cached: no embedding is read.
             for &chunk in &self.chunks {
@@ -299,7 +355,9 @@ impl Sweeper<'_> {
                     rows: chunk.rows,
                     dim: 0,
                 };
-                let mut fold = ChunkFold::new(kind, chunk, f, &g32, inv_tau);
+                let strips = chunk.rows.div_ceil(TILE_COLS);
+                let strip_max = &mut self.strip_max[strip_base..strip_base + strips];
+                let mut fold = ChunkFold::new(&fold_context, chunk);
                 let mut first_row = 0;
                 while first_row < m {
                     let tile = &self.tiles[pair];
@@ -308,11 +366,13 @@ impl Sweeper<'_> {
                         rows: tile.len() / chunk.rows.max(1),
                         dim: 0,
                     };
-                    fold.visit(rows, cols, first_row, TileSource::Cached(tile), &mut states);
+                    let source = TileSource::Cached(tile);
+                    fold.visit(rows, cols, first_row, source, &mut states, strip_max);
                     first_row += rows.rows;
                     pair += 1;
                 }
                 fold.finish(&mut states);
+                strip_base += strips;
             }
             return Ok(states);
         }
@@ -329,8 +389,13 @@ impl Sweeper<'_> {
                     offset,
                     rows: block.rows,
                 };
+                let strips = chunk.rows.div_ceil(TILE_COLS);
+                if self.strip_max.len() < strip_base + strips {
+                    self.strip_max.resize(strip_base + strips, vec![0f32; m]);
+                }
+                let strip_max = &mut self.strip_max[strip_base..strip_base + strips];
                 let cols = Rows::new(&block.data, dim);
-                let mut fold = ChunkFold::new(kind, chunk, f, &g32, inv_tau);
+                let mut fold = ChunkFold::new(&fold_context, chunk);
                 let (tiles, cache) = (&mut self.tiles, self.cache);
                 self.bank.for_each(|bank_block| {
                     let rows = Rows::new(&bank_block.data, dim);
@@ -346,6 +411,7 @@ impl Sweeper<'_> {
                         bank_block.first_row as usize,
                         source,
                         &mut states,
+                        strip_max,
                     );
                     blocks += 1;
                     Ok(())
@@ -353,6 +419,7 @@ impl Sweeper<'_> {
                 fold.finish(&mut states);
                 chunks.push(chunk);
                 offset += block.rows;
+                strip_base += strips;
             }
         }
         self.source_blocks = blocks / chunks.len().max(1);
@@ -361,37 +428,47 @@ impl Sweeper<'_> {
     }
 }
 
+/// What every chunk of one sweep shares.
+struct FoldContext<'a> {
+    kind: SweepKind,
+    /// Target potentials.
+    f: &'a [f64],
+    /// Source potentials, as the kernel's f32 shifts (`Columns`).
+    g32: &'a [f32],
+    /// Source log masses g/τ (`WeightedColumns`).
+    log_mass: &'a [f64],
+    inv_tau: f32,
+}
+
 /// The sweep of one target chunk against every bank block.
 struct ChunkFold<'a> {
-    kind: SweepKind,
+    context: &'a FoldContext<'a>,
     chunk: Chunk,
     /// f of the chunk's targets, as the kernel's f32 shifts.
     col_shift: Vec<f32>,
-    g32: &'a [f32],
-    inv_tau: f32,
     col_states: Vec<LogSumExp>,
 }
 
 impl<'a> ChunkFold<'a> {
-    fn new(kind: SweepKind, chunk: Chunk, f: &[f64], g32: &'a [f32], inv_tau: f32) -> Self {
+    fn new(context: &'a FoldContext<'a>, chunk: Chunk) -> Self {
         ChunkFold {
-            kind,
+            context,
             chunk,
-            col_shift: f[chunk.offset..chunk.offset + chunk.rows]
+            col_shift: context.f[chunk.offset..chunk.offset + chunk.rows]
                 .iter()
                 .map(|&v| v as f32)
                 .collect(),
-            g32,
-            inv_tau,
-            col_states: if kind == SweepKind::Columns {
-                vec![LogSumExp::default(); chunk.rows]
-            } else {
+            col_states: if context.kind == SweepKind::Rows {
                 Vec::new()
+            } else {
+                vec![LogSumExp::default(); chunk.rows]
             },
         }
     }
 
-    /// Folds the bank rows `first_row..first_row + rows.rows` into the states.
+    /// Folds the bank rows `first_row..first_row + rows.rows` into the
+    /// states. `strip_max`: the chunk's strips, one max per source row each
+    /// (written by row sweeps, read by weighted column sweeps).
     fn visit(
         &mut self,
         rows: Rows<'_>,
@@ -399,37 +476,72 @@ impl<'a> ChunkFold<'a> {
         first_row: usize,
         source: TileSource<'_>,
         states: &mut [LogSumExp],
+        strip_max: &mut [Vec<f32>],
     ) {
         let range = first_row..first_row + rows.rows;
-        match self.kind {
-            SweepKind::Rows => lse_sweep(
-                rows,
-                cols,
-                source,
-                Sweep::Rows {
-                    col_shift: &self.col_shift,
-                },
-                self.inv_tau,
-                &mut states[range],
-                &mut [],
-            ),
-            SweepKind::Columns => lse_sweep(
-                rows,
-                cols,
-                source,
-                Sweep::Columns {
-                    row_shift: &self.g32[range],
-                },
-                self.inv_tau,
-                &mut [],
-                &mut self.col_states,
-            ),
+        let inv_tau = self.context.inv_tau;
+        match self.context.kind {
+            SweepKind::Rows => {
+                let maxima = lse_sweep(
+                    rows,
+                    cols,
+                    source,
+                    Sweep::Rows {
+                        col_shift: &self.col_shift,
+                    },
+                    inv_tau,
+                    &mut states[range.clone()],
+                    &mut [],
+                );
+                for (stored, block) in strip_max.iter_mut().zip(maxima) {
+                    stored[range.clone()].copy_from_slice(&block);
+                }
+            }
+            SweepKind::Columns => {
+                lse_sweep(
+                    rows,
+                    cols,
+                    source,
+                    Sweep::Columns {
+                        row_shift: &self.context.g32[range],
+                    },
+                    inv_tau,
+                    &mut [],
+                    &mut self.col_states,
+                );
+            }
+            SweepKind::WeightedColumns => {
+                let log_mass = &self.context.log_mass[range.clone()];
+                let weights: Vec<Vec<RowWeight>> = strip_max
+                    .iter()
+                    .map(|maxima| {
+                        maxima[range.clone()]
+                            .iter()
+                            .zip(log_mass)
+                            .map(|(&m, &mass)| RowWeight::new(m, mass))
+                            .collect()
+                    })
+                    .collect();
+                let weights: Vec<&[RowWeight]> = weights.iter().map(|w| w.as_slice()).collect();
+                lse_sweep(
+                    rows,
+                    cols,
+                    source,
+                    Sweep::WeightedColumns {
+                        col_shift: &self.col_shift,
+                        weights: &weights,
+                    },
+                    inv_tau,
+                    &mut [],
+                    &mut self.col_states,
+                );
+            }
         }
     }
 
     /// Stores the chunk's column states (target sweeps).
     fn finish(self, states: &mut [LogSumExp]) {
-        if self.kind == SweepKind::Columns {
+        if self.context.kind != SweepKind::Rows {
             states[self.chunk.offset..self.chunk.offset + self.chunk.rows]
                 .copy_from_slice(&self.col_states);
         }

@@ -5,6 +5,7 @@
 
 use super::fused::{bodies, QueryState};
 use super::lse::LogSumExp;
+use super::sinkhorn::RowWeight;
 use super::topk::TopValues;
 
 /// Whether the AVX-512 versions run on this CPU.
@@ -61,6 +62,24 @@ dispatched! {
         = bodies::column_top_values;
     fn shifted_row_lse(scores: &[f32], shifts: &[f32], inv_tau: f32) -> LogSumExp
         = super::sinkhorn::shifted_row_lse_body;
+    fn shifted_row_lse_store(scores: &[f32], shifts: &[f32], inv_tau: f32, exps: &mut [f32])
+        -> LogSumExp = super::sinkhorn::shifted_row_lse_store_body;
+    fn weighted_sum_columns(
+        exps: &[f32],
+        stride: usize,
+        width: usize,
+        weights: &[RowWeight],
+        sum: &mut [f32]
+    ) = super::sinkhorn::weighted_sum_columns_body;
+    fn weighted_exp_sum_columns(
+        cells: &[f32],
+        stride: usize,
+        width: usize,
+        weights: &[RowWeight],
+        col_shift: &[f32],
+        inv_tau: f32,
+        sum: &mut [f32]
+    ) = super::sinkhorn::weighted_exp_sum_columns_body;
     fn shifted_column_max(
         cells: &[f32],
         stride: usize,

@@ -51,6 +51,18 @@ pub fn add_exps(
     shift: &[f32],
     arg: impl Fn(f32, f32) -> f32 + Copy,
 ) {
+    add_mapped_exps(acc, cells, shift, arg, |e| e);
+}
+
+/// `acc[j] += map(exp(arg(cells[j], shift[j])))`, chunked as [`add_exps`].
+#[inline(always)]
+pub fn add_mapped_exps(
+    acc: &mut [f32],
+    cells: &[f32],
+    shift: &[f32],
+    arg: impl Fn(f32, f32) -> f32 + Copy,
+    map: impl Fn(f32) -> f32 + Copy,
+) {
     let n = acc.len();
     let (cells, shift) = (&cells[..n], &shift[..n]);
     let full = n - n % EXP_CHUNK;
@@ -63,7 +75,7 @@ pub fn add_exps(
         let s: &[f32; EXP_CHUNK] = s.try_into().expect("chunk");
         let m: &[f32; EXP_CHUNK] = m.try_into().expect("chunk");
         for l in 0..EXP_CHUNK {
-            a[l] += fast_exp(arg(s[l], m[l]));
+            a[l] += map(fast_exp(arg(s[l], m[l])));
         }
     }
     for ((a, &s), &m) in acc[full..]
@@ -71,7 +83,7 @@ pub fn add_exps(
         .zip(&cells[full..])
         .zip(&shift[full..])
     {
-        *a += fast_exp(arg(s, m));
+        *a += map(fast_exp(arg(s, m)));
     }
 }
 

@@ -17,5 +17,8 @@ pub use fused::{
     TILE_COLS, TILE_ROWS,
 };
 pub use lse::LogSumExp;
-pub use sinkhorn::{fused_group, lse_sweep, stack_column_potential, StripRows, Sweep, TileSource};
+pub use sinkhorn::{
+    fused_group, lse_sweep, stack_column_potential, RowWeight, StripRows, Sweep, TileSource,
+    MIN_COLUMN_MASS,
+};
 pub use topk::{Candidate, TieBreak, TopK, TopValues};

@@ -15,7 +15,7 @@
 
 use rayon::prelude::*;
 
-use super::exp::{add_exps, fast_exp, EXP_CHUNK};
+use super::exp::{add_exps, add_mapped_exps, fast_exp, EXP_CHUNK};
 use super::fused::{Rows, COLUMN_BLOCK, GROUP_ROWS, TILE_COLS, TILE_ROWS};
 use super::gemm::similarity_tile;
 use super::lse::{raise_column_maxima, LogSumExp};
@@ -27,6 +27,14 @@ pub enum Sweep<'a> {
     Rows { col_shift: &'a [f32] },
     /// For every column: LSE over the rows of (s − row_shift[i]) / τ.
     Columns { row_shift: &'a [f32] },
+    /// For every column: the same LSE in the exp-reuse form (see
+    /// [`RowWeight`]): the max is col_shift[j]·inv_tau and the sum
+    /// Σ_i weight · max(e, floor). `weights[strip][row]`: one slice per
+    /// strip of [`TILE_COLS`] columns, one weight per row of the block.
+    WeightedColumns {
+        col_shift: &'a [f32],
+        weights: &'a [&'a [RowWeight]],
+    },
 }
 
 /// Where a block's similarities come from.
@@ -41,10 +49,11 @@ pub enum TileSource<'a> {
     Cached(&'a [f32]),
 }
 
-/// Runs one sweep over the block `rows × cols` (the rows' first global row
-/// is `row_offset` within `row_states`, used only for `Sweep::Rows`).
-/// `row_states` has one entry per row of the block, `col_states` one per
-/// column; the sweep folds into them (so blocks accumulate).
+/// Runs one sweep over the block `rows × cols`. `row_states` has one entry
+/// per row of the block, `col_states` one per column; the sweep folds into
+/// them (so blocks accumulate). A row sweep returns, per strip of
+/// [`TILE_COLS`] columns, each row's max over the strip (the shift of its
+/// exps, which [`RowWeight`] needs); other sweeps return nothing.
 ///
 /// # Panics
 /// When the shapes disagree.
@@ -56,8 +65,9 @@ pub fn lse_sweep(
     inv_tau: f32,
     row_states: &mut [LogSumExp],
     col_states: &mut [LogSumExp],
-) {
+) -> Vec<Vec<f32>> {
     let (nr, nc) = (rows.rows, cols.rows);
+    let strips = nc.div_ceil(TILE_COLS);
     match sweep {
         Sweep::Rows { col_shift } => {
             assert_eq!(col_shift.len(), nc, "one shift per column");
@@ -67,11 +77,16 @@ pub fn lse_sweep(
             assert_eq!(row_shift.len(), nr, "one shift per row");
             assert_eq!(col_states.len(), nc, "one state per column");
         }
+        Sweep::WeightedColumns { col_shift, weights } => {
+            assert_eq!(col_shift.len(), nc, "one shift per column");
+            assert_eq!(col_states.len(), nc, "one state per column");
+            assert_eq!(weights.len(), strips, "one weight slice per strip");
+            assert!(weights.iter().all(|w| w.len() == nr), "one weight per row");
+        }
     }
     if nr == 0 || nc == 0 {
-        return;
+        return Vec::new();
     }
-    let strips = nc.div_ceil(TILE_COLS);
     // Each strip's part of the cache: `nr × strip width`, contiguous.
     let mut caches: Vec<TileSource<'_>> = match source {
         TileSource::Compute => (0..strips).map(|_| TileSource::Compute).collect(),
@@ -104,21 +119,26 @@ pub fn lse_sweep(
                 rows: c1 - c0,
                 dim: cols.dim,
             };
-            sweep_strip(rows, strip_cols, c0, cache, sweep, inv_tau, col_part)
+            sweep_strip(rows, strip_cols, strip, c0, cache, sweep, inv_tau, col_part)
         })
         .collect();
+    let mut strip_max = Vec::new();
     for part in row_partials.into_iter().flatten() {
         for (state, p) in row_states.iter_mut().zip(&part) {
             state.merge(p);
         }
+        strip_max.push(part.iter().map(|p| p.max as f32).collect());
     }
+    strip_max
 }
 
 /// One column strip of a sweep; returns the strip's row states for
 /// `Sweep::Rows`.
+#[allow(clippy::too_many_arguments)]
 fn sweep_strip(
     rows: Rows<'_>,
     cols: Rows<'_>,
+    strip: usize,
     c0: usize,
     mut cache: TileSource<'_>,
     sweep: Sweep<'_>,
@@ -126,10 +146,13 @@ fn sweep_strip(
     col_states: &mut [LogSumExp],
 ) -> Option<Vec<LogSumExp>> {
     let nc = cols.rows;
-    let mut tile = vec![0f32; TILE_ROWS * nc];
+    let mut tile = match cache {
+        TileSource::Compute => vec![0f32; TILE_ROWS * nc],
+        TileSource::Fill(_) | TileSource::Cached(_) => Vec::new(),
+    };
     let mut row_out = match sweep {
         Sweep::Rows { .. } => Some(vec![LogSumExp::default(); rows.rows]),
-        Sweep::Columns { .. } => None,
+        Sweep::Columns { .. } | Sweep::WeightedColumns { .. } => None,
     };
     let mut max: Vec<f64> = col_states.iter().map(|s| s.max).collect();
     let mut sum: Vec<f64> = col_states.iter().map(|s| s.sum).collect();
@@ -139,19 +162,16 @@ fn sweep_strip(
         let nr = r1 - r0;
         let similarities: &[f32] = match &mut cache {
             TileSource::Cached(buffer) => &buffer[r0 * nc..r1 * nc],
-            TileSource::Compute | TileSource::Fill(_) => {
-                similarity_tile(
-                    &mut tile,
-                    nc,
-                    &rows.data[r0 * rows.dim..r1 * rows.dim],
-                    nr,
-                    cols.data,
-                    nc,
-                    cols.dim,
-                );
-                if let TileSource::Fill(buffer) = &mut cache {
-                    buffer[r0 * nc..r1 * nc].copy_from_slice(&tile[..nr * nc]);
-                }
+            // The GEMM writes straight into the cache (no copy of the tile).
+            TileSource::Fill(buffer) => {
+                let cells = &mut buffer[r0 * nc..r1 * nc];
+                let a = &rows.data[r0 * rows.dim..r1 * rows.dim];
+                similarity_tile(cells, nc, a, nr, cols.data, nc, cols.dim);
+                cells
+            }
+            TileSource::Compute => {
+                let a = &rows.data[r0 * rows.dim..r1 * rows.dim];
+                similarity_tile(&mut tile, nc, a, nr, cols.data, nc, cols.dim);
                 &tile[..nr * nc]
             }
         };
@@ -176,8 +196,22 @@ fn sweep_strip(
                 &mut max,
                 &mut sum,
             ),
+            Sweep::WeightedColumns { col_shift, weights } => fold_weighted_columns(
+                similarities,
+                nc,
+                nc,
+                &weights[strip][r0..r1],
+                &col_shift[c0..c0 + nc],
+                inv_tau,
+                &mut sum,
+            ),
         }
         r0 = r1;
+    }
+    if let Sweep::WeightedColumns { col_shift, .. } = sweep {
+        for (m, &c) in max.iter_mut().zip(&col_shift[c0..c0 + nc]) {
+            *m = c as f64 * inv_tau as f64;
+        }
     }
     for (j, state) in col_states.iter_mut().enumerate() {
         *state = LogSumExp {
@@ -262,59 +296,97 @@ const FUSED_COLUMN_TASK: usize = 512;
 
 /// One Sinkhorn iteration over one group of cached rows (at most
 /// [`GROUP_ROWS`], starting at a multiple of it), while the group is in
-/// cache: the rows' log-sum-exp over every target of (s − f)·inv_tau, then,
-/// with the new source potentials `potential(row state)`, the group folded
-/// into the column states (`col_max`, `col_sum`, one per target).
+/// cache: the rows' log-sum-exp over every target of (s − f)·inv_tau, with
+/// the exps kept in `exps` (`rows × Σ strip widths`, scratch), then the
+/// group's share of the column update from those exps, weighted by the new
+/// source potentials (`log_mass(row state)` = g/τ; see [`RowWeight`]),
+/// added to `col_sum` (one per target). One exp per cell per iteration.
 ///
 /// `strips` covers the targets in order. Row states are merged strip after
-/// strip and columns folded by [`fold_columns`], exactly as a row sweep
-/// followed by a column sweep would, so the result is bit-identical to the
-/// two sweeps (and to their recomputed form) at half the memory traffic.
+/// strip and the columns summed as [`fold_weighted_columns`] sums them, so
+/// the result is bit-identical to a row sweep followed by a
+/// [`Sweep::WeightedColumns`] sweep (cached or recomputed).
+#[allow(clippy::too_many_arguments)]
 pub fn fused_group(
     strips: &[StripRows<'_>],
     rows: usize,
     col_shift: &[f32],
     inv_tau: f32,
-    potential: &(dyn Fn(&LogSumExp) -> f32 + Sync),
-    col_max: &mut [f64],
+    log_mass: &(dyn Fn(&LogSumExp) -> f64 + Sync),
+    exps: &mut [f32],
     col_sum: &mut [f64],
 ) -> Vec<LogSumExp> {
+    let total: usize = strips.iter().map(|s| s.width).sum();
+    let exps = &mut exps[..rows * total];
     // Row update: each task takes a few rows across every strip.
-    let row_states: Vec<LogSumExp> = (0..rows.div_ceil(FUSED_ROW_TASK))
-        .into_par_iter()
-        .flat_map_iter(|task| {
+    let row_results: Vec<(LogSumExp, Vec<f32>)> = exps
+        .par_chunks_mut(FUSED_ROW_TASK * total.max(1))
+        .enumerate()
+        .flat_map_iter(|(task, task_exps)| {
             let r0 = task * FUSED_ROW_TASK;
-            let r1 = (r0 + FUSED_ROW_TASK).min(rows);
-            (r0..r1).map(|r| {
-                let mut state = LogSumExp::default();
-                for strip in strips {
-                    let row = &strip.cells[r * strip.width..(r + 1) * strip.width];
-                    let shifts = &col_shift[strip.first_col..strip.first_col + strip.width];
-                    state.merge(&super::dispatch::shifted_row_lse(row, shifts, inv_tau));
-                }
-                state
-            })
+            task_exps
+                .chunks_mut(total.max(1))
+                .enumerate()
+                .map(move |(k, row_exps)| {
+                    let r = r0 + k;
+                    let mut state = LogSumExp::default();
+                    let mut strip_max = Vec::with_capacity(strips.len());
+                    let mut offset = 0;
+                    for strip in strips {
+                        let row = &strip.cells[r * strip.width..(r + 1) * strip.width];
+                        let shifts = &col_shift[strip.first_col..strip.first_col + strip.width];
+                        let part = super::dispatch::shifted_row_lse_store(
+                            row,
+                            shifts,
+                            inv_tau,
+                            &mut row_exps[offset..offset + strip.width],
+                        );
+                        state.merge(&part);
+                        strip_max.push(part.max as f32);
+                        offset += strip.width;
+                    }
+                    (state, strip_max)
+                })
         })
         .collect();
-    let row_shift: Vec<f32> = row_states.iter().map(potential).collect();
+    let exps: &[f32] = exps;
+    let weights: Vec<Vec<RowWeight>> = (0..strips.len())
+        .map(|s| {
+            row_results
+                .iter()
+                .map(|(state, maxima)| RowWeight::new(maxima[s], log_mass(state)))
+                .collect()
+        })
+        .collect();
     // Column update: tasks over column blocks of every strip.
     let mut tasks = Vec::new();
-    let (mut max_rest, mut sum_rest) = (col_max, col_sum);
-    for strip in strips {
+    let mut sum_rest = col_sum;
+    let mut offset = 0;
+    for (s, strip) in strips.iter().enumerate() {
         for c0 in (0..strip.width).step_by(FUSED_COLUMN_TASK) {
             let w = FUSED_COLUMN_TASK.min(strip.width - c0);
-            let (max_part, m) = std::mem::take(&mut max_rest).split_at_mut(w);
-            let (sum_part, s) = std::mem::take(&mut sum_rest).split_at_mut(w);
-            (max_rest, sum_rest) = (m, s);
-            tasks.push((&strip.cells[c0..], strip.width, w, max_part, sum_part));
+            let (sum_part, rest) = std::mem::take(&mut sum_rest).split_at_mut(w);
+            sum_rest = rest;
+            tasks.push((offset + c0, w, &weights[s], sum_part));
         }
+        offset += strip.width;
     }
     tasks
         .into_par_iter()
-        .for_each(|(cells, stride, width, max, sum)| {
-            fold_columns(cells, stride, width, &row_shift, inv_tau, max, sum)
+        .for_each(|(first, width, weights, sum)| {
+            let mut group_sum = vec![0f32; width];
+            super::dispatch::weighted_sum_columns(
+                &exps[first..],
+                total,
+                width,
+                weights,
+                &mut group_sum,
+            );
+            for (acc, &part) in sum.iter_mut().zip(&group_sum) {
+                *acc += part as f64;
+            }
         });
-    row_states
+    row_results.into_iter().map(|(state, _)| state).collect()
 }
 
 /// T iterations of log-domain Sinkhorn (row update, then column update,
@@ -435,13 +507,41 @@ pub(super) fn stack_column_exp_add_body(
 }
 
 /// Epilogue body: LSE over one row of (s − shift)·inv_tau, with f32 lanes
-/// summed into f64 at the end. Fixed-size lane arrays (no indexing) so the
-/// compiler keeps both passes in 16-lane registers.
+/// summed into f64 at the end.
 #[inline(always)]
 pub(super) fn shifted_row_lse_body(scores: &[f32], shifts: &[f32], inv_tau: f32) -> LogSumExp {
+    row_lse::<false>(scores, shifts, inv_tau, &mut [])
+}
+
+/// Epilogue body: [`shifted_row_lse_body`], also writing each exp
+/// exp((s − shift)·inv_tau − max) to `exps` (same bits as the sum used).
+#[inline(always)]
+pub(super) fn shifted_row_lse_store_body(
+    scores: &[f32],
+    shifts: &[f32],
+    inv_tau: f32,
+    exps: &mut [f32],
+) -> LogSumExp {
+    row_lse::<true>(scores, shifts, inv_tau, exps)
+}
+
+/// The row LSE, storing the exps when `STORE`. Fixed-size lane arrays (no
+/// indexing) so the compiler keeps both passes in 16-lane registers.
+#[inline(always)]
+fn row_lse<const STORE: bool>(
+    scores: &[f32],
+    shifts: &[f32],
+    inv_tau: f32,
+    exps_out: &mut [f32],
+) -> LogSumExp {
     const LANES: usize = 16;
     let n = scores.len().min(shifts.len());
     let (scores, shifts) = (&scores[..n], &shifts[..n]);
+    let exps_out = if STORE {
+        &mut exps_out[..n]
+    } else {
+        &mut exps_out[..0]
+    };
     let full = n - n % LANES;
     let mut lane_max = [f32::NEG_INFINITY; LANES];
     for (s, c) in scores[..full]
@@ -468,14 +568,18 @@ pub(super) fn shifted_row_lse_body(scores: &[f32], shifts: &[f32], inv_tau: f32)
     let mut lane_sum = [0f32; LANES];
     let wide = n - n % EXP_CHUNK;
     let mut exps = [0f32; EXP_CHUNK];
-    for (s, c) in scores[..wide]
+    for (k, (s, c)) in scores[..wide]
         .chunks_exact(EXP_CHUNK)
         .zip(shifts[..wide].chunks_exact(EXP_CHUNK))
+        .enumerate()
     {
         let s: &[f32; EXP_CHUNK] = s.try_into().expect("exp chunk");
         let c: &[f32; EXP_CHUNK] = c.try_into().expect("exp chunk");
         for l in 0..EXP_CHUNK {
             exps[l] = fast_exp((s[l] - c[l]) * inv_tau - m);
+        }
+        if STORE {
+            exps_out[k * EXP_CHUNK..(k + 1) * EXP_CHUNK].copy_from_slice(&exps);
         }
         for part in exps.chunks_exact(LANES) {
             for l in 0..LANES {
@@ -483,23 +587,168 @@ pub(super) fn shifted_row_lse_body(scores: &[f32], shifts: &[f32], inv_tau: f32)
             }
         }
     }
-    for (s, c) in scores[wide..full]
-        .chunks_exact(LANES)
-        .zip(shifts[wide..full].chunks_exact(LANES))
+    for (j, (&s, &c)) in scores[wide..full]
+        .iter()
+        .zip(&shifts[wide..full])
+        .enumerate()
     {
-        let s: &[f32; LANES] = s.try_into().expect("lane chunk");
-        let c: &[f32; LANES] = c.try_into().expect("lane chunk");
-        for l in 0..LANES {
-            lane_sum[l] += fast_exp((s[l] - c[l]) * inv_tau - m);
+        // One lane at a time in the tail: the same lane, the same order.
+        let e = fast_exp((s - c) * inv_tau - m);
+        if STORE {
+            exps_out[wide + j] = e;
         }
+        lane_sum[j % LANES] += e;
     }
     let mut total: f64 = lane_sum.iter().map(|&v| v as f64).sum();
-    for (&s, &c) in scores[full..].iter().zip(&shifts[full..]) {
-        total += fast_exp((s - c) * inv_tau - m) as f64;
+    for (j, (&s, &c)) in scores[full..].iter().zip(&shifts[full..]).enumerate() {
+        let e = fast_exp((s - c) * inv_tau - m);
+        if STORE {
+            exps_out[full + j] = e;
+        }
+        total += e as f64;
     }
     LogSumExp {
         max: m as f64,
         sum: total,
+    }
+}
+
+/// How one source row's exps over one strip of targets enter the target
+/// update without a second exp (the exp-reuse form of the column update).
+///
+/// The row update computed e = exp((s − f_t)·inv_tau − shift) with the
+/// strip's max as `shift`, and the row's log mass g/τ = LSE + log |B|. The
+/// column update needs exp((s − g)/τ) = e · exp(shift − g/τ) · exp(f_t/τ), so
+/// each column sums e · `weight` and keeps f_t/τ as its log-sum-exp max.
+///
+/// `floor`: e is raised to it before the product, so every product is a
+/// normal f32 (a denormal costs a microcode assist, ~100 cycles, per lane
+/// on x86) and at least 2e-38: an absolute error below 2e-38 per cell,
+/// negligible next to the column masses the caller accepts (it falls back
+/// to the exact update for columns below `MIN_COLUMN_MASS`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RowWeight {
+    pub shift: f32,
+    pub weight: f32,
+    pub floor: f32,
+}
+
+impl RowWeight {
+    /// Weights below this drop the row's contribution to the strip
+    /// (≤ 1e-36 per cell).
+    const MIN_WEIGHT: f64 = 1e-36;
+
+    /// From the row's max over the strip of (s − f)·inv_tau (its exps'
+    /// shift) and the row's log mass g/τ.
+    pub fn new(strip_max: f32, log_mass: f64) -> Self {
+        let weight = (strip_max as f64 - log_mass).exp();
+        if weight >= Self::MIN_WEIGHT {
+            RowWeight {
+                shift: strip_max,
+                weight: weight as f32,
+                floor: (2e-38 / weight) as f32,
+            }
+        } else {
+            RowWeight {
+                shift: strip_max,
+                weight: 0.0,
+                floor: 0.0,
+            }
+        }
+    }
+
+    /// The cell's share of its column mass.
+    #[inline(always)]
+    fn apply(&self, e: f32) -> f32 {
+        (if e > self.floor { e } else { self.floor }) * self.weight
+    }
+}
+
+/// Column masses below this make the reused-exp column update unreliable
+/// (the cells' floors and dropped rows are within ~1e-10 of it), so the
+/// caller redoes that iteration's column update exactly.
+pub const MIN_COLUMN_MASS: f64 = 1e-20;
+
+/// Epilogue body: per column, Σ over the rows (`stride` apart) of
+/// weight_i · max(e, floor_i), where e are the rows' stored exps.
+#[inline(always)]
+pub(super) fn weighted_sum_columns_body(
+    exps: &[f32],
+    stride: usize,
+    width: usize,
+    weights: &[RowWeight],
+    sum: &mut [f32],
+) {
+    let sum = &mut sum[..width];
+    sum.fill(0.0);
+    for (i, w) in weights.iter().enumerate() {
+        let row = &exps[i * stride..i * stride + width];
+        for (acc, &e) in sum.iter_mut().zip(row) {
+            *acc += w.apply(e);
+        }
+    }
+}
+
+/// Epilogue body: as [`weighted_sum_columns_body`], recomputing the exps
+/// exp((s − col_shift_j)·inv_tau − shift_i) from the similarities, with the
+/// arithmetic of the row update (so the same bits).
+#[inline(always)]
+pub(super) fn weighted_exp_sum_columns_body(
+    cells: &[f32],
+    stride: usize,
+    width: usize,
+    weights: &[RowWeight],
+    col_shift: &[f32],
+    inv_tau: f32,
+    sum: &mut [f32],
+) {
+    let (sum, col_shift) = (&mut sum[..width], &col_shift[..width]);
+    sum.fill(0.0);
+    for (i, w) in weights.iter().enumerate() {
+        let row = &cells[i * stride..i * stride + width];
+        let (m, w) = (w.shift, *w);
+        add_mapped_exps(
+            sum,
+            row,
+            col_shift,
+            |s, c| (s - c) * inv_tau - m,
+            |e| w.apply(e),
+        );
+    }
+}
+
+/// Folds `weights.len()` rows of `width` similarities, `stride` floats
+/// apart, into per-column mass sums (the reused-exp column update; see
+/// [`RowWeight`]). The rows must start at a multiple of [`GROUP_ROWS`] of
+/// the whole matrix: per group, the products are summed in f32 in row order
+/// and added to the f64 sums, as [`fused_group`] does from stored exps.
+pub(crate) fn fold_weighted_columns(
+    cells: &[f32],
+    stride: usize,
+    width: usize,
+    weights: &[RowWeight],
+    col_shift: &[f32],
+    inv_tau: f32,
+    sum: &mut [f64],
+) {
+    let mut group_sum = [0f32; COLUMN_BLOCK];
+    for (g, group_weights) in weights.chunks(GROUP_ROWS).enumerate() {
+        let group = &cells[g * GROUP_ROWS * stride..];
+        for c0 in (0..width).step_by(COLUMN_BLOCK) {
+            let w = COLUMN_BLOCK.min(width - c0);
+            super::dispatch::weighted_exp_sum_columns(
+                &group[c0..],
+                stride,
+                w,
+                group_weights,
+                &col_shift[c0..c0 + w],
+                inv_tau,
+                &mut group_sum[..w],
+            );
+            for (acc, &part) in sum[c0..c0 + w].iter_mut().zip(&group_sum[..w]) {
+                *acc += part as f64;
+            }
+        }
     }
 }
 
@@ -590,8 +839,9 @@ mod tests {
     }
 
     /// The fused iteration over cached strips gives the same bits as a row
-    /// sweep followed by a column sweep with the new potentials, for groups
-    /// that end mid-tile and strips of uneven width.
+    /// sweep followed by a weighted column sweep with the new potentials
+    /// (cached and recomputed), for groups that end mid-tile and strips of
+    /// uneven width; and the weighted column update equals the exact one.
     #[test]
     fn fused_group_equals_a_row_sweep_then_a_column_sweep() {
         let dim = 5;
@@ -600,11 +850,12 @@ mod tests {
         let b = pseudo_random(nc * dim, 14);
         let f: Vec<f32> = pseudo_random(nc, 15).iter().map(|v| v * 0.1).collect();
         let inv_tau = 40.0f32;
-        let potential = |s: &LogSumExp| (0.025 * s.value() + 0.3) as f32;
+        let log_m = (nr as f64).ln();
+        let log_mass = |s: &LogSumExp| s.value() + log_m;
         let (rows, cols) = (Rows::new(&a, dim), Rows::new(&b, dim));
         let mut cache = vec![0f32; nr * nc];
         let mut by_row = vec![LogSumExp::default(); nr];
-        lse_sweep(
+        let strip_max = lse_sweep(
             rows,
             cols,
             TileSource::Fill(&mut cache),
@@ -613,8 +864,50 @@ mod tests {
             &mut by_row,
             &mut [],
         );
-        let g: Vec<f32> = by_row.iter().map(potential).collect();
+        let weights: Vec<Vec<RowWeight>> = strip_max
+            .iter()
+            .map(|maxima| {
+                maxima
+                    .iter()
+                    .zip(&by_row)
+                    .map(|(&m, row)| RowWeight::new(m, log_mass(row)))
+                    .collect()
+            })
+            .collect();
+        let weight_slices: Vec<&[RowWeight]> = weights.iter().map(|w| w.as_slice()).collect();
+        let weighted = Sweep::WeightedColumns {
+            col_shift: &f,
+            weights: &weight_slices,
+        };
         let mut by_col = vec![LogSumExp::default(); nc];
+        lse_sweep(
+            rows,
+            cols,
+            TileSource::Compute,
+            weighted,
+            inv_tau,
+            &mut [],
+            &mut by_col,
+        );
+        let mut by_col_cached = vec![LogSumExp::default(); nc];
+        let cached = TileSource::Cached(&cache);
+        lse_sweep(
+            rows,
+            cols,
+            cached,
+            weighted,
+            inv_tau,
+            &mut [],
+            &mut by_col_cached,
+        );
+        assert_eq!(by_col, by_col_cached);
+
+        // The exact column update with g as f32 shifts, as the fallback runs it.
+        let g: Vec<f32> = by_row
+            .iter()
+            .map(|s| (log_mass(s) / inv_tau as f64) as f32)
+            .collect();
+        let mut exact = vec![LogSumExp::default(); nc];
         lse_sweep(
             rows,
             cols,
@@ -622,11 +915,21 @@ mod tests {
             Sweep::Columns { row_shift: &g },
             inv_tau,
             &mut [],
-            &mut by_col,
+            &mut exact,
         );
+        for (j, (w, e)) in by_col.iter().zip(&exact).enumerate() {
+            assert!(w.sum >= MIN_COLUMN_MASS, "column {j} mass {}", w.sum);
+            assert!(
+                (w.value() - e.value()).abs() < 1e-4,
+                "column {j}: {} vs {}",
+                w.value(),
+                e.value()
+            );
+        }
 
-        let (mut max, mut sum) = (vec![f64::NEG_INFINITY; nc], vec![0f64; nc]);
+        let mut sum = vec![0f64; nc];
         let mut fused_rows = Vec::new();
+        let mut exps = vec![0f32; GROUP_ROWS * nc];
         for g0 in (0..nr).step_by(GROUP_ROWS) {
             let g1 = (g0 + GROUP_ROWS).min(nr);
             let strips: Vec<StripRows<'_>> = (0..nc)
@@ -646,17 +949,13 @@ mod tests {
                 g1 - g0,
                 &f,
                 inv_tau,
-                &potential,
-                &mut max,
+                &log_mass,
+                &mut exps,
                 &mut sum,
             ));
         }
         assert_eq!(fused_rows, by_row);
-        let fused_cols: Vec<LogSumExp> = max
-            .into_iter()
-            .zip(sum)
-            .map(|(max, sum)| LogSumExp { max, sum })
-            .collect();
-        assert_eq!(fused_cols, by_col);
+        let fused_sums: Vec<f64> = by_col.iter().map(|c| c.sum).collect();
+        assert_eq!(sum, fused_sums);
     }
 }
