@@ -5,6 +5,9 @@
 //! (gallery, and the gallery bank for `dbsn`) and folds (s − shift)/τ into a
 //! log-sum-exp per row (the source update, shifted by the target potentials)
 //! or per column (the target update, shifted by the source potentials).
+//! The column update has two forms: exact, with per-column shifts, and the
+//! exp-reuse form ([`RowWeight`]) that rebuilds the row update's exps and
+//! weights them, which the fused iteration computes from stored exps.
 //! Tiles come from the GEMM, or from a cache filled on the first sweep when
 //! the whole bank × targets matrix fits the memory limit, so later sweeps
 //! cost a memory pass instead of a GEMM.
@@ -230,8 +233,9 @@ fn sweep_strip(
 /// maxima raised (sums rescaled), then the shifted exps summed in f32 over
 /// the group (each ≤ 1, at most 128 of them) and added to the f64 sums. A
 /// column's arithmetic depends only on its values and the global groups, so
-/// the recomputed sweep, the cached sweep and the fused iteration give the
-/// same bits, whatever the block sizes and column splits.
+/// the recomputed and the cached sweep give the same bits, whatever the
+/// block sizes and column splits. (The exact column update: the iterations
+/// use [`fold_weighted_columns`] and fall back to this one.)
 pub(crate) fn fold_columns(
     cells: &[f32],
     stride: usize,
