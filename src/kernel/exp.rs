@@ -35,8 +35,8 @@ pub fn fast_exp(x: f32) -> f32 {
 
 /// Exps computed per step of the accumulating loops below: four 16-lane
 /// vectors. One vector at a time leaves the core waiting on the polynomial's
-/// dependency chain; four independent ones run about 1.3–1.5× faster here
-/// (measured on this machine's AVX-512 cores).
+/// dependency chain; four independent ones ran 1.3–1.5× faster on this
+/// machine's AVX-512 cores (a throwaway microbenchmark, data in L1).
 pub const EXP_CHUNK: usize = 64;
 
 /// `acc[j] += exp(arg(cells[j], shift[j]))` for every `j < acc.len()`.
