@@ -36,6 +36,18 @@ fn reference_sinkhorn(s: &[Vec<f64>], tau: f64, iterations: usize) -> (Vec<f64>,
     (f, g)
 }
 
+/// Opens `dir/name.parquet` through the library, with the default options.
+fn open_table(dir: &Path, name: &str) -> EmbeddingTable {
+    let path = dir.join(format!("{name}.parquet"));
+    EmbeddingTable::open(
+        name,
+        &path.display().to_string(),
+        &ReadOptions::default(),
+        false,
+    )
+    .unwrap()
+}
+
 fn similarities(rows: &[Vec<f64>], cols: &[Vec<f64>]) -> Vec<Vec<f64>> {
     rows.iter()
         .map(|r| cols.iter().map(|c| dot(r, c)).collect())
@@ -200,20 +212,10 @@ fn plan_marginals_converge_and_tolerance_stops_early() {
     let dim = 12;
     let c = case(22, 10, 900, 300, 10, dim);
     write_case(dir.path(), &c);
-    let options = ReadOptions::default();
-    let open = |name: &str| {
-        EmbeddingTable::open(
-            name,
-            &dir.path()
-                .join(format!("{name}.parquet"))
-                .display()
-                .to_string(),
-            &options,
-            false,
-        )
-        .unwrap()
-    };
-    let (gallery, bank) = (open("gallery"), open("bank"));
+    let (gallery, bank) = (
+        open_table(dir.path(), "gallery"),
+        open_table(dir.path(), "bank"),
+    );
     let tau = 0.1;
     let targets = [&gallery];
     let request = |iterations, tolerance| SinkhornRequest {
@@ -300,12 +302,10 @@ fn tiny_column_masses_fall_back_to_the_exact_column_update() {
     // smallest limit that runs at all.
     let c = case(31, 10, 2100, 1100, 10, dim);
     write_case(dir.path(), &c);
-    let options = ReadOptions::default();
-    let open = |name: &str| {
-        let path = dir.path().join(format!("{name}.parquet"));
-        EmbeddingTable::open(name, &path.display().to_string(), &options, false).unwrap()
-    };
-    let (gallery, bank) = (open("gallery"), open("bank"));
+    let (gallery, bank) = (
+        open_table(dir.path(), "gallery"),
+        open_table(dir.path(), "bank"),
+    );
     let (tau, iterations) = (0.001, 4);
     let targets = [&gallery];
     let s = similarities(&to_f64(&c.bank, true), &to_f64(&c.gallery, true));

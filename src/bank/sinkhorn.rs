@@ -511,17 +511,10 @@ impl<'a> ChunkFold<'a> {
                 );
             }
             SweepKind::WeightedColumns => {
-                let log_mass = &self.context.log_mass[range.clone()];
-                let weights: Vec<Vec<RowWeight>> = strip_max
-                    .iter()
-                    .map(|maxima| {
-                        maxima[range.clone()]
-                            .iter()
-                            .zip(log_mass)
-                            .map(|(&m, &mass)| RowWeight::new(m, mass))
-                            .collect()
-                    })
-                    .collect();
+                let weights = RowWeight::per_strip(
+                    strip_max.iter().map(|maxima| &maxima[range.clone()]),
+                    &self.context.log_mass[range.clone()],
+                );
                 let weights: Vec<&[RowWeight]> = weights.iter().map(|w| w.as_slice()).collect();
                 lse_sweep(
                     rows,

@@ -661,6 +661,26 @@ impl RowWeight {
         }
     }
 
+    /// Weights for every strip and row: `strip_max` holds one slice per
+    /// strip (each row's max over it, from a row sweep), `log_mass` one g/τ
+    /// per row. The result is indexed `[strip][row]`, as
+    /// [`Sweep::WeightedColumns`] takes it.
+    pub fn per_strip<'a>(
+        strip_max: impl IntoIterator<Item = &'a [f32]>,
+        log_mass: &[f64],
+    ) -> Vec<Vec<RowWeight>> {
+        strip_max
+            .into_iter()
+            .map(|maxima| {
+                maxima
+                    .iter()
+                    .zip(log_mass)
+                    .map(|(&m, &mass)| RowWeight::new(m, mass))
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The cell's share of its column mass.
     #[inline(always)]
     fn apply(&self, e: f32) -> f32 {
@@ -868,16 +888,8 @@ mod tests {
             &mut by_row,
             &mut [],
         );
-        let weights: Vec<Vec<RowWeight>> = strip_max
-            .iter()
-            .map(|maxima| {
-                maxima
-                    .iter()
-                    .zip(&by_row)
-                    .map(|(&m, row)| RowWeight::new(m, log_mass(row)))
-                    .collect()
-            })
-            .collect();
+        let masses: Vec<f64> = by_row.iter().map(log_mass).collect();
+        let weights = RowWeight::per_strip(strip_max.iter().map(Vec::as_slice), &masses);
         let weight_slices: Vec<&[RowWeight]> = weights.iter().map(|w| w.as_slice()).collect();
         let weighted = Sweep::WeightedColumns {
             col_shift: &f,

@@ -467,16 +467,8 @@ fn sweep_cost(rows: usize, dim: usize, args: &BenchArgs) -> Result<()> {
             &mut [],
         );
         let log_m = (rows as f64).ln();
-        let weights: Vec<Vec<RowWeight>> = strip_max
-            .iter()
-            .map(|maxima| {
-                maxima
-                    .iter()
-                    .zip(&row_states)
-                    .map(|(&m, row)| RowWeight::new(m, row.value() + log_m))
-                    .collect()
-            })
-            .collect();
+        let masses: Vec<f64> = row_states.iter().map(|row| row.value() + log_m).collect();
+        let weights = RowWeight::per_strip(strip_max.iter().map(Vec::as_slice), &masses);
         let weights: Vec<&[RowWeight]> = weights.iter().map(|w| w.as_slice()).collect();
         let cached = |sweep: Sweep<'_>| {
             time(args.repeats, || {
