@@ -309,6 +309,7 @@ pub fn stream_stats(
             method,
             iterations: outcome.iterations,
             marginal_error: outcome.marginal_error,
+            exact_column_updates: outcome.exact_column_updates,
             cached_tiles: outcome.cached,
             target_chunks: outcome.target_chunks,
             bank_blocks: outcome.source_blocks,
@@ -356,6 +357,10 @@ pub struct SinkhornReport {
     /// Largest relative deviation of a row sum of the final plan from 1/|B|
     /// (columns are exact after the last target update).
     pub marginal_error: f64,
+    /// Iterations whose target update was redone exactly because a target's
+    /// mass was too small for the reused-exp form (`kernel::MIN_COLUMN_MASS`).
+    /// Depends on the data only, like the potentials.
+    pub exact_column_updates: usize,
     /// Whether the bank × targets similarities were cached between sweeps.
     #[serde(skip)]
     pub cached_tiles: bool,
@@ -372,6 +377,7 @@ impl SinkhornReport {
         serde_json::json!({
             "iterations": self.iterations,
             "marginal_error": self.marginal_error,
+            "exact_column_updates": self.exact_column_updates,
         })
     }
 }

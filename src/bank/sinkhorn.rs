@@ -13,13 +13,16 @@
 //! The column update reuses the row update's exps (`kernel::RowWeight`):
 //! one exp per cell per iteration instead of two. Where a column's mass is
 //! too small for that form to be exact (`MIN_COLUMN_MASS`, early iterations
-//! at small τ), the iteration's column update is redone exactly.
+//! at small τ), the iteration's column update is redone exactly. After the
+//! first iteration the row update shifts its exps by a bound on each row's
+//! max (`RowsByStrip::bounds`) instead of finding the max, so each cell is
+//! read once per iteration.
 
 use crate::cache::TableBlocks;
 use crate::error::Result;
 use crate::kernel::{
-    fused_group, lse_sweep, LogSumExp, RowWeight, Rows, StripRows, Sweep, TileSource, GROUP_ROWS,
-    MIN_COLUMN_MASS, TILE_COLS, TILE_ROWS,
+    fused_group, fused_group_scratch, lse_sweep, LogSumExp, RowWeight, Rows, StripRows, Sweep,
+    TileSource, GROUP_ROWS, MIN_COLUMN_MASS, TILE_COLS, TILE_ROWS,
 };
 use crate::plan::PlanRequest;
 use crate::progress::Progress;
@@ -89,13 +92,16 @@ pub fn sinkhorn_potentials(
     let n: usize = request.targets.iter().map(|t| t.rows as usize).sum();
     let matrix_bytes = m * n * 4;
     // Per source and per target: the potential (f64), its f32 copy, the
-    // sweep's log-sum-exp state and the next potential; per source and strip
-    // of targets, the row's max (the shift of its exps, for the column update).
+    // sweep's log-sum-exp state and the next potential; per target the last
+    // row update's f32 shift; per source and strip of targets, the shift of
+    // the row's exps (for the column update), its log-sum-exp and the next
+    // update's bound on its max (`RowsByStrip`).
     let strips = n.div_ceil(TILE_COLS) + request.targets.len();
-    let potential_bytes = (m + n) * 36 + m * strips * 4;
-    // The fused iteration keeps a group's exps: GROUP_ROWS × targets.
-    let group_exps_bytes = GROUP_ROWS.min(m) * n * 4;
+    let potential_bytes = (m + n) * 36 + n * 4 + m * strips * 12;
     let threads = rayon::current_num_threads();
+    // The fused iteration's scratch: a group's f32 mass sums, and one row
+    // of exps per running task.
+    let fused_scratch_bytes = (fused_group_scratch(GROUP_ROWS.min(m), n) + threads * n) * 4;
     let free = request
         .budget
         .saturating_sub(request.resident_bytes + potential_bytes);
@@ -106,7 +112,7 @@ pub fn sinkhorn_potentials(
         resident_bytes: request.resident_bytes
             + potential_bytes
             + if cache {
-                matrix_bytes + group_exps_bytes
+                matrix_bytes + fused_scratch_bytes
             } else {
                 0
             },
@@ -121,7 +127,7 @@ pub fn sinkhorn_potentials(
     };
     // Cache the tiles when they fit half of what is free and the blocks
     // still fit beside them; otherwise recompute them every sweep.
-    let cached_plan = (matrix_bytes + group_exps_bytes <= free / 2)
+    let cached_plan = (matrix_bytes + fused_scratch_bytes <= free / 2)
         .then(|| request_for(true).plan().ok())
         .flatten();
     let cache = cached_plan.is_some();
@@ -143,7 +149,7 @@ pub fn sinkhorn_potentials(
         tiles: Vec::new(),
         chunks: Vec::new(),
         source_blocks: 0,
-        strip_max: Vec::new(),
+        rows_by_strip: RowsByStrip::default(),
     };
     let tau = request.tau;
     let mut f = vec![0f64; n];
@@ -249,9 +255,71 @@ struct Sweeper<'a> {
     chunks: Vec<Chunk>,
     /// Source blocks per target chunk.
     source_blocks: usize,
-    /// Per strip of targets (all chunks, in order), per source row: the
-    /// row's max over the strip in the last row sweep.
-    strip_max: Vec<Vec<f32>>,
+    /// What the last source update left per strip and source row.
+    rows_by_strip: RowsByStrip,
+}
+
+/// Per strip of targets (all chunks, in order), per source row, what the
+/// last source update (row sweep or fused iteration) left: the shift of the
+/// row's exps over the strip, which the weighted column update needs, and
+/// the row's log-sum-exp over it, from which the next update's bound on the
+/// row's max starts (`kernel::MIN_BOUNDED_SUM`).
+#[derive(Debug, Default)]
+struct RowsByStrip {
+    /// `shift[strip][row]`.
+    shift: Vec<Vec<f32>>,
+    /// `lse[strip][row]`.
+    lse: Vec<Vec<f32>>,
+    /// The target potentials (as f32 shifts) of that update.
+    col_shift: Option<Vec<f32>>,
+}
+
+impl RowsByStrip {
+    /// Makes room for `strips` strips of `rows` source rows.
+    fn reserve(&mut self, strips: usize, rows: usize) {
+        if self.shift.len() < strips {
+            self.shift.resize(strips, vec![0f32; rows]);
+            self.lse.resize(strips, vec![0f32; rows]);
+        }
+    }
+
+    /// Records the strip states of the rows `first_row..` of strips
+    /// `first_strip..` (one `Vec` per strip, as the kernel returns them).
+    fn record(&mut self, first_strip: usize, first_row: usize, strips: &[Vec<LogSumExp>]) {
+        for (k, states) in strips.iter().enumerate() {
+            let range = first_row..first_row + states.len();
+            let shift = &mut self.shift[first_strip + k][range.clone()];
+            let lse = &mut self.lse[first_strip + k][range];
+            for ((sh, l), state) in shift.iter_mut().zip(lse.iter_mut()).zip(states) {
+                *sh = state.max as f32;
+                *l = state.value() as f32;
+            }
+        }
+    }
+
+    /// Upper bounds of every row's max over every strip of
+    /// (s − f_new)·inv_tau, for the next source update: its last
+    /// log-sum-exp there (≥ its max) plus the most any of the strip's
+    /// targets' shift fell, max_t (f_old − f_new)·inv_tau. `None` before
+    /// the first update. Both paths (fused and swept) use these same bounds,
+    /// so they still give the same bits.
+    fn bounds(&self, chunks: &[Chunk], col_shift: &[f32], inv_tau: f32) -> Option<Vec<Vec<f32>>> {
+        let last = self.col_shift.as_ref()?;
+        let mut bounds = Vec::with_capacity(self.lse.len());
+        for chunk in chunks {
+            for c0 in (0..chunk.rows).step_by(TILE_COLS) {
+                let columns = chunk.offset + c0..chunk.offset + (c0 + TILE_COLS).min(chunk.rows);
+                let fall = last[columns.clone()]
+                    .iter()
+                    .zip(&col_shift[columns])
+                    .map(|(&old, &new)| (old - new) * inv_tau)
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let lse = &self.lse[bounds.len()];
+                bounds.push(lse.iter().map(|&l| l + fall).collect());
+            }
+        }
+        Some(bounds)
+    }
 }
 
 impl Sweeper<'_> {
@@ -268,22 +336,25 @@ impl Sweeper<'_> {
     /// (`kernel::fused_group`), with one read of the tiles and one exp per
     /// cell instead of two of each.
     fn fused_iteration(
-        &self,
+        &mut self,
         f: &[f64],
         log_mass: &(dyn Fn(&LogSumExp) -> f64 + Sync),
     ) -> Result<(Vec<LogSumExp>, Vec<LogSumExp>)> {
         let n = f.len();
         let f32s: Vec<f32> = f.iter().map(|&v| v as f32).collect();
+        let bounds = self.rows_by_strip.bounds(&self.chunks, &f32s, self.inv_tau);
         let mut col_sum = vec![0f64; n];
         let mut rows = Vec::with_capacity(self.sources.rows as usize);
         let blocks = self.source_blocks;
         let chunk_rows = self.chunks[0].rows.max(1);
-        let mut exps = vec![0f32; GROUP_ROWS * n];
+        let mut partials = vec![0f32; fused_group_scratch(GROUP_ROWS, n)];
+        let mut block_first_row = 0;
         for block in 0..blocks {
             let block_rows = self.tiles[block].len() / chunk_rows;
             for g0 in (0..block_rows).step_by(GROUP_ROWS) {
                 crate::cancel::check()?;
                 let g1 = (g0 + GROUP_ROWS).min(block_rows);
+                let global = block_first_row + g0..block_first_row + g1;
                 let mut strips = Vec::new();
                 for (c, chunk) in self.chunks.iter().enumerate() {
                     let tile = &self.tiles[c * blocks + block];
@@ -296,20 +367,25 @@ impl Sweeper<'_> {
                             cells: &tile[base + g0 * width..base + g1 * width],
                             width,
                             first_col: chunk.offset + c0,
+                            bound: bounds.as_ref().map(|b| &b[strips.len()][global.clone()]),
                         });
                     }
                 }
-                rows.extend(fused_group(
+                let group = fused_group(
                     &strips,
                     g1 - g0,
                     &f32s,
                     self.inv_tau,
                     log_mass,
-                    &mut exps,
+                    &mut partials,
                     &mut col_sum,
-                ));
+                );
+                self.rows_by_strip.record(0, global.start, &group.strips);
+                rows.extend(group.states);
             }
+            block_first_row += block_rows;
         }
+        self.rows_by_strip.col_shift = Some(f32s.clone());
         let inv_tau = self.inv_tau as f64;
         let cols = f32s
             .iter()
@@ -338,11 +414,17 @@ impl Sweeper<'_> {
         let dim = self.sources.dim;
         let mut states = vec![LogSumExp::default(); if kind == SweepKind::Rows { m } else { n }];
         let g32: Vec<f32> = g.iter().map(|&v| v as f32).collect();
+        let f32s: Vec<f32> = f.iter().map(|&v| v as f32).collect();
+        let bounds = match kind {
+            SweepKind::Rows => self.rows_by_strip.bounds(&self.chunks, &f32s, self.inv_tau),
+            SweepKind::Columns | SweepKind::WeightedColumns => None,
+        };
         let fold_context = FoldContext {
             kind,
             f,
             g32: &g32,
             log_mass,
+            bounds: bounds.as_deref(),
             inv_tau: self.inv_tau,
         };
         let mut pair = 0usize;
@@ -356,8 +438,7 @@ impl Sweeper<'_> {
                     dim: 0,
                 };
                 let strips = chunk.rows.div_ceil(TILE_COLS);
-                let strip_max = &mut self.strip_max[strip_base..strip_base + strips];
-                let mut fold = ChunkFold::new(&fold_context, chunk);
+                let mut fold = ChunkFold::new(&fold_context, chunk, strip_base);
                 let mut first_row = 0;
                 while first_row < m {
                     let tile = &self.tiles[pair];
@@ -367,13 +448,15 @@ impl Sweeper<'_> {
                         dim: 0,
                     };
                     let source = TileSource::Cached(tile);
-                    fold.visit(rows, cols, first_row, source, &mut states, strip_max);
+                    let by_strip = &mut self.rows_by_strip;
+                    fold.visit(rows, cols, first_row, source, &mut states, by_strip);
                     first_row += rows.rows;
                     pair += 1;
                 }
                 fold.finish(&mut states);
                 strip_base += strips;
             }
+            self.finish_sweep(kind, f32s);
             return Ok(states);
         }
         let mut chunks = Vec::new();
@@ -390,13 +473,11 @@ impl Sweeper<'_> {
                     rows: block.rows,
                 };
                 let strips = chunk.rows.div_ceil(TILE_COLS);
-                if self.strip_max.len() < strip_base + strips {
-                    self.strip_max.resize(strip_base + strips, vec![0f32; m]);
-                }
-                let strip_max = &mut self.strip_max[strip_base..strip_base + strips];
+                self.rows_by_strip.reserve(strip_base + strips, m);
                 let cols = Rows::new(&block.data, dim);
-                let mut fold = ChunkFold::new(&fold_context, chunk);
+                let mut fold = ChunkFold::new(&fold_context, chunk, strip_base);
                 let (tiles, cache) = (&mut self.tiles, self.cache);
+                let by_strip = &mut self.rows_by_strip;
                 self.bank.for_each(|bank_block| {
                     let rows = Rows::new(&bank_block.data, dim);
                     let source = if cache {
@@ -411,7 +492,7 @@ impl Sweeper<'_> {
                         bank_block.first_row as usize,
                         source,
                         &mut states,
-                        strip_max,
+                        by_strip,
                     );
                     blocks += 1;
                     Ok(())
@@ -424,7 +505,15 @@ impl Sweeper<'_> {
         }
         self.source_blocks = blocks / chunks.len().max(1);
         self.chunks = chunks;
+        self.finish_sweep(kind, f32s);
         Ok(states)
+    }
+
+    /// After a row sweep, its target shifts are the base of the next bounds.
+    fn finish_sweep(&mut self, kind: SweepKind, col_shift: Vec<f32>) {
+        if kind == SweepKind::Rows {
+            self.rows_by_strip.col_shift = Some(col_shift);
+        }
     }
 }
 
@@ -437,6 +526,9 @@ struct FoldContext<'a> {
     g32: &'a [f32],
     /// Source log masses g/τ (`WeightedColumns`).
     log_mass: &'a [f64],
+    /// `bounds[strip][row]` on each row's max, for `Rows` after the first
+    /// update (see `RowsByStrip::bounds`).
+    bounds: Option<&'a [Vec<f32>]>,
     inv_tau: f32,
 }
 
@@ -444,16 +536,19 @@ struct FoldContext<'a> {
 struct ChunkFold<'a> {
     context: &'a FoldContext<'a>,
     chunk: Chunk,
+    /// The chunk's first strip among all the targets' strips.
+    first_strip: usize,
     /// f of the chunk's targets, as the kernel's f32 shifts.
     col_shift: Vec<f32>,
     col_states: Vec<LogSumExp>,
 }
 
 impl<'a> ChunkFold<'a> {
-    fn new(context: &'a FoldContext<'a>, chunk: Chunk) -> Self {
+    fn new(context: &'a FoldContext<'a>, chunk: Chunk, first_strip: usize) -> Self {
         ChunkFold {
             context,
             chunk,
+            first_strip,
             col_shift: context.f[chunk.offset..chunk.offset + chunk.rows]
                 .iter()
                 .map(|&v| v as f32)
@@ -467,8 +562,8 @@ impl<'a> ChunkFold<'a> {
     }
 
     /// Folds the bank rows `first_row..first_row + rows.rows` into the
-    /// states. `strip_max`: the chunk's strips, one max per source row each
-    /// (written by row sweeps, read by weighted column sweeps).
+    /// states. `by_strip` is written by row sweeps and read by weighted
+    /// column sweeps.
     fn visit(
         &mut self,
         rows: Rows<'_>,
@@ -476,26 +571,32 @@ impl<'a> ChunkFold<'a> {
         first_row: usize,
         source: TileSource<'_>,
         states: &mut [LogSumExp],
-        strip_max: &mut [Vec<f32>],
+        by_strip: &mut RowsByStrip,
     ) {
         let range = first_row..first_row + rows.rows;
         let inv_tau = self.context.inv_tau;
+        let strips = self.chunk.rows.div_ceil(TILE_COLS);
         match self.context.kind {
             SweepKind::Rows => {
-                let maxima = lse_sweep(
+                let bounds: Option<Vec<&[f32]>> = self.context.bounds.map(|bounds| {
+                    bounds[self.first_strip..self.first_strip + strips]
+                        .iter()
+                        .map(|b| &b[range.clone()])
+                        .collect()
+                });
+                let strip_states = lse_sweep(
                     rows,
                     cols,
                     source,
                     Sweep::Rows {
                         col_shift: &self.col_shift,
+                        row_bound: bounds.as_deref(),
                     },
                     inv_tau,
                     &mut states[range.clone()],
                     &mut [],
                 );
-                for (stored, block) in strip_max.iter_mut().zip(maxima) {
-                    stored[range.clone()].copy_from_slice(&block);
-                }
+                by_strip.record(self.first_strip, first_row, &strip_states);
             }
             SweepKind::Columns => {
                 lse_sweep(
@@ -512,7 +613,9 @@ impl<'a> ChunkFold<'a> {
             }
             SweepKind::WeightedColumns => {
                 let weights = RowWeight::per_strip(
-                    strip_max.iter().map(|maxima| &maxima[range.clone()]),
+                    by_strip.shift[self.first_strip..self.first_strip + strips]
+                        .iter()
+                        .map(|shifts| &shifts[range.clone()]),
                     &self.context.log_mass[range.clone()],
                 );
                 let weights: Vec<&[RowWeight]> = weights.iter().map(|w| w.as_slice()).collect();

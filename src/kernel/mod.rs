@@ -18,7 +18,7 @@ pub use fused::{
 };
 pub use lse::LogSumExp;
 pub use sinkhorn::{
-    fused_group, lse_sweep, stack_column_potential, RowWeight, StripRows, Sweep, TileSource,
-    MIN_COLUMN_MASS,
+    fused_group, fused_group_scratch, lse_sweep, stack_column_potential, RowWeight, StripRows,
+    Sweep, TileSource, MIN_COLUMN_MASS,
 };
 pub use topk::{Candidate, TieBreak, TopK, TopValues};

@@ -27,7 +27,13 @@ use super::lse::{raise_column_maxima, LogSumExp};
 #[derive(Debug, Clone, Copy)]
 pub enum Sweep<'a> {
     /// For every row: LSE over the columns of (s − col_shift[j]) / τ.
-    Rows { col_shift: &'a [f32] },
+    /// `row_bound[strip][row]`, when given: an upper bound of the row's max
+    /// over each strip of [`TILE_COLS`] columns, used as the shift of its
+    /// exps where it is tight enough (see [`MIN_BOUNDED_SUM`]).
+    Rows {
+        col_shift: &'a [f32],
+        row_bound: Option<&'a [&'a [f32]]>,
+    },
     /// For every column: LSE over the rows of (s − row_shift[i]) / τ.
     Columns { row_shift: &'a [f32] },
     /// For every column: the same LSE in the exp-reuse form (see
@@ -55,8 +61,9 @@ pub enum TileSource<'a> {
 /// Runs one sweep over the block `rows × cols`. `row_states` has one entry
 /// per row of the block, `col_states` one per column; the sweep folds into
 /// them (so blocks accumulate). A row sweep returns, per strip of
-/// [`TILE_COLS`] columns, each row's max over the strip (the shift of its
-/// exps, which [`RowWeight`] needs); other sweeps return nothing.
+/// [`TILE_COLS`] columns, each row's state over the strip (its `max` is the
+/// shift of the row's exps, which [`RowWeight`] needs, and its value the
+/// base of the next iteration's bound); other sweeps return nothing.
 ///
 /// # Panics
 /// When the shapes disagree.
@@ -68,13 +75,20 @@ pub fn lse_sweep(
     inv_tau: f32,
     row_states: &mut [LogSumExp],
     col_states: &mut [LogSumExp],
-) -> Vec<Vec<f32>> {
+) -> Vec<Vec<LogSumExp>> {
     let (nr, nc) = (rows.rows, cols.rows);
     let strips = nc.div_ceil(TILE_COLS);
     match sweep {
-        Sweep::Rows { col_shift } => {
+        Sweep::Rows {
+            col_shift,
+            row_bound,
+        } => {
             assert_eq!(col_shift.len(), nc, "one shift per column");
             assert_eq!(row_states.len(), nr, "one state per row");
+            if let Some(bound) = row_bound {
+                assert_eq!(bound.len(), strips, "one bound slice per strip");
+                assert!(bound.iter().all(|b| b.len() == nr), "one bound per row");
+            }
         }
         Sweep::Columns { row_shift } => {
             assert_eq!(row_shift.len(), nr, "one shift per row");
@@ -125,14 +139,14 @@ pub fn lse_sweep(
             sweep_strip(rows, strip_cols, strip, c0, cache, sweep, inv_tau, col_part)
         })
         .collect();
-    let mut strip_max = Vec::new();
+    let mut strip_states = Vec::new();
     for part in row_partials.into_iter().flatten() {
         for (state, p) in row_states.iter_mut().zip(&part) {
             state.merge(p);
         }
-        strip_max.push(part.iter().map(|p| p.max as f32).collect());
+        strip_states.push(part);
     }
-    strip_max
+    strip_states
 }
 
 /// One column strip of a sweep; returns the strip's row states for
@@ -179,7 +193,10 @@ fn sweep_strip(
             }
         };
         match sweep {
-            Sweep::Rows { col_shift } => {
+            Sweep::Rows {
+                col_shift,
+                row_bound,
+            } => {
                 let shifts = &col_shift[c0..c0 + nc];
                 let out = row_out.as_mut().expect("row sweep");
                 for (i, state) in out[r0..r1].iter_mut().enumerate() {
@@ -187,6 +204,7 @@ fn sweep_strip(
                         &similarities[i * nc..(i + 1) * nc],
                         shifts,
                         inv_tau,
+                        row_bound.map(|b| b[strip][r0 + i]),
                     );
                 }
             }
@@ -285,31 +303,60 @@ pub(crate) fn fold_columns(
 }
 
 /// One row group's part of one cached strip: `rows × width` similarities,
-/// row-major, for the targets `first_col..first_col + width`.
+/// row-major, for the targets `first_col..first_col + width`, and
+/// optionally an upper bound of each row's max over it (as
+/// [`Sweep::Rows`]'s `row_bound`).
 #[derive(Debug, Clone, Copy)]
 pub struct StripRows<'a> {
     pub cells: &'a [f32],
     pub width: usize,
     pub first_col: usize,
+    pub bound: Option<&'a [f32]>,
 }
 
-/// Rows of a group handled by one task of the fused row update.
-const FUSED_ROW_TASK: usize = 16;
-/// Columns of a strip handled by one task of the fused column update.
-const FUSED_COLUMN_TASK: usize = 512;
+/// The source update of one group of rows: each row's state over all the
+/// targets, and `strips[strip][row]`, its state over each strip (as a row
+/// sweep returns them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupRows {
+    pub states: Vec<LogSumExp>,
+    pub strips: Vec<Vec<LogSumExp>>,
+}
+
+/// Rows whose shares of the column masses (reused-exp column update) are
+/// summed in f32 before they join each column's f64 mass: the update's unit
+/// of summation order. Groups start at multiples of [`GROUP_ROWS`], a
+/// multiple of this, so the units are the same global rows however the
+/// matrix is cut, and the fused and the swept updates give the same bits.
+pub const MASS_ROWS: usize = 16;
+const _: () = assert!(GROUP_ROWS % MASS_ROWS == 0, "units tile the groups");
+
+/// Columns per task when the units' f32 sums join the f64 masses.
+const MASS_MERGE_COLUMNS: usize = 4096;
+
+/// Scratch floats [`fused_group`] needs for a group of `rows` rows over
+/// `targets` targets: one f32 mass sum per unit of [`MASS_ROWS`] rows.
+/// (Each running task also holds one row of exps, `targets` floats.)
+pub fn fused_group_scratch(rows: usize, targets: usize) -> usize {
+    rows.div_ceil(MASS_ROWS) * targets
+}
 
 /// One Sinkhorn iteration over one group of cached rows (at most
-/// [`GROUP_ROWS`], starting at a multiple of it), while the group is in
-/// cache: the rows' log-sum-exp over every target of (s − f)·inv_tau, with
-/// the exps kept in `exps` (`rows × Σ strip widths`, scratch), then the
-/// group's share of the column update from those exps, weighted by the new
-/// source potentials (`log_mass(row state)` = g/τ; see [`RowWeight`]),
-/// added to `col_sum` (one per target). One exp per cell per iteration.
+/// [`GROUP_ROWS`], starting at a multiple of it), one unit of [`MASS_ROWS`]
+/// rows per task: each row's log-sum-exp over every target of
+/// (s − f)·inv_tau, its exps kept in a row buffer (L2-resident), then at
+/// once the row's share of every column mass from those exps, weighted by
+/// its new source potential (`log_mass(row state)` = g/τ; see
+/// [`RowWeight`]), summed in f32 per unit. The units' sums are added to
+/// `col_sum` (one f64 per target) in row order. One exp per cell per
+/// iteration, and the exps never leave the core's cache.
 ///
-/// `strips` covers the targets in order. Row states are merged strip after
-/// strip and the columns summed as [`fold_weighted_columns`] sums them, so
-/// the result is bit-identical to a row sweep followed by a
-/// [`Sweep::WeightedColumns`] sweep (cached or recomputed).
+/// `strips` covers the targets in order (with the rows' bounds, if any);
+/// `partials` is scratch of at least [`fused_group_scratch`] floats. Row
+/// states are merged strip after strip and the columns summed as
+/// [`fold_weighted_columns`] sums them, so the result is bit-identical to a
+/// row sweep with the same bounds followed by a [`Sweep::WeightedColumns`]
+/// sweep (cached or recomputed).
 #[allow(clippy::too_many_arguments)]
 pub fn fused_group(
     strips: &[StripRows<'_>],
@@ -317,24 +364,32 @@ pub fn fused_group(
     col_shift: &[f32],
     inv_tau: f32,
     log_mass: &(dyn Fn(&LogSumExp) -> f64 + Sync),
-    exps: &mut [f32],
+    partials: &mut [f32],
     col_sum: &mut [f64],
-) -> Vec<LogSumExp> {
+) -> GroupRows {
     let total: usize = strips.iter().map(|s| s.width).sum();
-    let exps = &mut exps[..rows * total];
-    // Row update: each task takes a few rows across every strip.
-    let row_results: Vec<(LogSumExp, Vec<f32>)> = exps
-        .par_chunks_mut(FUSED_ROW_TASK * total.max(1))
+    if rows == 0 || total == 0 {
+        return GroupRows {
+            states: vec![LogSumExp::default(); rows],
+            strips: vec![vec![LogSumExp::default(); rows]; strips.len()],
+        };
+    }
+    let units = rows.div_ceil(MASS_ROWS);
+    let partials = &mut partials[..units * total];
+    // Per unit: its rows' states, and their strip states row after row.
+    let unit_rows: Vec<(Vec<LogSumExp>, Vec<LogSumExp>)> = partials
+        .par_chunks_mut(total)
         .enumerate()
-        .flat_map_iter(|(task, task_exps)| {
-            let r0 = task * FUSED_ROW_TASK;
-            task_exps
-                .chunks_mut(total.max(1))
-                .enumerate()
-                .map(move |(k, row_exps)| {
-                    let r = r0 + k;
+        .map(|(unit, mass)| {
+            let r0 = unit * MASS_ROWS;
+            let r1 = (r0 + MASS_ROWS).min(rows);
+            let mut row_exps = vec![0f32; total];
+            let mut strip_states = Vec::with_capacity((r1 - r0) * strips.len());
+            mass.fill(0.0);
+            let states = (r0..r1)
+                .map(|r| {
+                    let first_part = strip_states.len();
                     let mut state = LogSumExp::default();
-                    let mut strip_max = Vec::with_capacity(strips.len());
                     let mut offset = 0;
                     for strip in strips {
                         let row = &strip.cells[r * strip.width..(r + 1) * strip.width];
@@ -343,54 +398,56 @@ pub fn fused_group(
                             row,
                             shifts,
                             inv_tau,
+                            strip.bound.map(|b| b[r]),
                             &mut row_exps[offset..offset + strip.width],
                         );
                         state.merge(&part);
-                        strip_max.push(part.max as f32);
+                        strip_states.push(part);
                         offset += strip.width;
                     }
-                    (state, strip_max)
+                    let log_mass = log_mass(&state);
+                    let mut offset = 0;
+                    for (strip, part) in strips.iter().zip(&strip_states[first_part..]) {
+                        let range = offset..offset + strip.width;
+                        super::dispatch::add_weighted_exps(
+                            &mut mass[range.clone()],
+                            &row_exps[range],
+                            RowWeight::new(part.max as f32, log_mass),
+                        );
+                        offset += strip.width;
+                    }
+                    state
                 })
+                .collect();
+            (states, strip_states)
         })
         .collect();
-    let exps: &[f32] = exps;
-    let weights: Vec<Vec<RowWeight>> = (0..strips.len())
-        .map(|s| {
-            row_results
-                .iter()
-                .map(|(state, maxima)| RowWeight::new(maxima[s], log_mass(state)))
-                .collect()
-        })
-        .collect();
-    // Column update: tasks over column blocks of every strip.
-    let mut tasks = Vec::new();
-    let mut sum_rest = col_sum;
-    let mut offset = 0;
-    for (s, strip) in strips.iter().enumerate() {
-        for c0 in (0..strip.width).step_by(FUSED_COLUMN_TASK) {
-            let w = FUSED_COLUMN_TASK.min(strip.width - c0);
-            let (sum_part, rest) = std::mem::take(&mut sum_rest).split_at_mut(w);
-            sum_rest = rest;
-            tasks.push((offset + c0, w, &weights[s], sum_part));
-        }
-        offset += strip.width;
-    }
-    tasks
-        .into_par_iter()
-        .for_each(|(first, width, weights, sum)| {
-            let mut group_sum = vec![0f32; width];
-            super::dispatch::weighted_sum_columns(
-                &exps[first..],
-                total,
-                width,
-                weights,
-                &mut group_sum,
-            );
-            for (acc, &part) in sum.iter_mut().zip(&group_sum) {
-                *acc += part as f64;
+    // The units' f32 sums join the f64 masses in row order; columns in parallel.
+    let partials: &[f32] = partials;
+    col_sum[..total]
+        .par_chunks_mut(MASS_MERGE_COLUMNS)
+        .enumerate()
+        .for_each(|(k, sums)| {
+            let c0 = k * MASS_MERGE_COLUMNS;
+            for unit in partials.chunks_exact(total) {
+                for (acc, &part) in sums.iter_mut().zip(&unit[c0..]) {
+                    *acc += part as f64;
+                }
             }
         });
-    row_results.into_iter().map(|(state, _)| state).collect()
+    let mut group = GroupRows {
+        states: Vec::with_capacity(rows),
+        strips: vec![Vec::with_capacity(rows); strips.len()],
+    };
+    for (states, strip_states) in unit_rows {
+        group.states.extend(states);
+        for row in strip_states.chunks_exact(strips.len()) {
+            for (column, &part) in group.strips.iter_mut().zip(row) {
+                column.push(part);
+            }
+        }
+    }
+    group
 }
 
 /// T iterations of log-domain Sinkhorn (row update, then column update,
@@ -421,7 +478,7 @@ pub fn stack_column_potential(
     for _ in 0..iterations {
         // Rows: g_r = τ·LSE_t (s − f)/τ + τ·log m.
         for (r, g_r) in g.iter_mut().enumerate() {
-            let lse = super::dispatch::shifted_row_lse(row(r), &f, inv_tau);
+            let lse = super::dispatch::shifted_row_lse(row(r), &f, inv_tau, None);
             *g_r = tau * lse.value() as f32 + tau * log_m;
         }
         // Columns: f_t = τ·LSE_r (s − g_r)/τ + τ·log n.
@@ -511,10 +568,17 @@ pub(super) fn stack_column_exp_add_body(
 }
 
 /// Epilogue body: LSE over one row of (s − shift)·inv_tau, with f32 lanes
-/// summed into f64 at the end.
+/// summed into f64 at the end. With a `bound` (an upper bound of the row's
+/// max, see [`MIN_BOUNDED_SUM`]) the exps are shifted by it and the max pass
+/// is skipped; the returned state's `max` is the shift used.
 #[inline(always)]
-pub(super) fn shifted_row_lse_body(scores: &[f32], shifts: &[f32], inv_tau: f32) -> LogSumExp {
-    row_lse::<false>(scores, shifts, inv_tau, &mut [])
+pub(super) fn shifted_row_lse_body(
+    scores: &[f32],
+    shifts: &[f32],
+    inv_tau: f32,
+    bound: Option<f32>,
+) -> LogSumExp {
+    row_lse::<false>(scores, shifts, inv_tau, bound, &mut [])
 }
 
 /// Epilogue body: [`shifted_row_lse_body`], also writing each exp
@@ -524,21 +588,32 @@ pub(super) fn shifted_row_lse_store_body(
     scores: &[f32],
     shifts: &[f32],
     inv_tau: f32,
+    bound: Option<f32>,
     exps: &mut [f32],
 ) -> LogSumExp {
-    row_lse::<true>(scores, shifts, inv_tau, exps)
+    row_lse::<true>(scores, shifts, inv_tau, bound, exps)
 }
 
-/// The row LSE, storing the exps when `STORE`. Fixed-size lane arrays (no
-/// indexing) so the compiler keeps both passes in 16-lane registers.
+/// A row's exps over a strip may be shifted by an upper bound of its max
+/// instead of the max itself (the last iteration's log-sum-exp plus how far
+/// the target potentials fell, see `bank::sinkhorn`), which saves the pass
+/// that finds the max: about a third of the row update. The bound is kept
+/// when the exps sum to at least this (the bound is at most ln(1e18) ≈ 41
+/// above the max); below, the strip is redone with its exact max. Cells
+/// whose exp clamps at e⁻⁸⁷ then err by at most 2e-38 each against a sum
+/// of at least 1e-18: a relative error below 1e-16 per target.
+pub const MIN_BOUNDED_SUM: f64 = 1e-18;
+
+/// The row LSE, storing the exps when `STORE`, shifted by `bound` when it
+/// holds (see [`MIN_BOUNDED_SUM`]) and by the row's max otherwise.
 #[inline(always)]
 fn row_lse<const STORE: bool>(
     scores: &[f32],
     shifts: &[f32],
     inv_tau: f32,
+    bound: Option<f32>,
     exps_out: &mut [f32],
 ) -> LogSumExp {
-    const LANES: usize = 16;
     let n = scores.len().min(shifts.len());
     let (scores, shifts) = (&scores[..n], &shifts[..n]);
     let exps_out = if STORE {
@@ -546,6 +621,33 @@ fn row_lse<const STORE: bool>(
     } else {
         &mut exps_out[..0]
     };
+    if let Some(bound) = bound {
+        let sum = shifted_exp_sum::<STORE>(scores, shifts, inv_tau, bound, exps_out);
+        // Exps above e (a sum above n·e) would mean the bound is below the
+        // max beyond rounding: never for a true bound, but checked.
+        if sum >= MIN_BOUNDED_SUM && sum <= n as f64 * std::f64::consts::E {
+            return LogSumExp {
+                max: bound as f64,
+                sum,
+            };
+        }
+    }
+    let max = shifted_row_max(scores, shifts, inv_tau);
+    LogSumExp {
+        max: max as f64,
+        sum: shifted_exp_sum::<STORE>(scores, shifts, inv_tau, max, exps_out),
+    }
+}
+
+/// Lanes of the row loops (one AVX-512 register of f32).
+const ROW_LANES: usize = 16;
+
+/// max over the row of (s − shift)·inv_tau. Fixed-size lane arrays (no
+/// indexing) so the compiler keeps the loop in 16-lane registers.
+#[inline(always)]
+fn shifted_row_max(scores: &[f32], shifts: &[f32], inv_tau: f32) -> f32 {
+    const LANES: usize = ROW_LANES;
+    let n = scores.len();
     let full = n - n % LANES;
     let mut lane_max = [f32::NEG_INFINITY; LANES];
     for (s, c) in scores[..full]
@@ -567,6 +669,22 @@ fn row_lse<const STORE: bool>(
         let v = (s - c) * inv_tau;
         m = if v > m { v } else { m };
     }
+    m
+}
+
+/// Σ over the row of exp((s − shift)·inv_tau − m), summed in f32 lanes and
+/// then in f64; each exp also written to `exps_out` when `STORE`.
+#[inline(always)]
+fn shifted_exp_sum<const STORE: bool>(
+    scores: &[f32],
+    shifts: &[f32],
+    inv_tau: f32,
+    m: f32,
+    exps_out: &mut [f32],
+) -> f64 {
+    const LANES: usize = ROW_LANES;
+    let n = scores.len();
+    let full = n - n % LANES;
     // The exps of EXP_CHUNK values at once (several vectors in flight), then
     // added lane-wise chunk after chunk: the order of the one-vector loop.
     let mut lane_sum = [0f32; LANES];
@@ -611,10 +729,7 @@ fn row_lse<const STORE: bool>(
         }
         total += e as f64;
     }
-    LogSumExp {
-        max: m as f64,
-        sum: total,
-    }
+    total
 }
 
 /// How one source row's exps over one strip of targets enter the target
@@ -642,22 +757,24 @@ impl RowWeight {
     /// (≤ 1e-36 per cell).
     const MIN_WEIGHT: f64 = 1e-36;
 
-    /// From the row's max over the strip of (s − f)·inv_tau (its exps'
-    /// shift) and the row's log mass g/τ.
+    /// From the shift of the row's exps over the strip (its max of
+    /// (s − f)·inv_tau, or an upper bound of it) and the row's log mass g/τ.
     pub fn new(strip_max: f32, log_mass: f64) -> Self {
         let weight = (strip_max as f64 - log_mass).exp();
-        if weight >= Self::MIN_WEIGHT {
-            RowWeight {
-                shift: strip_max,
-                weight: weight as f32,
-                floor: (2e-38 / weight) as f32,
-            }
-        } else {
-            RowWeight {
+        if weight < Self::MIN_WEIGHT {
+            return RowWeight {
                 shift: strip_max,
                 weight: 0.0,
                 floor: 0.0,
-            }
+            };
+        }
+        // From a weight of 1 up, every product (e ≥ e⁻⁸⁷) is normal without
+        // a floor; and 2e-38/weight would itself be a denormal.
+        let floor = if weight >= 1.0 { 0.0 } else { 2e-38 / weight };
+        RowWeight {
+            shift: strip_max,
+            weight: weight as f32,
+            floor: floor as f32,
         }
     }
 
@@ -693,27 +810,17 @@ impl RowWeight {
 /// caller redoes that iteration's column update exactly.
 pub const MIN_COLUMN_MASS: f64 = 1e-20;
 
-/// Epilogue body: per column, Σ over the rows (`stride` apart) of
-/// weight_i · max(e, floor_i), where e are the rows' stored exps.
+/// Epilogue body: one row's shares of the column masses,
+/// `acc[j] += weight · max(exps[j], floor)` (see [`RowWeight`]).
 #[inline(always)]
-pub(super) fn weighted_sum_columns_body(
-    exps: &[f32],
-    stride: usize,
-    width: usize,
-    weights: &[RowWeight],
-    sum: &mut [f32],
-) {
-    let sum = &mut sum[..width];
-    sum.fill(0.0);
-    for (i, w) in weights.iter().enumerate() {
-        let row = &exps[i * stride..i * stride + width];
-        for (acc, &e) in sum.iter_mut().zip(row) {
-            *acc += w.apply(e);
-        }
+pub(super) fn add_weighted_exps_body(acc: &mut [f32], exps: &[f32], weight: RowWeight) {
+    for (a, &e) in acc.iter_mut().zip(exps) {
+        *a += weight.apply(e);
     }
 }
 
-/// Epilogue body: as [`weighted_sum_columns_body`], recomputing the exps
+/// Epilogue body: per column, Σ over the rows (`stride` apart) of
+/// weight_i · max(e, floor_i) as [`add_weighted_exps_body`] adds them, recomputing the exps
 /// exp((s − col_shift_j)·inv_tau − shift_i) from the similarities, with the
 /// arithmetic of the row update (so the same bits).
 #[inline(always)]
@@ -744,8 +851,9 @@ pub(super) fn weighted_exp_sum_columns_body(
 /// Folds `weights.len()` rows of `width` similarities, `stride` floats
 /// apart, into per-column mass sums (the reused-exp column update; see
 /// [`RowWeight`]). The rows must start at a multiple of [`GROUP_ROWS`] of
-/// the whole matrix: per group, the products are summed in f32 in row order
-/// and added to the f64 sums, as [`fused_group`] does from stored exps.
+/// the whole matrix: per unit of [`MASS_ROWS`] rows, the products are summed
+/// in f32 in row order and added to the f64 sums, as [`fused_group`] does
+/// from its rows' exps.
 pub(crate) fn fold_weighted_columns(
     cells: &[f32],
     stride: usize,
@@ -756,15 +864,15 @@ pub(crate) fn fold_weighted_columns(
     sum: &mut [f64],
 ) {
     let mut group_sum = [0f32; COLUMN_BLOCK];
-    for (g, group_weights) in weights.chunks(GROUP_ROWS).enumerate() {
-        let group = &cells[g * GROUP_ROWS * stride..];
+    for (u, unit_weights) in weights.chunks(MASS_ROWS).enumerate() {
+        let group = &cells[u * MASS_ROWS * stride..];
         for c0 in (0..width).step_by(COLUMN_BLOCK) {
             let w = COLUMN_BLOCK.min(width - c0);
             super::dispatch::weighted_exp_sum_columns(
                 &group[c0..],
                 stride,
                 w,
-                group_weights,
+                unit_weights,
                 &col_shift[c0..c0 + w],
                 inv_tau,
                 &mut group_sum[..w],
@@ -817,6 +925,7 @@ mod tests {
             TileSource::Fill(&mut cache),
             Sweep::Rows {
                 col_shift: &col_shift,
+                row_bound: None,
             },
             inv_tau,
             &mut by_row,
@@ -862,51 +971,80 @@ mod tests {
         }
     }
 
-    /// The fused iteration over cached strips gives the same bits as a row
-    /// sweep followed by a weighted column sweep with the new potentials
-    /// (cached and recomputed), for groups that end mid-tile and strips of
-    /// uneven width; and the weighted column update equals the exact one.
-    #[test]
-    fn fused_group_equals_a_row_sweep_then_a_column_sweep() {
-        let dim = 5;
-        let (nr, nc) = (2 * GROUP_ROWS + 37, 2 * TILE_COLS + 300);
-        let a = pseudo_random(nr * dim, 13);
-        let b = pseudo_random(nc * dim, 14);
-        let f: Vec<f32> = pseudo_random(nc, 15).iter().map(|v| v * 0.1).collect();
-        let inv_tau = 40.0f32;
-        let log_m = (nr as f64).ln();
-        let log_mass = |s: &LogSumExp| s.value() + log_m;
-        let (rows, cols) = (Rows::new(&a, dim), Rows::new(&b, dim));
-        let mut cache = vec![0f32; nr * nc];
+    /// One iteration's source update and weighted target update, computed
+    /// four ways (row sweep filling the cache or reading it, then a weighted
+    /// column sweep recomputed or cached, and the fused pass over cached
+    /// groups), asserted bit-identical. Returns the row states, their strip
+    /// states `[strip][row]` and the column states.
+    struct Iteration {
+        rows: Vec<LogSumExp>,
+        strips: Vec<Vec<LogSumExp>>,
+        cols: Vec<LogSumExp>,
+    }
+
+    fn iterate_four_ways(
+        (a, b, dim): (&[f32], &[f32], usize),
+        cache: &mut [f32],
+        f: &[f32],
+        bounds: Option<&[Vec<f32>]>,
+        inv_tau: f32,
+        log_mass: &(dyn Fn(&LogSumExp) -> f64 + Sync),
+    ) -> Iteration {
+        let (rows, cols) = (Rows::new(a, dim), Rows::new(b, dim));
+        let (nr, nc) = (rows.rows, cols.rows);
+        let bound_slices: Option<Vec<&[f32]>> =
+            bounds.map(|b| b.iter().map(Vec::as_slice).collect());
+        let row_sweep = Sweep::Rows {
+            col_shift: f,
+            row_bound: bound_slices.as_deref(),
+        };
         let mut by_row = vec![LogSumExp::default(); nr];
-        let strip_max = lse_sweep(
+        let strip_states = lse_sweep(
             rows,
             cols,
-            TileSource::Fill(&mut cache),
-            Sweep::Rows { col_shift: &f },
+            TileSource::Fill(cache),
+            row_sweep,
             inv_tau,
             &mut by_row,
             &mut [],
         );
+        let mut by_row_cached = vec![LogSumExp::default(); nr];
+        let cached_states = lse_sweep(
+            rows,
+            cols,
+            TileSource::Cached(cache),
+            row_sweep,
+            inv_tau,
+            &mut by_row_cached,
+            &mut [],
+        );
+        assert_eq!(by_row, by_row_cached);
+        assert_eq!(strip_states, cached_states);
+
         let masses: Vec<f64> = by_row.iter().map(log_mass).collect();
-        let weights = RowWeight::per_strip(strip_max.iter().map(Vec::as_slice), &masses);
+        let shifts: Vec<Vec<f32>> = strip_states
+            .iter()
+            .map(|strip| strip.iter().map(|s| s.max as f32).collect())
+            .collect();
+        let weights = RowWeight::per_strip(shifts.iter().map(Vec::as_slice), &masses);
         let weight_slices: Vec<&[RowWeight]> = weights.iter().map(|w| w.as_slice()).collect();
         let weighted = Sweep::WeightedColumns {
-            col_shift: &f,
+            col_shift: f,
             weights: &weight_slices,
         };
         let mut by_col = vec![LogSumExp::default(); nc];
+        let computed = TileSource::Compute;
         lse_sweep(
             rows,
             cols,
-            TileSource::Compute,
+            computed,
             weighted,
             inv_tau,
             &mut [],
             &mut by_col,
         );
         let mut by_col_cached = vec![LogSumExp::default(); nc];
-        let cached = TileSource::Cached(&cache);
+        let cached = TileSource::Cached(cache);
         lse_sweep(
             rows,
             cols,
@@ -918,22 +1056,83 @@ mod tests {
         );
         assert_eq!(by_col, by_col_cached);
 
+        let mut sum = vec![0f64; nc];
+        let mut fused_rows = Vec::new();
+        let mut fused_strips = vec![Vec::new(); nc.div_ceil(TILE_COLS)];
+        let mut partials = vec![0f32; fused_group_scratch(GROUP_ROWS, nc)];
+        for g0 in (0..nr).step_by(GROUP_ROWS) {
+            let g1 = (g0 + GROUP_ROWS).min(nr);
+            let strips: Vec<StripRows<'_>> = (0..nc)
+                .step_by(TILE_COLS)
+                .enumerate()
+                .map(|(strip, c0)| {
+                    let width = TILE_COLS.min(nc - c0);
+                    let base = c0 * nr;
+                    StripRows {
+                        cells: &cache[base + g0 * width..base + g1 * width],
+                        width,
+                        first_col: c0,
+                        bound: bounds.map(|b| &b[strip][g0..g1]),
+                    }
+                })
+                .collect();
+            let group = fused_group(
+                &strips,
+                g1 - g0,
+                f,
+                inv_tau,
+                log_mass,
+                &mut partials,
+                &mut sum,
+            );
+            fused_rows.extend(group.states);
+            for (all, part) in fused_strips.iter_mut().zip(group.strips) {
+                all.extend(part);
+            }
+        }
+        assert_eq!(fused_rows, by_row);
+        assert_eq!(fused_strips, strip_states);
+        let swept_sums: Vec<f64> = by_col.iter().map(|c| c.sum).collect();
+        assert_eq!(sum, swept_sums);
+        Iteration {
+            rows: by_row,
+            strips: strip_states,
+            cols: by_col,
+        }
+    }
+
+    /// The fused iteration over cached strips gives the same bits as a row
+    /// sweep followed by a weighted column sweep with the new potentials
+    /// (cached and recomputed), for groups that end mid-tile and strips of
+    /// uneven width, with and without bounds on the rows' maxima; the
+    /// weighted column update equals the exact one, and bounded row updates
+    /// equal exact ones.
+    #[test]
+    fn fused_group_equals_a_row_sweep_then_a_column_sweep() {
+        let dim = 5;
+        let (nr, nc) = (2 * GROUP_ROWS + 37, 2 * TILE_COLS + 300);
+        let a = pseudo_random(nr * dim, 13);
+        let b = pseudo_random(nc * dim, 14);
+        let f: Vec<f32> = pseudo_random(nc, 15).iter().map(|v| v * 0.1).collect();
+        let inv_tau = 40.0f32;
+        let log_m = (nr as f64).ln();
+        let log_mass = |s: &LogSumExp| s.value() + log_m;
+        let mut cache = vec![0f32; nr * nc];
+        let tables = (a.as_slice(), b.as_slice(), dim);
+        let first = iterate_four_ways(tables, &mut cache, &f, None, inv_tau, &log_mass);
+
         // The exact column update with g as f32 shifts, as the fallback runs it.
-        let g: Vec<f32> = by_row
+        let g: Vec<f32> = first
+            .rows
             .iter()
             .map(|s| (log_mass(s) / inv_tau as f64) as f32)
             .collect();
         let mut exact = vec![LogSumExp::default(); nc];
-        lse_sweep(
-            rows,
-            cols,
-            TileSource::Compute,
-            Sweep::Columns { row_shift: &g },
-            inv_tau,
-            &mut [],
-            &mut exact,
-        );
-        for (j, (w, e)) in by_col.iter().zip(&exact).enumerate() {
+        let (rows, cols) = (Rows::new(&a, dim), Rows::new(&b, dim));
+        let columns = Sweep::Columns { row_shift: &g };
+        let computed = TileSource::Compute;
+        lse_sweep(rows, cols, computed, columns, inv_tau, &mut [], &mut exact);
+        for (j, (w, e)) in first.cols.iter().zip(&exact).enumerate() {
             assert!(w.sum >= MIN_COLUMN_MASS, "column {j} mass {}", w.sum);
             assert!(
                 (w.value() - e.value()).abs() < 1e-4,
@@ -943,35 +1142,61 @@ mod tests {
             );
         }
 
-        let mut sum = vec![0f64; nc];
-        let mut fused_rows = Vec::new();
-        let mut exps = vec![0f32; GROUP_ROWS * nc];
-        for g0 in (0..nr).step_by(GROUP_ROWS) {
-            let g1 = (g0 + GROUP_ROWS).min(nr);
-            let strips: Vec<StripRows<'_>> = (0..nc)
-                .step_by(TILE_COLS)
-                .map(|c0| {
-                    let width = TILE_COLS.min(nc - c0);
-                    let base = c0 * nr;
-                    StripRows {
-                        cells: &cache[base + g0 * width..base + g1 * width],
-                        width,
-                        first_col: c0,
-                    }
-                })
-                .collect();
-            fused_rows.extend(fused_group(
-                &strips,
-                g1 - g0,
-                &f,
-                inv_tau,
-                &log_mass,
-                &mut exps,
-                &mut sum,
-            ));
+        // A second iteration with new target shifts, bounded as
+        // `bank::sinkhorn` bounds it: last LSE plus the largest fall of f.
+        let f2: Vec<f32> = f
+            .iter()
+            .zip(pseudo_random(nc, 16))
+            .map(|(&v, d)| v + 0.05 * d)
+            .collect();
+        let bounds: Vec<Vec<f32>> = first
+            .strips
+            .iter()
+            .enumerate()
+            .map(|(strip, states)| {
+                let columns = strip * TILE_COLS..((strip + 1) * TILE_COLS).min(nc);
+                let fall = columns
+                    .map(|j| (f[j] - f2[j]) * inv_tau)
+                    .fold(f32::NEG_INFINITY, f32::max);
+                states.iter().map(|s| s.value() as f32 + fall).collect()
+            })
+            .collect();
+        let bounded = iterate_four_ways(tables, &mut cache, &f2, Some(&bounds), inv_tau, &log_mass);
+        let unbounded = iterate_four_ways(tables, &mut cache, &f2, None, inv_tau, &log_mass);
+        let mut shifted_above_max = 0;
+        for (strip, (b, u)) in bounded.strips.iter().zip(&unbounded.strips).enumerate() {
+            for (row, (b, u)) in b.iter().zip(u).enumerate() {
+                assert!(
+                    b.max >= u.max - 1e-4,
+                    "strip {strip} row {row}: bound below max"
+                );
+                shifted_above_max += usize::from(b.max > u.max);
+            }
         }
-        assert_eq!(fused_rows, by_row);
-        let fused_sums: Vec<f64> = by_col.iter().map(|c| c.sum).collect();
-        assert_eq!(sum, fused_sums);
+        assert!(shifted_above_max > 0, "the bounds were used");
+        for (r, (b, u)) in bounded.rows.iter().zip(&unbounded.rows).enumerate() {
+            let (b, u) = (b.value(), u.value());
+            assert!(
+                (b - u).abs() < 1e-5 * u.abs().max(1.0),
+                "row {r}: {b} vs {u}"
+            );
+        }
+        for (j, (b, u)) in bounded.cols.iter().zip(&unbounded.cols).enumerate() {
+            let (b, u) = (b.value(), u.value());
+            assert!(
+                (b - u).abs() < 1e-5 * u.abs().max(1.0),
+                "column {j}: {b} vs {u}"
+            );
+        }
+
+        // A bound far above the max (its exps would sum below
+        // MIN_BOUNDED_SUM) is dropped for the exact max: the same bits.
+        let loose: Vec<Vec<f32>> = bounds
+            .iter()
+            .map(|b| b.iter().map(|v| v + 60.0).collect())
+            .collect();
+        let redone = iterate_four_ways(tables, &mut cache, &f2, Some(&loose), inv_tau, &log_mass);
+        assert_eq!(redone.rows, unbounded.rows);
+        assert_eq!(redone.strips, unbounded.strips);
     }
 }
