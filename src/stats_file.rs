@@ -255,7 +255,7 @@ pub fn stream_stats(
         }
         Ok(())
     });
-    let output = match (output, checkpoint.as_deref_mut()) {
+    let output = match (output, checkpoint) {
         (Err(HubnormError::Interrupted(message)), Some(checkpoint)) => {
             checkpoint.save_on_interrupt()?;
             return Err(HubnormError::Interrupted(message));

@@ -201,7 +201,10 @@ pub fn sinkhorn_potentials(
             Some(cols) => cols,
             None => sweeps.sweep(SweepKind::WeightedColumns, &f, &g, &log_masses)?,
         };
-        if cols.iter().any(|c| !(c.sum >= MIN_COLUMN_MASS)) {
+        if cols
+            .iter()
+            .any(|c| c.sum.is_nan() || c.sum < MIN_COLUMN_MASS)
+        {
             // A column with (almost) no mass: its reused exps sit at their
             // floor, so redo this column update with per-column shifts.
             cols = sweeps.sweep(SweepKind::Columns, &f, &g, &[])?;

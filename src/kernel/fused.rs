@@ -38,7 +38,7 @@ pub const TILE_ROWS: usize = 512;
 /// however the matrix is cut, and results do not depend on block sizes.
 pub const GROUP_ROWS: usize = 128;
 const _: () = assert!(
-    TILE_ROWS % GROUP_ROWS == 0,
+    TILE_ROWS.is_multiple_of(GROUP_ROWS),
     "tiles start on group boundaries"
 );
 
@@ -90,7 +90,7 @@ pub struct Rows<'a> {
 
 impl<'a> Rows<'a> {
     pub fn new(data: &'a [f32], dim: usize) -> Self {
-        let rows = if dim == 0 { 0 } else { data.len() / dim };
+        let rows = data.len().checked_div(dim).unwrap_or(0);
         Rows { data, rows, dim }
     }
 
@@ -432,7 +432,7 @@ impl QueryState {
 
     /// Full-gallery rank of the ground truth: 1 + items above + half the ties.
     pub fn rank(&self) -> Option<f64> {
-        (!self.target.is_nan()).then(|| 1.0 + self.greater as f64 + 0.5 * self.equal as f64)
+        (!self.target.is_nan()).then_some(1.0 + self.greater as f64 + 0.5 * self.equal as f64)
     }
 }
 

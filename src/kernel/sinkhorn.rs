@@ -329,7 +329,10 @@ pub struct GroupRows {
 /// multiple of this, so the units are the same global rows however the
 /// matrix is cut, and the fused and the swept updates give the same bits.
 pub const MASS_ROWS: usize = 16;
-const _: () = assert!(GROUP_ROWS % MASS_ROWS == 0, "units tile the groups");
+const _: () = assert!(
+    GROUP_ROWS.is_multiple_of(MASS_ROWS),
+    "units tile the groups"
+);
 
 /// Columns per task when the units' f32 sums join the f64 masses.
 const MASS_MERGE_COLUMNS: usize = 4096;
