@@ -7,7 +7,10 @@
 //! or per column (the target update, shifted by the source potentials).
 //! The column update has two forms: exact, with per-column shifts, and the
 //! exp-reuse form ([`RowWeight`]) that rebuilds the row update's exps and
-//! weights them, which the fused iteration computes from stored exps.
+//! weights them, which the fused iteration ([`fused_group`]) takes from each
+//! row's exps while they are in cache. After the first iteration the row
+//! update may shift its exps by a bound on the row's max instead of the max
+//! ([`MIN_BOUNDED_SUM`]), which saves the pass that finds it.
 //! Tiles come from the GEMM, or from a cache filled on the first sweep when
 //! the whole bank × targets matrix fits the memory limit, so later sweeps
 //! cost a memory pass instead of a GEMM.
@@ -26,7 +29,7 @@ use super::lse::{raise_column_maxima, LogSumExp};
 /// Which potential a sweep prepares.
 #[derive(Debug, Clone, Copy)]
 pub enum Sweep<'a> {
-    /// For every row: LSE over the columns of (s − col_shift[j]) / τ.
+    /// For every row: LSE over the columns of (s − `col_shift[j]`) / τ.
     /// `row_bound[strip][row]`, when given: an upper bound of the row's max
     /// over each strip of [`TILE_COLS`] columns, used as the shift of its
     /// exps where it is tight enough (see [`MIN_BOUNDED_SUM`]).
@@ -34,10 +37,10 @@ pub enum Sweep<'a> {
         col_shift: &'a [f32],
         row_bound: Option<&'a [&'a [f32]]>,
     },
-    /// For every column: LSE over the rows of (s − row_shift[i]) / τ.
+    /// For every column: LSE over the rows of (s − `row_shift[i]`) / τ.
     Columns { row_shift: &'a [f32] },
     /// For every column: the same LSE in the exp-reuse form (see
-    /// [`RowWeight`]): the max is col_shift[j]·inv_tau and the sum
+    /// [`RowWeight`]): the max is `col_shift[j]`·inv_tau and the sum
     /// Σ_i weight · max(e, floor). `weights[strip][row]`: one slice per
     /// strip of [`TILE_COLS`] columns, one weight per row of the block.
     WeightedColumns {
@@ -357,7 +360,7 @@ pub fn fused_group_scratch(rows: usize, targets: usize) -> usize {
 /// `strips` covers the targets in order (with the rows' bounds, if any);
 /// `partials` is scratch of at least [`fused_group_scratch`] floats. Row
 /// states are merged strip after strip and the columns summed as
-/// [`fold_weighted_columns`] sums them, so the result is bit-identical to a
+/// `fold_weighted_columns` sums them, so the result is bit-identical to a
 /// row sweep with the same bounds followed by a [`Sweep::WeightedColumns`]
 /// sweep (cached or recomputed).
 #[allow(clippy::too_many_arguments)]
@@ -739,7 +742,8 @@ fn shifted_exp_sum<const STORE: bool>(
 /// update without a second exp (the exp-reuse form of the column update).
 ///
 /// The row update computed e = exp((s − f_t)·inv_tau − shift) with the
-/// strip's max as `shift`, and the row's log mass g/τ = LSE + log |B|. The
+/// strip's max (or a bound on it, see [`MIN_BOUNDED_SUM`]) as `shift`, and
+/// the row's log mass g/τ = LSE + log |B|. The
 /// column update needs exp((s − g)/τ) = e · exp(shift − g/τ) · exp(f_t/τ), so
 /// each column sums e · `weight` and keeps f_t/τ as its log-sum-exp max.
 ///

@@ -8,7 +8,7 @@
 //! | `hub_hubness(gallery_id, measure, k, gallery_size)` | [`KOccurrence`] | (id, count) lists |
 //!
 //! Each has a row accumulator and a [`GroupsAccumulator`] (one state per
-//! group in a vector), both thin adapters over one [`Statistic`] so they
+//! group in a vector), both thin adapters over one `Statistic` so they
 //! cannot disagree.
 
 use std::collections::HashMap;
