@@ -424,7 +424,7 @@ impl Sweeper<'_> {
         };
         let fold_context = FoldContext {
             kind,
-            f,
+            f32s: &f32s,
             g32: &g32,
             log_mass,
             bounds: bounds.as_deref(),
@@ -523,8 +523,8 @@ impl Sweeper<'_> {
 /// What every chunk of one sweep shares.
 struct FoldContext<'a> {
     kind: SweepKind,
-    /// Target potentials.
-    f: &'a [f64],
+    /// Target potentials, as the kernel's f32 shifts.
+    f32s: &'a [f32],
     /// Source potentials, as the kernel's f32 shifts (`Columns`).
     g32: &'a [f32],
     /// Source log masses g/τ (`WeightedColumns`).
@@ -542,7 +542,7 @@ struct ChunkFold<'a> {
     /// The chunk's first strip among all the targets' strips.
     first_strip: usize,
     /// f of the chunk's targets, as the kernel's f32 shifts.
-    col_shift: Vec<f32>,
+    col_shift: &'a [f32],
     col_states: Vec<LogSumExp>,
 }
 
@@ -552,10 +552,7 @@ impl<'a> ChunkFold<'a> {
             context,
             chunk,
             first_strip,
-            col_shift: context.f[chunk.offset..chunk.offset + chunk.rows]
-                .iter()
-                .map(|&v| v as f32)
-                .collect(),
+            col_shift: &context.f32s[chunk.offset..chunk.offset + chunk.rows],
             col_states: if context.kind == SweepKind::Rows {
                 Vec::new()
             } else {
@@ -592,7 +589,7 @@ impl<'a> ChunkFold<'a> {
                     cols,
                     source,
                     Sweep::Rows {
-                        col_shift: &self.col_shift,
+                        col_shift: self.col_shift,
                         row_bound: bounds.as_deref(),
                     },
                     inv_tau,
@@ -627,7 +624,7 @@ impl<'a> ChunkFold<'a> {
                     cols,
                     source,
                     Sweep::WeightedColumns {
-                        col_shift: &self.col_shift,
+                        col_shift: self.col_shift,
                         weights: &weights,
                     },
                     inv_tau,
