@@ -70,6 +70,10 @@ pub enum HubnormError {
     #[error("SQL: {message}")]
     Sql { message: String, exit_code: i32 },
 
+    /// The system BLAS named by the user could not be used.
+    #[error(transparent)]
+    Blas(#[from] crate::kernel::blas::BlasError),
+
     /// A bug in hubnorm.
     #[error("internal error: {0}")]
     Internal(String),
@@ -80,7 +84,10 @@ impl HubnormError {
     /// can fix it), 1 for everything else.
     pub fn exit_code(&self) -> i32 {
         match self {
-            HubnormError::Input { .. } | HubnormError::Usage(_) | HubnormError::Budget(_) => 2,
+            HubnormError::Input { .. }
+            | HubnormError::Usage(_)
+            | HubnormError::Budget(_)
+            | HubnormError::Blas(_) => 2,
             HubnormError::Io { .. }
             | HubnormError::Parquet { .. }
             | HubnormError::Arrow(_)

@@ -339,6 +339,8 @@ fn common_metadata(kind: &str, options: &PassOptions) -> Vec<(String, String)> {
     vec![
         ("hubnorm.version".into(), env!("CARGO_PKG_VERSION").into()),
         ("hubnorm.output".into(), kind.into()),
+        // The last bits of every score depend on which GEMM computed it.
+        ("hubnorm.gemm".into(), crate::kernel::gemm::backend_name()),
         (
             "hubnorm.normalize".into(),
             options.read.normalize.to_string(),

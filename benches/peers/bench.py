@@ -288,9 +288,11 @@ def last_line(text):
 class Tool:
     """One timed tool of a job: its child command(s) per repeat directory, memory need and check."""
 
-    def __init__(self, name, steps, peer=False, need=0, check=None, limited=None):
+    def __init__(self, name, steps, peer=False, need=0, check=None, limited=None, env=None, checked=None):
         self.name, self.steps, self.peer, self.need, self.check = name, steps, peer, need, check
         self.limited = peer if limited is None else limited  # run under the address-space limit
+        self.env = env or {}  # added to the child's environment
+        self.checked = peer if checked is None else checked  # compared with the first hubnorm output
 
 
 class Bench:
@@ -312,6 +314,7 @@ class Bench:
         self.examples = {}  # (job, tool) -> command line, for setup.md
         self.prep_cache = {}
         self.hub = args.hubnorm_bin
+        self.blas = args.hubnorm_blas
         self.py = sys.executable
         self.peers = os.path.join(HERE, "peers.py")
         self.max_threads = max(args.threads)
@@ -327,6 +330,7 @@ class Bench:
 
     def env(self, threads, peer):
         env = dict(os.environ)
+        env.pop("HUBNORM_BLAS", None)  # only the hubnorm+blas tool gets one
         if peer:
             for v in PEER_ENV:
                 env[v] = str(threads)
@@ -341,13 +345,14 @@ class Bench:
     def measure(self, job, tool: Tool, threads, rdir):
         m = Measurement()
         steps = tool.steps(rdir, threads)
-        env = self.env(threads, tool.peer)
+        env = {**self.env(threads, tool.peer), **tool.env}
         as_limit = self.as_limit() if tool.limited else None
         texts = []
         for i, argv in enumerate(steps):
             line = " ".join(shlex.quote(a) for a in argv)
             if tool.peer:
                 line = " ".join(f"{v}={threads}" for v in PEER_ENV) + " OPENBLAS_CORETYPE=SkylakeX " + line
+            line = "".join(f"{k}={shlex.quote(v)} " for k, v in tool.env.items()) + line
             self.cmdlog.write(line + "\n")
             self.cmdlog.flush()
             examples = self.examples.setdefault((job, tool.name), [])
@@ -406,7 +411,7 @@ class Bench:
                     if not tool.peer and ref_dir is None:
                         ref_dir = rdir
                         check = "reference"
-                    elif tool.peer and tool.check and tool.name not in checked:
+                    elif tool.checked and tool.check and tool.name not in checked:
                         checked.add(tool.name)
                         try:
                             check = tool.check(ref_dir, rdir) if ref_dir else "n/a (no hubnorm output)"
@@ -487,6 +492,16 @@ class Bench:
                      peer=True, limited=False),
             ]
             self.run_group("peak", "-", None, threads, tools, self.args.peak_repeats, 0)
+
+    def with_blas_variant(self, tools, data):
+        """With --hubnorm-blas: the hubnorm tool again, right after it, as `hubnorm+blas` (its tiles by that
+        library's cblas_sgemm), checked against the plain hubnorm output like a peer."""
+        if not self.blas or not tools or tools[0].name != "hubnorm":
+            return tools
+        hub = tools[0]
+        variant = Tool("hubnorm+blas", hub.steps, env={"HUBNORM_BLAS": self.blas},
+                       check=lambda ref, mine: check_hubnorm_pair(ref, mine, data), checked=True)
+        return [hub, variant] + tools[1:]
 
     def tools_for(self, job, data: Data):
         nq, ng, nb, d = data.nq, data.ng, data.nb, data.d
@@ -604,6 +619,7 @@ class Bench:
             return
         for threads in a.threads:
             gflop, tools = self.tools_for(job, data)
+            tools = self.with_blas_variant(tools, data)
             if not tools:
                 self.log(f"{job} {size_label}: skipped (preparation failed)")
                 return
@@ -742,7 +758,12 @@ def check_topk(ref_results, method, mine_dir, data: Data):
         return "n/a (no hubnorm output)"
     hi, hs = load_hub_topk(ref_results, method, data)
     z = _npz(mine_dir)
-    pi, ps = z["ids"], z["scores"].astype(np.float32)
+    return compare_topk(hi, hs, z["ids"], z["scores"].astype(np.float32), data.nq)
+
+
+def compare_topk(hi, hs, pi, ps, nq):
+    """hubnorm's top-k (ids, scores) against another's: equal ids except at ties within TIE."""
+    import numpy as np
     if pi.shape != hi.shape:
         return f"mismatch: shape {pi.shape} vs hubnorm {hi.shape}"
     kth_h, kth_p = hs[:, -1], ps[:, -1]
@@ -757,7 +778,7 @@ def check_topk(ref_results, method, mine_dir, data: Data):
     dmax = float(np.nanmax(np.abs(hs - ps))) if hs.size else 0.0
     if bad_q:
         q, r, a, sa, b, sb = first
-        return (f"mismatch: {len(bad_q)}/{data.nq} queries differ (first: query row {q} rank {r}: hubnorm "
+        return (f"mismatch: {len(bad_q)}/{nq} queries differ (first: query row {q} rank {r}: hubnorm "
                 f"row {a} {sa:.7f}, peer row {b} {sb:.7f}); max Δscore {dmax:.1e}")
     if dmax > SCORE_TOL:
         return f"mismatch: same ids but scores differ by up to {dmax:.1e}"
@@ -789,6 +810,49 @@ def check_stats(ref_stats, columns, mine_dir, data: Data):
             parts.append(f"{key} max Δ {dmax:.0e}" + (f" ({n} items > {STAT_TOL:g})" if n else ""))
             bad |= n > 0
     return ("mismatch: " if bad else "ok: ") + ", ".join(parts)
+
+
+def check_hubnorm_pair(ref_dir, mine_dir, data: Data):
+    """A second hubnorm's outputs (hubnorm+blas) against the first's: every method's top-k as a peer's, and
+    every float column of gallery_stats.parquet within STAT_TOL."""
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    import common
+    if not ref_dir:
+        return "n/a (no hubnorm output)"
+    parts, bad = [], False
+    ref_res, mine_res = (os.path.join(d, "results.parquet") for d in (ref_dir, mine_dir))
+    if os.path.exists(ref_res) and os.path.exists(mine_res):
+        methods = sorted(pc.unique(pq.read_table(ref_res, columns=["method"])["method"]).to_pylist())
+        for method in methods:
+            hi, hs = load_hub_topk(ref_res, method, data)
+            pi, ps = load_hub_topk(mine_res, method, data)
+            c = compare_topk(hi, hs, pi, ps, data.nq)
+            bad |= not c.startswith("ok")
+            parts.append(f"{method} top-k {c}")
+    ref_st, mine_st = (os.path.join(d, "gallery_stats.parquet") for d in (ref_dir, mine_dir))
+    if os.path.exists(ref_st) and os.path.exists(mine_st):
+        a, b = pq.read_table(ref_st), pq.read_table(mine_st)
+        ra = common.map_ids(a["gallery_id"], data.gallery_index())
+        rb = common.map_ids(b["gallery_id"], data.gallery_index())
+        dmax, over = 0.0, 0
+        for field in a.schema:
+            if not (field.type.equals("float") or field.type.equals("double")):
+                continue
+            x = np.empty(data.ng)
+            y = np.empty(data.ng)
+            x[ra] = a[field.name].to_numpy(zero_copy_only=False)
+            y[rb] = b[field.name].to_numpy(zero_copy_only=False)
+            # the mergeable states (running sums) are relative quantities: compare them relatively
+            diff = np.abs(x - y) / np.maximum(1.0, np.abs(x))
+            dmax = max(dmax, float(np.nanmax(diff)))
+            over += int((diff > STAT_TOL).sum())
+        bad |= over > 0
+        parts.append(f"stats max Δ {dmax:.0e}" + (f" ({over} values > {STAT_TOL:g})" if over else ""))
+    if not parts:
+        return "n/a (no outputs to compare)"
+    return ("mismatch: " if bad else "ok: ") + "; ".join(parts)
 
 
 def check_hubness(ref_dir, summary_path, mine_dir):
@@ -858,6 +922,20 @@ print(json.dumps(out))
         return {"error": str(e)}
 
 
+def mkl_runtime():
+    """Intel MKL's single dynamic library (PyPI package `mkl`) in this venv, installed on first use."""
+    import glob
+    def find():
+        return sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))
+    if not find():
+        print("installing mkl (PyPI) into the bench venv for --hubnorm-blas mkl", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "mkl"], check=True)
+    found = find()
+    if not found:
+        raise SystemExit("error: pip installed mkl but no libmkl_rt.so* is in " + os.path.join(sys.prefix, "lib"))
+    return found[0]
+
+
 def versions():
     out = {"python": platform.python_version()}
     for mod, name in (("numpy", "numpy"), ("faiss", "faiss-cpu"), ("scipy", "scipy"), ("pyarrow", "pyarrow"),
@@ -867,6 +945,11 @@ def versions():
             out[name] = getattr(m, "__version__", "?")
         except Exception as e:  # noqa: BLE001
             out[name] = f"n/a ({e})"
+    try:
+        import importlib.metadata
+        out["mkl"] = importlib.metadata.version("mkl")
+    except Exception:  # noqa: BLE001  (only installed for --hubnorm-blas mkl)
+        pass
     return out
 
 
@@ -927,6 +1010,8 @@ def write_setup(b: Bench, started: bool):
               "(each raw.csv row has the load at its start; other processes on the machine make wall times longer)",
               f"- hubnorm: `{b.hub}` ({hub_ver}); repository {REPO} at {rev}"
               + (" with uncommitted changes" if dirty else ""),
+              f"- hubnorm+blas: " + (f"the same binary with `HUBNORM_BLAS={b.blas}` (tiles by that library's "
+                                      "cblas_sgemm)" if b.blas else "not run (no --hubnorm-blas)"),
               "- Python packages: " + ", ".join(f"{k} {v}" for k, v in versions().items()),
               f"- numpy BLAS: {json.dumps(blas.get('numpy_blas'))}",
               f"- runtime thread pools (with OPENBLAS_CORETYPE=SkylakeX): {json.dumps(blas.get('threadpools'))}",
@@ -1079,47 +1164,59 @@ def summarize(out_dir):
                 tools = [k for k in keys if k[1] == size and k[3] == t]
                 tools.sort(key=lambda k: (not k[2].startswith("hubnorm"), k[2]))
                 hub = next((G[k] for k in tools if k[2].startswith("hubnorm")), None)
+                hub_blas = next((G[k] for k in tools if k[2] == "hubnorm+blas"), None)
                 for k in tools:
                     g = G[k]
                     is_hub = k[2].startswith("hubnorm")
                     ratio = (hub.wall / g.wall if hub and hub.n and g.n and not is_hub else float("nan"))
+                    ratio_text = fmt(ratio)
+                    if hub_blas and hub_blas.n and g.n and not is_hub:
+                        ratio_text += f" (+blas {fmt(hub_blas.wall / g.wall)})"
                     if g.n:
                         cells = [fmt(g.wall), fmt(g.cpu), fmt(g.rss), fmt(g.gflops), fmt(pct(g, t))]
                     else:
                         cells = [g.status, "—", "—", "—", "—"]
                     L.append(f"| {size} | {t} | {k[2]} | {g.n}/{g.repeats} | " + " | ".join(cells)
-                             + f" | {fmt(ratio) if not is_hub else '—'} | {esc(g.check or ('reference' if is_hub and g.n else '—'))} |")
+                             + f" | {ratio_text if not is_hub else '—'} | {esc(g.check or ('reference' if is_hub and g.n else '—'))} |")
         L.append("")
 
     # targets
     L += ["## Targets", ""]
     L += ["### Pass 1 (inverted softmax statistics): ≥ 70% of the measured f32 peak", "",
-          "| size | threads | hubnorm `stats --method is` GFLOP/s | measured peak | % of peak | target |",
-          "|---|---|---|---|---|---|"]
-    p1 = sorted([k for k in G if k[0] in ("is-pass1",) and k[2] == "hubnorm"], key=lambda k: (_size_key(k[1]), k[3]))
+          "| size | threads | tool | `stats --method is` GFLOP/s | measured peak | % of peak | target |",
+          "|---|---|---|---|---|---|---|"]
+    hub_tools = ("hubnorm", "hubnorm+blas")
+    p1 = sorted([k for k in G if k[0] in ("is-pass1",) and k[2] in hub_tools],
+                key=lambda k: (_size_key(k[1]), k[3], k[2]))
     for k in p1:
         g = G[k]
         p = pct(g, k[3])
         verdict = "—" if math.isnan(p) else ("met" if p >= 70 else "missed")
-        L.append(f"| {k[1]} | {k[3]} | {fmt(g.gflops) if g.n else g.status} | {fmt(peak.get(k[3]))} | {fmt(p)} | {verdict} |")
+        L.append(f"| {k[1]} | {k[3]} | {k[2]} | {fmt(g.gflops) if g.n else g.status} | {fmt(peak.get(k[3]))} | "
+                 f"{fmt(p)} | {verdict} |")
     if not p1:
-        L.append("| — | — | not run | — | — | — |")
+        L.append("| — | — | — | not run | — | — | — |")
     L += ["", "### Pass 2 (top-10 corrected search): faster than faiss IndexFlatIP at equal results", "",
-          "| size | threads | hubnorm `search --method is` s | faiss (d+1) s | hubnorm/faiss | equal results | target |",
-          "|---|---|---|---|---|---|---|"]
-    p2 = sorted([k for k in G if k[0] == "is-pass2" and k[2] == "hubnorm"], key=lambda k: (_size_key(k[1]), k[3]))
+          "| size | threads | tool | `search --method is` s | faiss (d+1) s | tool/faiss | equal results | target |",
+          "|---|---|---|---|---|---|---|---|"]
+    p2 = sorted([k for k in G if k[0] == "is-pass2" and k[2] in hub_tools],
+                key=lambda k: (_size_key(k[1]), k[3], k[2]))
     for k in p2:
         h = G[k]
         f = G.get(("is-pass2", k[1], "faiss-flatip", k[3]))
         if f and f.n and h.n:
             ratio = h.wall / f.wall
-            eq = f.check.startswith("ok")
+            # faiss is checked against plain hubnorm; hubnorm+blas against plain hubnorm too
+            checks = [f.check] + ([h.check] if k[2] != "hubnorm" else [])
+            eq = all(c.startswith("ok") for c in checks)
             verdict = ("met" if ratio < 1 and eq else "missed") + ("" if eq else " (results differ)")
-            L.append(f"| {k[1]} | {k[3]} | {fmt(h.wall)} | {fmt(f.wall)} | {fmt(ratio)} | {esc(f.check)} | {verdict} |")
+            L.append(f"| {k[1]} | {k[3]} | {k[2]} | {fmt(h.wall)} | {fmt(f.wall)} | {fmt(ratio)} | "
+                     f"{esc('; '.join(checks))} | {verdict} |")
         else:
-            L.append(f"| {k[1]} | {k[3]} | {fmt(h.wall) if h.n else h.status} | {f.status if f else 'not run'} | — | — | — |")
+            L.append(f"| {k[1]} | {k[3]} | {k[2]} | {fmt(h.wall) if h.n else h.status} | "
+                     f"{f.status if f else 'not run'} | — | — | — |")
     if not p2:
-        L.append("| — | — | not run | — | — | — | — |")
+        L.append("| — | — | — | not run | — | — | — | — |")
 
     mem = sorted([k for k in G if k[0] == "memory"], key=lambda k: k[2])
     L += ["", "### Memory: inputs ≥ 4× `--memory-limit`, peak RSS within the limit plus a stated overhead", ""]
@@ -1193,6 +1290,10 @@ def main(argv=None):
     p.add_argument("--memory-limit", default="1GiB", help="hubnorm --memory-limit of every job but memory")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per measurement (default 3600)")
     p.add_argument("--hubnorm-bin", default=os.environ.get("HUBNORM_BIN"))
+    p.add_argument("--hubnorm-blas", default=os.environ.get("HUBNORM_BENCH_BLAS"), metavar="LIB|mkl",
+                   help="also time hubnorm with HUBNORM_BLAS=LIB (a cblas_sgemm shared library) as the tool "
+                        "`hubnorm+blas`, checked against plain hubnorm; `mkl` installs Intel MKL from PyPI into the "
+                        "bench venv and uses its libmkl_rt")
     p.add_argument("--peer-memory", default=None,
                    help="address-space limit of the peers (default 90%% of MemAvailable at each launch)")
     p.add_argument("--peak-repeats", type=int, default=3)
@@ -1252,6 +1353,10 @@ def main(argv=None):
     if not a.hubnorm_bin or not os.access(a.hubnorm_bin, os.X_OK):
         p.error(f"no hubnorm binary (--hubnorm-bin or HUBNORM_BIN): {a.hubnorm_bin!r}")
     a.hubnorm_bin = os.path.abspath(a.hubnorm_bin)
+    if a.hubnorm_blas == "mkl":
+        a.hubnorm_blas = mkl_runtime()
+    elif a.hubnorm_blas and not os.path.exists(a.hubnorm_blas):
+        p.error(f"--hubnorm-blas {a.hubnorm_blas!r}: no such file")
 
     b = Bench(a)
 

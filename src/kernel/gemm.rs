@@ -1,8 +1,47 @@
 //! The similarity tile: S = A·Bᵀ for row-major embedding blocks, by the `gemm`
-//! crate (AVX-512 kernels chosen at run time through its `x86-v4` feature).
+//! crate (AVX-512 kernels chosen at run time through its `x86-v4` feature), or
+//! by a system BLAS the process chose once with [`use_blas`] (the command line's
+//! `HUBNORM_BLAS`).
 //!
 //! Before touching this, run `cargo bench --bench kernel`
 //! and compare `gemm_tile` against `naive_tile` and the machine peak in DESIGN.md.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use super::blas::{Blas, BlasError};
+
+/// The BLAS every tile uses, when one was chosen; otherwise the `gemm` crate.
+static BLAS: OnceLock<Blas> = OnceLock::new();
+
+/// Makes every later similarity tile of this process use `cblas_sgemm` from the
+/// shared library at `path` (see [`super::blas`]). Once per process: a second
+/// call, even with the same path, is refused, because tiles already computed
+/// would not match later ones bit for bit.
+pub fn use_blas(path: &Path) -> Result<(), BlasError> {
+    let blas = Blas::load(path)?;
+    BLAS.set(blas).map_err(|blas| BlasError::Load {
+        path: blas.path().to_path_buf(),
+        message: match BLAS.get() {
+            Some(current) => format!("a BLAS is already in use ({})", current.path().display()),
+            None => "a BLAS is already in use".into(),
+        },
+    })
+}
+
+/// The BLAS chosen with [`use_blas`], if any.
+pub fn blas() -> Option<&'static Blas> {
+    BLAS.get()
+}
+
+/// Which GEMM computes the tiles: `gemm crate` or `blas:<path>`. Recorded in
+/// the outputs' metadata, since the last bits of a score depend on it.
+pub fn backend_name() -> String {
+    match BLAS.get() {
+        Some(blas) => format!("blas:{}", blas.path().display()),
+        None => "gemm crate".into(),
+    }
+}
 
 /// Writes `out[i * ld_out + j] = ⟨a_i, b_j⟩` for the `m` rows of `a` and the
 /// `n` rows of `b`, both row-major with `dim` columns. Single-threaded: the
@@ -41,6 +80,11 @@ pub fn similarity_tile(
             out[i * ld_out..i * ld_out + n].fill(0.0);
         }
         return;
+    }
+    if let Some(blas) = BLAS.get() {
+        if blas.tile(out, ld_out, a, m, b, n, dim) {
+            return;
+        }
     }
     // SAFETY: the asserts above guarantee that every index the strides describe
     // lies inside the slices; `out` is exclusively borrowed.

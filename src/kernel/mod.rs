@@ -2,6 +2,7 @@
 //! vectorised exp, bounded top-k, streaming log-sum-exp, and the fused tile
 //! drivers of pass 1 and pass 2.
 
+pub mod blas;
 mod dispatch;
 pub mod exp;
 pub mod fused;

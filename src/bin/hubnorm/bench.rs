@@ -236,9 +236,10 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     }
     let peak = measured_peak_gflops(&pool).unwrap_or(DESIGN_PEAK_GFLOPS);
     println!(
-        "threads {}, AVX-512 {}, measured FMA peak {peak:.1} GFLOP/s (DESIGN.md's machine: {DESIGN_PEAK_GFLOPS})",
+        "threads {}, AVX-512 {}, GEMM: {}, measured FMA peak {peak:.1} GFLOP/s (DESIGN.md's machine: {DESIGN_PEAK_GFLOPS})",
         pool.current_num_threads(),
-        if has_avx512() { "on" } else { "off" }
+        if has_avx512() { "on" } else { "off" },
+        hubnorm::kernel::gemm::backend_name()
     );
     for &dim in &args.dims {
         if args.sinkhorn_only {

@@ -11,6 +11,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// The environment variable that names a system BLAS for the similarity tiles.
+const BLAS_VARIABLE: &str = "HUBNORM_BLAS";
+
 fn main() -> ExitCode {
     // Rust ignores SIGPIPE, so printing into a closed pipe (`| head`) would
     // panic; the default action ends the process quietly, as Unix tools do.
@@ -35,7 +38,7 @@ fn main() -> ExitCode {
             "warning: no Ctrl-C handler ({err}); an interrupted run may leave temporary files"
         );
     }
-    let outcome = match cli.command {
+    let outcome = blas_from_env().and_then(|()| match cli.command {
         cli::Command::Run(args) => run::run(args),
         cli::Command::Stats(args) => run::stats(args),
         cli::Command::Search(args) => run::search(args),
@@ -45,7 +48,7 @@ fn main() -> ExitCode {
         cli::Command::Export(args) => run::export(args),
         cli::Command::Sql(args) => sql::sql(args),
         cli::Command::Bench(args) => bench::bench(args),
-    };
+    });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -59,5 +62,19 @@ fn main() -> ExitCode {
             eprintln!("{message}");
             ExitCode::from(err.exit_code() as u8)
         }
+    }
+}
+
+/// `HUBNORM_BLAS=/path/to/libmkl_rt.so` (or OpenBLAS, BLIS): every similarity
+/// tile is computed by that library's `cblas_sgemm` instead of the `gemm` crate.
+/// Unset or empty: the `gemm` crate.
+fn blas_from_env() -> hubnorm::Result<()> {
+    match std::env::var_os(BLAS_VARIABLE) {
+        Some(path) if !path.is_empty() => {
+            hubnorm::kernel::gemm::use_blas(std::path::Path::new(&path)).map_err(|err| {
+                hubnorm::HubnormError::Usage(format!("{BLAS_VARIABLE}={}: {err}", path.display()))
+            })
+        }
+        _ => Ok(()),
     }
 }
