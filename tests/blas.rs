@@ -293,7 +293,7 @@ fn an_unusable_blas_is_refused_with_exit_code_2() {
     ] {
         let out = dir.path().join("out");
         let result = Command::new(env!("CARGO_BIN_EXE_hubnorm"))
-            .env("HUBNORM_BLAS", &library)
+            .env("HUBNORM_BLAS", library)
             .args(["run", "--queries", &p("queries.parquet")])
             .args([
                 "--gallery",

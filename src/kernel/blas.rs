@@ -34,6 +34,10 @@ pub enum BlasError {
          an LP64 CBLAS interface (32-bit integers) is required"
     )]
     WrongProduct { path: PathBuf, error: f32 },
+    /// The process already computes its tiles with a BLAS (see
+    /// [`super::gemm::use_blas`]); tiles from two libraries would not match bit for bit.
+    #[error("cannot switch to {path}: {current} is already in use")]
+    AlreadyInUse { path: PathBuf, current: PathBuf },
     /// MKL refused its reproducibility mode, so results would depend on the tile shapes.
     #[error("{path}: MKL_CBWR_Set refused strict reproducibility mode (status {status})")]
     Reproducibility { path: PathBuf, status: c_int },
@@ -139,9 +143,10 @@ impl Blas {
 
     /// Whether a cell's bits are independent of the product's shape, hence of
     /// the tile edges and the memory limit: true for MKL in its strict mode.
-    /// Other libraries (OpenBLAS 0.3 has separate small-matrix kernels) give
-    /// bits that follow the thread count and memory limit only in the last
-    /// place; the ranking is the same except at near-ties.
+    /// With other libraries (OpenBLAS 0.3 computes small products with other
+    /// kernels) a cell's last bits may change with the tile edges, so outputs
+    /// can differ in the last place between memory limits; the ranking is the
+    /// same except at near-ties.
     pub fn shape_independent(&self) -> bool {
         self.shape_independent
     }
@@ -149,6 +154,8 @@ impl Blas {
     /// `out[i * ld_out + j] = ⟨a_i, b_j⟩`, as [`super::gemm::similarity_tile`],
     /// or `false` (nothing written) when a size does not fit a 32-bit integer.
     /// The caller has checked the slice lengths.
+    // The same arguments as `similarity_tile`, plus the library.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn tile(
         &self,
         out: &mut [f32],

@@ -19,14 +19,18 @@ static BLAS: OnceLock<Blas> = OnceLock::new();
 /// call, even with the same path, is refused, because tiles already computed
 /// would not match later ones bit for bit.
 pub fn use_blas(path: &Path) -> Result<(), BlasError> {
+    let already = |current: &Blas| BlasError::AlreadyInUse {
+        path: path.to_path_buf(),
+        current: current.path().to_path_buf(),
+    };
+    // Checked before loading: a library that is already in use may refuse
+    // the set-up calls that `Blas::load` makes (MKL's mode is set once).
+    if let Some(current) = BLAS.get() {
+        return Err(already(current));
+    }
     let blas = Blas::load(path)?;
-    BLAS.set(blas).map_err(|blas| BlasError::Load {
-        path: blas.path().to_path_buf(),
-        message: match BLAS.get() {
-            Some(current) => format!("a BLAS is already in use ({})", current.path().display()),
-            None => "a BLAS is already in use".into(),
-        },
-    })
+    BLAS.set(blas)
+        .map_err(|_| already(BLAS.get().expect("set by the thread that won")))
 }
 
 /// The BLAS chosen with [`use_blas`], if any.
