@@ -954,13 +954,22 @@ def versions():
 
 
 def cpu_model():
+    """The CPU's model name with its family and model numbers: a VM may report only "AMD EPYC", and
+    the numbers tell the generations apart (family 25 model 17 is Zen 4, family 26 is Zen 5)."""
+    fields = {}
     try:
         for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, sep, value = line.partition(":")
+            key = key.strip()
+            if sep and key in ("model name", "cpu family", "model", "stepping") and key not in fields:
+                fields[key] = value.strip()
+            if not line.strip() and fields:
+                break  # the first processor's block is enough
     except OSError:
         pass
-    return platform.processor()
+    name = fields.get("model name") or platform.processor()
+    numbers = ", ".join(f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping") if k in fields)
+    return f"{name} ({numbers})" if numbers else name
 
 
 def cpu_flags():
