@@ -953,34 +953,36 @@ def versions():
     return out
 
 
-def cpu_model():
-    """The CPU's model name with its family and model numbers: a VM may report only "AMD EPYC", and
-    the numbers tell the generations apart (family 25 model 17 is Zen 4, family 26 is Zen 5)."""
+def first_cpuinfo():
+    """The first processor's fields in /proc/cpuinfo ("model name", "cpu family", "flags", ...); {} where
+    there is none."""
     fields = {}
     try:
         for line in open("/proc/cpuinfo"):
+            if not line.strip():
+                if fields:
+                    break  # the first processor's block is enough
+                continue
             key, sep, value = line.partition(":")
-            key = key.strip()
-            if sep and key in ("model name", "cpu family", "model", "stepping") and key not in fields:
-                fields[key] = value.strip()
-            if not line.strip() and fields:
-                break  # the first processor's block is enough
+            if sep:
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return fields
+
+
+def cpu_model():
+    """The CPU's model name with its family and model numbers: a VM may report only "AMD EPYC", and
+    the numbers tell the generations apart (family 25 model 17 is Zen 4, family 26 is Zen 5)."""
+    fields = first_cpuinfo()
     name = fields.get("model name") or platform.processor()
     numbers = ", ".join(f"{k} {fields[k]}" for k in ("cpu family", "model", "stepping") if k in fields)
     return f"{name} ({numbers})" if numbers else name
 
 
 def cpu_flags():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                fl = line.split(":", 1)[1].split()
-                return " ".join(f for f in fl if f.startswith(("avx", "fma", "amx")))
-    except OSError:
-        pass
-    return ""
+    flags = first_cpuinfo().get("flags", "").split()
+    return " ".join(f for f in flags if f.startswith(("avx", "fma", "amx")))
 
 
 def write_setup(b: Bench, started: bool):
