@@ -445,12 +445,13 @@ class Bench:
 
     # -- preparation (untimed) -----------------------------------------------------------------
     def prep(self, key, argv):
-        """Run an untimed hubnorm command once per invocation (cached by key)."""
+        """Run an untimed hubnorm command once per invocation (cached by key). `argv(d)` gives the command
+        without the common flags, which are added here with the preparation's thread count."""
         if key in self.prep_cache:
             return self.prep_cache[key]
         d = os.path.join(self.work, "prep", *key)
         os.makedirs(d, exist_ok=True)
-        cmd = argv(d)
+        cmd = argv(d) + self.hub_common(self.prep_threads)
         self.cmdlog.write("# prep: " + " ".join(shlex.quote(a) for a in cmd) + "\n")
         self.log(f"prep {'/'.join(key)}")
         wall, ru, rc, to = run_child(cmd, self.env(self.prep_threads, False), os.path.join(d, "prep.log"),
@@ -465,16 +466,14 @@ class Bench:
     def prep_stats(self, data, method):
         d = self.prep((data.name, f"stats_{method}"),
                       lambda d: [self.hub, "stats", "--gallery", data.gallery, "--bank", data.bank,
-                                 "--method", method, "--out", os.path.join(d, "gallery_stats.parquet")]
-                      + self.hub_common(self.prep_threads))
+                                 "--method", method, "--out", os.path.join(d, "gallery_stats.parquet")])
         return os.path.join(d, "gallery_stats.parquet") if d else None
 
     def prep_run_none(self, data):
         return self.prep((data.name, "run_none"),
                          lambda d: [self.hub, "run", "--queries", data.queries, "--gallery", data.gallery,
                                     "--bank", data.bank, "--methods", "none", "--k", str(K),
-                                    "--bootstrap", "0", "--out", os.path.join(d, "run")]
-                         + self.hub_common(self.prep_threads))
+                                    "--bootstrap", "0", "--out", os.path.join(d, "run")])
 
     # -- peer commands -------------------------------------------------------------------------
     def peer(self, job, data, *extra, out="out.npz"):
