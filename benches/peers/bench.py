@@ -997,7 +997,10 @@ def write_setup(b: Bench, started: bool):
     end = dt.datetime.now().astimezone()
     new = not os.path.exists(path)
     rev = sh(["git", "rev-parse", "HEAD"], cwd=REPO)
-    dirty = sh(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
+    # A results folder inside the repository is written by this run: not a source change.
+    results = os.path.relpath(os.path.abspath(b.out), REPO)
+    pathspec = [] if results.startswith("..") else ["--", ".", f":(exclude){results}"]
+    dirty = sh(["git", "status", "--porcelain", "--untracked-files=no", *pathspec], cwd=REPO)
     hub_ver = sh([b.hub, "--version"]) if b.hub else "n/a"
     blas = blas_info(b.py)
     floor_log = os.path.join(b.work if os.path.isdir(b.work) else b.out, "floor.log")
