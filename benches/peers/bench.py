@@ -613,11 +613,7 @@ class Bench:
     def job_size(self, job, size_label, data):
         a = self.args
         if job == "sn" and data.nb * data.ng > a.sn_max_pairs:
-            self.log(f"sn {size_label}: skipped, bank × gallery = {data.nb * data.ng:.3g} pairs is above "
-                     f"--sn-max-pairs {a.sn_max_pairs:.3g} (every iteration sweeps them twice; raise it to run)")
-            self.write_row(job=job, size=size_label, tool="hubnorm", threads=a.threads[0], repeat=0,
-                           status=f"skipped (above --sn-max-pairs {a.sn_max_pairs:.3g})",
-                           n_queries=data.nq, n_gallery=data.ng, n_bank=data.nb, dim=data.d)
+            self.sn_not_run(size_label, data)
             return
         for threads in a.threads:
             gflop, tools = self.tools_for(job, data)
@@ -628,6 +624,28 @@ class Bench:
             self.run_group(job, size_label, data, threads, tools, a.repeats_for(size_label), gflop / 1e9)
         if not a.keep_work:
             shutil.rmtree(os.path.join(self.work, size_label, job), ignore_errors=True)
+
+    def sn_not_run(self, size_label, data):
+        """sn above --sn-max-pairs: what each tool would need, recorded without running it. No dense peer
+        holds the matrix there (out of memory is the result), and hubnorm alone recomputes the GEMM on every
+        sweep once the matrix exceeds --memory-limit (2·T sweeps, about 40 min per run at 100k), so there is
+        no ratio to measure."""
+        a = self.args
+        dims = dict(n_queries=data.nq, n_gallery=data.ng, n_bank=data.nb, dim=data.d)
+        skipped = f"skipped (above --sn-max-pairs {a.sn_max_pairs:.3g})"
+        self.log(f"sn {size_label}: bank × gallery = {data.nb * data.ng:.3g} pairs is above --sn-max-pairs "
+                 f"{a.sn_max_pairs:.3g} (every iteration sweeps them twice; raise it to run); recording the "
+                 f"peers' memory needs only")
+        for threads in a.threads:
+            gflop, tools = self.tools_for("sn", data)
+            for tool in tools:
+                fits = not (tool.peer and tool.need and tool.need > self.as_limit())
+                status = skipped if fits else f"oom (needs {human_bytes(tool.need)})"
+                note = (f"needs {tool.need} bytes" if tool.need else "") + (
+                    "" if fits else f" > address-space limit {self.as_limit()}")
+                self.log(f"sn {size_label} t{threads} {tool.name}: {status}; not run")
+                self.write_row(job="sn", size=size_label, tool=tool.name, threads=threads, repeat=0,
+                               gflop=f"{gflop / 1e9:.3f}", status=status, note=note, **dims)
 
     def job_memory(self):
         """hubnorm with inputs >= 4x its --memory-limit: peak RSS against the limit."""
