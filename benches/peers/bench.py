@@ -383,6 +383,13 @@ class Bench:
         self.writer.writerow({k: row.get(k, "") for k in RAW_FIELDS})
         self.raw.flush()
 
+    def out_of_memory(self, tool):
+        """(status, note) for a peer whose stated need exceeds the address-space limit, else None."""
+        limit = self.as_limit()
+        if tool.peer and tool.need and tool.need > limit:
+            return f"oom (needs {human_bytes(tool.need)})", f"needs {tool.need} bytes > address-space limit {limit}"
+        return None
+
     def run_group(self, job, size_label, data: Data | None, threads, tools, repeats, gflop, note_extra=""):
         """Repeats × tools, alternating tools within each repeat (hubnorm first)."""
         ref_dir = None
@@ -395,14 +402,13 @@ class Bench:
             for tool in tools:
                 if tool.name in skip:
                     continue
-                if tool.peer and tool.need and tool.need > self.as_limit():
-                    status = f"oom (needs {human_bytes(tool.need)})"
-                    self.log(f"{job} {size_label} t{threads} {tool.name}: {status}, "
-                             f"limit {human_bytes(self.as_limit())}; not run")
+                oom = self.out_of_memory(tool)
+                if oom:
+                    status, note = oom
+                    self.log(f"{job} {size_label} t{threads} {tool.name}: {status}; not run")
                     self.write_row(job=job, size=size_label, tool=tool.name, threads=threads, repeat=rep,
                                    gflop=f"{gflop:.3f}" if gflop else "", status=status,
-                                   note=f"needs {tool.need} bytes > address-space limit {self.as_limit()}"
-                                        + (f"; {note_extra}" if note_extra else ""), **dims)
+                                   note=note + (f"; {note_extra}" if note_extra else ""), **dims)
                     skip[tool.name] = status
                     continue
                 rdir = os.path.join(base, tool.name, f"r{rep}")
@@ -639,10 +645,7 @@ class Bench:
         for threads in a.threads:
             gflop, tools = self.tools_for("sn", data)
             for tool in tools:
-                fits = not (tool.peer and tool.need and tool.need > self.as_limit())
-                status = skipped if fits else f"oom (needs {human_bytes(tool.need)})"
-                note = (f"needs {tool.need} bytes" if tool.need else "") + (
-                    "" if fits else f" > address-space limit {self.as_limit()}")
+                status, note = self.out_of_memory(tool) or (skipped, f"needs {tool.need} bytes" if tool.need else "")
                 self.log(f"sn {size_label} t{threads} {tool.name}: {status}; not run")
                 self.write_row(job="sn", size=size_label, tool=tool.name, threads=threads, repeat=0,
                                gflop=f"{gflop / 1e9:.3f}", status=status, note=note, **dims)
