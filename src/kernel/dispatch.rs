@@ -69,20 +69,22 @@ macro_rules! dispatched {
 }
 
 dispatched! {
-    fn column_max(cells: &[f32], stride: usize, width: usize, rows: usize, out: &mut [f32])
-        = bodies::column_max;
-    fn exp_sum_columns(
+    fn fold_group_lse(
         cells: &[f32],
         stride: usize,
         width: usize,
-        rows: usize,
-        beta: f32,
-        shift: &[f32],
-        sum: &mut [f32]
-    ) = bodies::exp_sum_columns;
+        betas: &[f32],
+        max: &mut [Vec<f64>],
+        sum: &mut [Vec<f64>]
+    ) = bodies::fold_group_lse;
     fn scan_row(scores: &[f32], h: &[f32], col0: u32, state: &mut QueryState) = bodies::scan_row;
-    fn column_top_values(tile: &[f32], nc: usize, thresholds: &mut [f32], tops: &mut [TopValues])
-        = bodies::column_top_values;
+    fn column_top_values(
+        tile: &[f32],
+        stride: usize,
+        nc: usize,
+        thresholds: &mut [f32],
+        tops: &mut [TopValues]
+    ) = bodies::column_top_values;
     fn shifted_row_lse(scores: &[f32], shifts: &[f32], inv_tau: f32, bound: Option<f32>)
         -> LogSumExp = super::sinkhorn::shifted_row_lse_body;
     fn shifted_row_lse_store(

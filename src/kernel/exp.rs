@@ -41,6 +41,45 @@ pub fn fast_exp(x: f32) -> f32 {
     p * scale
 }
 
+/// Clamp of [`fast_exp2`]'s argument, so that 2^n is a normal number.
+const MIN_ARG2: f32 = -125.0;
+const MAX_ARG2: f32 = 127.0;
+
+/// 2^x with a relative error below 3e-7 for x in [−125, 127]; clamped
+/// outside. Cheaper than [`fast_exp`] by the range reduction: n = round(x)
+/// and f = x − n are exact in base 2 (no Cody–Waite split). So a caller that
+/// can fold log₂e into a factor it multiplies by anyway (β·s in pass 1) saves
+/// three of the ~19 vector operations of `exp(β·s − m)`.
+///
+/// 2^f on |f| ≤ 1/2 is the degree-6 Taylor polynomial of exp(f·ln 2)
+/// (truncation error < 1.2e-7 relative, as for [`fast_exp`]).
+#[inline(always)]
+pub fn fast_exp2(x: f32) -> f32 {
+    // ln(2)^k / k!, k = 1..6.
+    const C: [f32; 6] = [
+        0.693_147_2,
+        0.240_226_5,
+        0.055_504_11,
+        0.009_618_129,
+        0.001_333_355_8,
+        0.000_154_035_3,
+    ];
+    let x = if x < MIN_ARG2 { MIN_ARG2 } else { x };
+    let x = if x > MAX_ARG2 { MAX_ARG2 } else { x };
+    let shifted = x + ROUND_MAGIC;
+    let n = shifted - ROUND_MAGIC;
+    let n_int = (shifted.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
+    let f = x - n;
+    let mut p = C[5];
+    for c in [C[4], C[3], C[2], C[1], C[0], 1.0] {
+        p = p.mul_add(f, c);
+    }
+    // Multiplied rather than added to p's exponent bits: one operation more,
+    // but a NaN stays a NaN.
+    let scale = f32::from_bits(((n_int + 127) as u32) << 23);
+    p * scale
+}
+
 /// Exps computed per step of the accumulating loops below: four 16-lane
 /// vectors. One vector at a time leaves the core waiting on the polynomial's
 /// dependency chain; four independent ones ran 1.3–1.5× faster on this
@@ -112,6 +151,25 @@ mod tests {
         assert!(worst < 3e-7, "worst relative error {worst}");
         assert_eq!(fast_exp(0.0), 1.0);
         assert!(fast_exp(-1000.0) > 0.0 && fast_exp(-1000.0) < 1e-37);
+    }
+
+    #[test]
+    fn exp2_relative_error_is_small_over_the_range() {
+        let mut worst = 0f64;
+        let mut x = -125.0f32;
+        while x <= 127.0 {
+            let exact = (x as f64).exp2();
+            let got = fast_exp2(x) as f64;
+            worst = worst.max(((got - exact) / exact).abs());
+            x += 0.0131;
+        }
+        assert!(worst < 3e-7, "worst relative error {worst}");
+        for n in -125..=127 {
+            assert_eq!(fast_exp2(n as f32), (n as f32).exp2(), "2^{n}");
+        }
+        assert_eq!(fast_exp2(-1000.0), (-125f32).exp2());
+        assert_eq!(fast_exp2(1000.0), 127f32.exp2());
+        assert!(fast_exp2(f32::NAN).is_nan());
     }
 
     #[test]

@@ -14,9 +14,11 @@
 //!
 //! Before touching the epilogues, run `cargo bench --bench kernel`.
 
+use std::f32::consts::LOG2_E;
+
 use rayon::prelude::*;
 
-use super::exp::add_exps;
+use super::exp::fast_exp2;
 use super::gemm::similarity_tile;
 use super::lse::{raise_column_maxima, LogSumExp};
 use super::topk::{Candidate, TieBreak, TopK, TopValues};
@@ -42,10 +44,14 @@ const _: () = assert!(
     "tiles start on group boundaries"
 );
 
-/// Column folds take the columns of a group in blocks of this many, so the
-/// group's second read (the exps after the maxima) hits L2: 128 rows × 256
-/// columns × 4 bytes = 128 KiB.
+/// The Sinkhorn column folds take the columns of a group in blocks of this
+/// many, so the group's second read (the exps after the maxima) hits L2: 128
+/// rows × 256 columns × 4 bytes = 128 KiB.
 pub(super) const COLUMN_BLOCK: usize = 256;
+
+/// Columns the pass-1 fold keeps in registers at a time (four 16-lane
+/// vectors; see [`bodies::fold_group_lse`]).
+const FOLD_COLUMNS: usize = 64;
 
 /// Columns of one similarity tile (gallery items). A 512 × 2048 f32 tile is 4 MiB.
 pub const TILE_COLS: usize = 2048;
@@ -74,7 +80,8 @@ const fn min(a: usize, b: usize) -> usize {
 /// GEMM really allocates no more.
 pub const fn tile_workspace_bytes(dim: usize) -> usize {
     let f32_bytes = std::mem::size_of::<f32>();
-    TILE_ROWS * TILE_COLS * f32_bytes
+    // The tile with its row padding and alignment (`TileBuffer`).
+    (TILE_ROWS + 1) * (TILE_COLS + 2 * LINE_CELLS) * f32_bytes
         + TILE_COLS * 64
         + (TILE_ROWS + TILE_COLS) * min(dim, GEMM_MAX_DEPTH) * f32_bytes
         + GEMM_THREAD_SLAB_BYTES
@@ -264,13 +271,12 @@ struct StripStates<'a> {
     all: &'a mut [Vec<f32>],
 }
 
-/// Folds a tile (`nc` columns) into the per-β column log-sum-exp states of
-/// β·s (`max[b]`, `sum[b]`), a group of [`GROUP_ROWS`] rows and a block of
-/// [`COLUMN_BLOCK`] columns at a time: the block's column maxima once, then
-/// per β the running maxima raised and the shifted exps summed in f32 over
-/// the group and added to the f64 sums.
+/// Folds a tile (rows `stride` apart, `nc` columns) into the per-β column
+/// log-sum-exp states of β·s (`max[b]`, `sum[b]`), a group of
+/// [`GROUP_ROWS`] rows at a time (see [`bodies::fold_group_lse`]).
 fn fold_exp_columns(
     tile: &[f32],
+    stride: usize,
     nc: usize,
     betas: &[f32],
     max: &mut [Vec<f64>],
@@ -279,32 +285,39 @@ fn fold_exp_columns(
     if betas.is_empty() {
         return;
     }
-    let mut group_max = [0f32; COLUMN_BLOCK];
-    let mut shift = [0f32; COLUMN_BLOCK];
-    let mut group_sum = [0f32; COLUMN_BLOCK];
-    for group in tile.chunks(GROUP_ROWS * nc) {
-        let group_rows = group.len() / nc;
-        for c0 in (0..nc).step_by(COLUMN_BLOCK) {
-            let w = COLUMN_BLOCK.min(nc - c0);
-            let block = &group[c0..];
-            super::dispatch::column_max(block, nc, w, group_rows, &mut group_max[..w]);
-            for (b, &beta) in betas.iter().enumerate() {
-                let (max, sum) = (&mut max[b][c0..c0 + w], &mut sum[b][c0..c0 + w]);
-                raise_column_maxima(&group_max[..w], beta, max, sum, &mut shift[..w]);
-                super::dispatch::exp_sum_columns(
-                    block,
-                    nc,
-                    w,
-                    group_rows,
-                    beta,
-                    &shift[..w],
-                    &mut group_sum[..w],
-                );
-                for (acc, &part) in sum.iter_mut().zip(&group_sum[..w]) {
-                    *acc += part as f64;
-                }
-            }
+    for group in tile.chunks(GROUP_ROWS * stride) {
+        super::dispatch::fold_group_lse(group, stride, nc, betas, max, sum);
+    }
+}
+
+/// A similarity tile: rows of `cols` cells, `stride` apart and
+/// starting on 64-byte boundaries. The stride is the width rounded up to
+/// whole cache lines, plus one line: with a power-of-two stride (2048 floats = 8 KiB)
+/// every row of a column block falls into the same few L1 sets, so the
+/// GEMM's stores and the fold's column reads would evict each other.
+struct TileBuffer {
+    data: Vec<f32>,
+    offset: usize,
+    stride: usize,
+}
+
+/// f32 cells per 64-byte cache line.
+const LINE_CELLS: usize = 16;
+
+impl TileBuffer {
+    fn new(rows: usize, cols: usize) -> Self {
+        let stride = cols.next_multiple_of(LINE_CELLS) + LINE_CELLS;
+        let data = vec![0f32; rows * stride + LINE_CELLS];
+        let offset = data.as_ptr().align_offset(64).min(LINE_CELLS);
+        TileBuffer {
+            data,
+            offset,
+            stride,
         }
+    }
+
+    fn cells_mut(&mut self) -> &mut [f32] {
+        &mut self.data[self.offset..]
     }
 }
 
@@ -334,28 +347,30 @@ fn column_strip(
         Vec::new()
     };
     let zeros = vec![0f32; if row_tops.is_empty() { 0 } else { nc }];
-    let mut tile = vec![0f32; TILE_ROWS * nc];
+    let mut buffer = TileBuffer::new(TILE_ROWS, nc);
+    let ld = buffer.stride;
     let mut r0 = 0;
     while r0 < rows.rows {
         let r1 = (r0 + TILE_ROWS).min(rows.rows);
         let tile_rows = r1 - r0;
+        let tile = &mut buffer.cells_mut()[..tile_rows * ld];
         similarity_tile(
-            &mut tile,
-            nc,
+            tile,
+            ld,
             &rows.data[r0 * rows.dim..r1 * rows.dim],
             tile_rows,
             cols.data,
             nc,
             cols.dim,
         );
-        let tile = &tile[..tile_rows * nc];
-        fold_exp_columns(tile, nc, betas, &mut max, &mut sum);
+        let tile = &*tile;
+        fold_exp_columns(tile, ld, nc, betas, &mut max, &mut sum);
         if !states.top.is_empty() {
-            super::dispatch::column_top_values(tile, nc, &mut top_thresholds, states.top);
+            super::dispatch::column_top_values(tile, ld, nc, &mut top_thresholds, states.top);
         }
         if !states.all.is_empty() {
-            for row in tile.chunks_exact(nc) {
-                for (values, &s) in states.all.iter_mut().zip(row) {
+            for row in tile.chunks_exact(ld) {
+                for (values, &s) in states.all.iter_mut().zip(&row[..nc]) {
                     values.push(s);
                 }
             }
@@ -365,7 +380,7 @@ fn column_strip(
             .iter_mut()
             .enumerate()
         {
-            super::dispatch::scan_row(&tile[i * nc..(i + 1) * nc], &zeros, first_col, state);
+            super::dispatch::scan_row(&tile[i * ld..i * ld + nc], &zeros, first_col, state);
         }
         r0 = r1;
     }
@@ -686,14 +701,16 @@ impl StripSearch<'_> {
         let (queries, gallery) = (self.queries, self.gallery);
         let nm = self.corrections.len();
         let q1 = (q0 + TILE_ROWS).min(queries.rows);
-        let mut tile = vec![0f32; (q1 - q0) * TILE_COLS.min(columns.len())];
+        let mut buffer = TileBuffer::new(q1 - q0, TILE_COLS.min(columns.len()));
+        let ld = buffer.stride;
         let mut c0 = columns.start;
         while c0 < columns.end {
             let c1 = (c0 + TILE_COLS).min(columns.end);
             let nc = c1 - c0;
+            let tile = &mut buffer.cells_mut()[..(q1 - q0) * ld];
             similarity_tile(
-                &mut tile,
-                nc,
+                tile,
+                ld,
                 &queries.data[q0 * queries.dim..q1 * queries.dim],
                 q1 - q0,
                 &gallery.data[c0 * gallery.dim..c1 * gallery.dim],
@@ -701,28 +718,28 @@ impl StripSearch<'_> {
                 gallery.dim,
             );
             let col0 = self.first_row + c0 as u32;
-            let tile = &tile[..(q1 - q0) * nc];
+            let tile = &*tile;
             for (m, scoring) in self.corrections.iter().enumerate() {
                 let scoring = scoring.columns(c0, c1);
                 match scoring {
                     ColumnScoring::Subtract(h) => {
                         for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
-                            let scores = &tile[i * nc..(i + 1) * nc];
+                            let scores = &tile[i * ld..i * ld + nc];
                             super::dispatch::scan_row(scores, h, col0, &mut row_states[m]);
                         }
                     }
                     ColumnScoring::BankRank { .. } => {
-                        scan_bank_rank(tile, nc, &scoring, col0, strip_states, m, nm)
+                        scan_bank_rank(tile, ld, nc, &scoring, col0, strip_states, m, nm)
                     }
                     ColumnScoring::DualSoftmax { .. } => {
                         for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
-                            let scores = &tile[i * nc..(i + 1) * nc];
+                            let scores = &tile[i * ld..i * ld + nc];
                             scan_transformed(scores, &scoring, col0, &mut row_states[m]);
                         }
                     }
                 }
                 for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
-                    let scores = &tile[i * nc..(i + 1) * nc];
+                    let scores = &tile[i * ld..i * ld + nc];
                     let positives = self.positives.of(q0 + i);
                     exclude_positives(scores, &scoring, col0, positives, &mut row_states[m]);
                 }
@@ -805,8 +822,10 @@ fn scan_transformed(
 /// (query, column) for the number of bank similarities above s. Column by
 /// column, so each column's sorted similarities stay in cache for every
 /// query of the strip. Not vectorised: `gc` is the small-bank method.
+#[allow(clippy::too_many_arguments)] // the tile's shape, and the state slots
 fn scan_bank_rank(
     tile: &[f32],
+    stride: usize,
     nc: usize,
     scoring: &ColumnScoring<'_>,
     col0: u32,
@@ -817,7 +836,7 @@ fn scan_bank_rank(
     for j in 0..nc {
         for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
             let state = &mut row_states[m];
-            let s = tile[i * nc + j];
+            let s = tile[i * stride + j];
             let v = scoring.score(j, s);
             if !state.target.is_nan() {
                 match compare_to_target(v, s, scoring, state) {
@@ -843,49 +862,94 @@ fn scan_bank_rank(
 pub(super) mod bodies {
     use super::*;
 
-    /// Per column, the max over `rows` rows (`stride` apart) of the first
-    /// `width` columns.
+    /// Folds one group of rows (`cells`, rows `stride` apart) of `width`
+    /// columns into the per-β column states: [`FOLD_COLUMNS`] columns at a
+    /// time, their maxima over the group first, then per β the running maxima
+    /// raised and exp(β·s − max) summed in f32 over the group and added to the
+    /// f64 sums. A block of 64 columns keeps its maxima and sums in four
+    /// registers, and its rows (32 KiB for a full group) stay in L1 between
+    /// the two reads. Each column gets the same arithmetic in the same order
+    /// whatever its block, so the last columns, taken one by one, give the bits
+    /// they would in a full block.
     #[inline(always)]
-    pub fn column_max(cells: &[f32], stride: usize, width: usize, rows: usize, out: &mut [f32]) {
-        let out = &mut out[..width];
-        out.copy_from_slice(&cells[..width]);
-        for i in 1..rows {
-            let row = &cells[i * stride..i * stride + width];
-            for (m, &s) in out.iter_mut().zip(row) {
-                *m = if s > *m { s } else { *m };
-            }
-        }
-    }
-
-    /// Per column, Σ over `rows` rows (`stride` apart) of exp(β·s − shift)
-    /// in f32, for the first `width` columns.
-    #[inline(always)]
-    pub fn exp_sum_columns(
+    pub fn fold_group_lse(
         cells: &[f32],
         stride: usize,
         width: usize,
-        rows: usize,
-        beta: f32,
-        shift: &[f32],
-        sum: &mut [f32],
+        betas: &[f32],
+        max: &mut [Vec<f64>],
+        sum: &mut [Vec<f64>],
     ) {
-        let (sum, shift) = (&mut sum[..width], &shift[..width]);
-        sum.fill(0.0);
-        for i in 0..rows {
-            let row = &cells[i * stride..i * stride + width];
-            add_exps(sum, row, shift, |s, m| beta * s - m);
+        let full = width - width % FOLD_COLUMNS;
+        for c0 in (0..full).step_by(FOLD_COLUMNS) {
+            fold_column_block::<FOLD_COLUMNS>(cells, stride, c0, betas, max, sum);
+        }
+        for c0 in full..width {
+            fold_column_block::<1>(cells, stride, c0, betas, max, sum);
+        }
+    }
+
+    /// The `W` cells from `start`.
+    #[inline(always)]
+    fn block_row<const W: usize>(cells: &[f32], start: usize) -> &[f32; W] {
+        cells[start..start + W].try_into().expect("W cells")
+    }
+
+    /// [`fold_group_lse`] for the `W` columns from `c0`.
+    #[inline(always)]
+    fn fold_column_block<const W: usize>(
+        cells: &[f32],
+        stride: usize,
+        c0: usize,
+        betas: &[f32],
+        max: &mut [Vec<f64>],
+        sum: &mut [Vec<f64>],
+    ) {
+        let rows = cells.len().div_ceil(stride);
+        let row = |i: usize| block_row::<W>(cells, stride * i + c0);
+        let mut block_max = *row(0);
+        for i in 1..rows {
+            let r = row(i);
+            for l in 0..W {
+                block_max[l] = if r[l] > block_max[l] {
+                    r[l]
+                } else {
+                    block_max[l]
+                };
+            }
+        }
+        let mut shift = [0f32; W];
+        for (b, &beta) in betas.iter().enumerate() {
+            let (max, sum) = (&mut max[b][c0..c0 + W], &mut sum[b][c0..c0 + W]);
+            raise_column_maxima(&block_max, beta, max, sum, &mut shift);
+            // exp(β·s − m) = 2^(s·β·log₂e − m·log₂e): one fused multiply-add
+            // for the argument, and the cheaper base-2 range reduction.
+            let beta_log2e = beta * LOG2_E;
+            let shift_log2e = shift.map(|m| m * LOG2_E);
+            let mut group_sum = [0f32; W];
+            for i in 0..rows {
+                let r = row(i);
+                for l in 0..W {
+                    group_sum[l] += fast_exp2(r[l].mul_add(beta_log2e, -shift_log2e[l]));
+                }
+            }
+            for (acc, &part) in sum.iter_mut().zip(&group_sum) {
+                *acc += part as f64;
+            }
         }
     }
 
     #[inline(always)]
     pub fn column_top_values(
         tile: &[f32],
+        stride: usize,
         nc: usize,
         thresholds: &mut [f32],
         tops: &mut [TopValues],
     ) {
         let full = nc - nc % LANES;
-        for row in tile.chunks_exact(nc) {
+        for row in tile.chunks_exact(stride) {
+            let row = &row[..nc];
             let mut j0 = 0;
             while j0 < full {
                 let s: &[f32; LANES] = row[j0..j0 + LANES].try_into().unwrap();
@@ -1005,6 +1069,27 @@ mod tests {
                 ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
             })
             .collect()
+    }
+
+    #[test]
+    fn column_lse_bits_do_not_depend_on_the_fold_block() {
+        // Columns 128 and 129 of 130 are folded one by one (the tail after two
+        // 64-column blocks); starting the columns at 2 puts them in a full block.
+        let (nr, nc, dim) = (GROUP_ROWS + 9, 130, 7);
+        let a = pseudo_random(nr * dim, 3);
+        let b = pseudo_random(nc * dim, 4);
+        let betas = [20.0f32];
+        let mut all = vec![LogSumExp::default(); nc];
+        column_log_sum_exp(Rows::new(&a, dim), Rows::new(&b, dim), &betas, &mut all);
+        let mut shifted = vec![LogSumExp::default(); nc - 2];
+        let b_from_2 = &b[2 * dim..];
+        column_log_sum_exp(
+            Rows::new(&a, dim),
+            Rows::new(b_from_2, dim),
+            &betas,
+            &mut shifted,
+        );
+        assert_eq!(&all[2..], &shifted[..]);
     }
 
     #[test]
