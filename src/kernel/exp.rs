@@ -49,7 +49,7 @@ const MAX_ARG2: f32 = 127.0;
 /// outside. Cheaper than [`fast_exp`] by the range reduction: n = round(x)
 /// and f = x − n are exact in base 2 (no Cody–Waite split). So a caller that
 /// can fold log₂e into a factor it multiplies by anyway (β·s in pass 1) saves
-/// three of the ~19 vector operations of `exp(β·s − m)`.
+/// two of the ~18 vector operations of `exp(β·s − m)`.
 ///
 /// 2^f on |f| ≤ 1/2 is the degree-6 Taylor polynomial of exp(f·ln 2)
 /// (truncation error < 1.2e-7 relative, as for [`fast_exp`]).
