@@ -47,6 +47,19 @@ pub struct BlockPlan {
     pub cache_inner: bool,
     /// Rows per Parquet record batch.
     pub batch_rows: usize,
+    /// What one more Parquet reader decoding at the same time would need.
+    pub reader_bytes: usize,
+    /// Budget left over once the blocks are sized (blocks are capped at the
+    /// whole table, so a small input leaves room).
+    pub spare_bytes: usize,
+}
+
+impl BlockPlan {
+    /// Whether a second reader may decode alongside the first within the
+    /// budget.
+    pub fn allows_second_reader(&self) -> bool {
+        self.spare_bytes >= self.reader_bytes
+    }
 }
 
 fn round_down(x: usize, align: usize) -> usize {
@@ -100,11 +113,16 @@ impl PlanRequest {
             );
             (outer, inner, false)
         };
+        let outer_rows = outer_rows.clamp(self.outer_align, outer_needed);
+        let inner_rows = inner_rows.clamp(self.inner_align, inner_needed);
+        let used = fixed + outer_rows * self.outer_row_bytes + inner_rows * self.inner_row_bytes;
         Ok(BlockPlan {
-            outer_rows: outer_rows.clamp(self.outer_align, outer_needed),
-            inner_rows: inner_rows.clamp(self.inner_align, inner_needed),
+            outer_rows,
+            inner_rows,
             cache_inner,
             batch_rows,
+            reader_bytes,
+            spare_bytes: self.budget.saturating_sub(used),
         })
     }
 }
@@ -138,6 +156,13 @@ mod tests {
         }
         assert!(request(1 << 30).plan().unwrap().cache_inner);
         assert!(!request(128 << 20).plan().unwrap().cache_inner);
+        // The blocks use the budget up unless the tables are smaller.
+        assert!(!request(128 << 20).plan().unwrap().allows_second_reader());
+        let mut small = request(1 << 30);
+        small.outer_total_rows = 10_000;
+        let p = small.plan().unwrap();
+        assert!(p.allows_second_reader(), "{p:?}");
+        assert!(p.spare_bytes + p.outer_rows * 600 + p.inner_rows * 512 < 1 << 30);
     }
 
     #[test]

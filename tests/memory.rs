@@ -140,26 +140,32 @@ fn peak_heap_follows_the_memory_limit_not_the_input_size() {
 #[test]
 fn gemm_workspace_estimate_covers_its_allocations() {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    use hubnorm::kernel::{gemm::similarity_tile, tile_workspace_bytes, TILE_COLS, TILE_ROWS};
-    for dim in [16, 384, 768, 1536] {
-        let a = vec![0.5f32; TILE_ROWS * dim];
-        let b = vec![0.25f32; TILE_COLS * dim];
-        let mut out = vec![0f32; TILE_ROWS * TILE_COLS];
-        // Run on a fresh thread so its first-use slab is counted too.
-        let before = CURRENT.load(Ordering::Relaxed);
-        PEAK.store(before, Ordering::Relaxed);
-        std::thread::scope(|s| {
-            s.spawn(|| similarity_tile(&mut out, TILE_COLS, &a, TILE_ROWS, &b, TILE_COLS, dim));
-        });
-        let used = PEAK.load(Ordering::Relaxed) - before;
-        let tile = TILE_ROWS * TILE_COLS * 4;
-        eprintln!(
-            "dim {dim}: gemm allocated {used} bytes; estimate {}",
-            tile_workspace_bytes(dim) - tile
-        );
-        assert!(
-            used + tile <= tile_workspace_bytes(dim),
-            "dim {dim}: {used} bytes"
-        );
+    use hubnorm::kernel::{
+        gemm::similarity_tile, tile_workspace_bytes, BANK_TILE_COLS, BANK_TILE_ROWS, TILE_COLS,
+        TILE_ROWS,
+    };
+    // Pass 2's query tiles, then pass 1's bank tiles.
+    for (rows, cols) in [(TILE_ROWS, TILE_COLS), (BANK_TILE_ROWS, BANK_TILE_COLS)] {
+        for dim in [16, 384, 768, 1536] {
+            let a = vec![0.5f32; rows * dim];
+            let b = vec![0.25f32; cols * dim];
+            let mut out = vec![0f32; rows * cols];
+            // Run on a fresh thread so its first-use slab is counted too.
+            let before = CURRENT.load(Ordering::Relaxed);
+            PEAK.store(before, Ordering::Relaxed);
+            std::thread::scope(|s| {
+                s.spawn(|| similarity_tile(&mut out, cols, &a, rows, &b, cols, dim));
+            });
+            let used = PEAK.load(Ordering::Relaxed) - before;
+            let tile = rows * cols * 4;
+            eprintln!(
+                "{rows} × {cols}, dim {dim}: gemm allocated {used} bytes; estimate {}",
+                tile_workspace_bytes(dim) - tile
+            );
+            assert!(
+                used + tile <= tile_workspace_bytes(dim),
+                "{rows} × {cols}, dim {dim}: {used} bytes"
+            );
+        }
     }
 }

@@ -163,10 +163,6 @@ pub fn compute_bank_statistics(
         inner_align: TILE_ROWS,
     }
     .plan()?;
-    let mut streams = banks
-        .iter()
-        .map(|(b, _)| TableBlocks::new(b.table, plan.inner_rows, plan.batch_rows, plan.cache_inner))
-        .collect::<Result<Vec<_>>>()?;
     let mut output = BankPassOutput::default();
     let activation_of = |input: &Option<BankInput<'_>>| {
         input.as_ref().map_or_else(ActivationState::default, |b| {
@@ -192,8 +188,26 @@ pub fn compute_bank_statistics(
     rows_done.advance(start_row as usize, inner_total.max(1) as usize);
     let gallery_chunks = gallery.with_batch_rows(plan.batch_rows);
     let mut chunks = gallery_chunks.blocks_from(plan.outer_rows, start_row)?;
+    // The banks (read whole when they are cached) and the first gallery chunk
+    // are decoded side by side when the budget has room for the second
+    // reader: no tile can start before both are in memory.
+    let read_banks = || {
+        banks
+            .iter()
+            .map(|(b, _)| {
+                TableBlocks::new(b.table, plan.inner_rows, plan.batch_rows, plan.cache_inner)
+            })
+            .collect::<Result<Vec<_>>>()
+    };
+    let (mut streams, mut next_chunk) = if plan.cache_inner && plan.allows_second_reader() {
+        let (streams, first_chunk) = rayon::join(read_banks, || chunks.next_block());
+        (streams?, first_chunk?)
+    } else {
+        let streams = read_banks()?;
+        (streams, chunks.next_block()?)
+    };
     let empty = ColumnStatsRequest::default();
-    while let Some(chunk) = chunks.next_block()? {
+    while let Some(chunk) = next_chunk.take() {
         let mut states: Vec<ColumnStates> = Vec::with_capacity(2);
         for ((input, is_query_bank), stream) in banks.iter().zip(&mut streams) {
             let mut chunk_states =
@@ -246,6 +260,7 @@ pub fn compute_bank_statistics(
             gallery_bank: &gallery_bank_states,
             activations: &output,
         })?;
+        next_chunk = chunks.next_block()?;
     }
     rows_done.finish();
     Ok(output)

@@ -7,7 +7,8 @@
 //!   the top-k of s − h(col), and the counts needed for the full-gallery rank
 //!   of the query's ground truth.
 //!
-//! Tiles are `TILE_ROWS × TILE_COLS`; rayon runs one strip of tiles per task
+//! Pass-2 tiles are `TILE_ROWS × TILE_COLS`, pass-1 tiles
+//! `BANK_TILE_ROWS × BANK_TILE_COLS`; rayon runs one strip of tiles per task
 //! and each task owns the state it updates, so results do not depend on the
 //! thread count. Tile and block boundaries are aligned to the tile shape by the
 //! callers, so results do not depend on the memory limit either.
@@ -40,7 +41,7 @@ pub const TILE_ROWS: usize = 512;
 /// however the matrix is cut, and results do not depend on block sizes.
 pub const GROUP_ROWS: usize = 128;
 const _: () = assert!(
-    TILE_ROWS.is_multiple_of(GROUP_ROWS),
+    TILE_ROWS.is_multiple_of(GROUP_ROWS) && BANK_TILE_ROWS.is_multiple_of(GROUP_ROWS),
     "tiles start on group boundaries"
 );
 
@@ -55,6 +56,23 @@ const FOLD_COLUMNS: usize = 64;
 
 /// Columns of one similarity tile (gallery items). A 512 × 2048 f32 tile is 4 MiB.
 pub const TILE_COLS: usize = 2048;
+
+/// Rows (bank items) of one pass-1 tile. Pass 1 has many more rows than a
+/// query block, so its tiles are tall and narrow: the `gemm` crate packs the
+/// gallery side of every tile it is given (the bank side is read in place), so
+/// the packing costs 1/(2·rows) of the tile's work. Measured on the Xeon of
+/// `benches/runs/2026-11-25-xeon` (100k gallery × 30k bank, d = 384, one
+/// thread, `perf`): packing took 5.7% of the pass at 512 × 2048 tiles and
+/// 2.4% at 2048 × 512. With [`strip_bounds`] and the banks read beside the
+/// first gallery chunk, 100k × 100k went from 46.6 to 44.3 s on one thread
+/// and from 23.7 to 22.1 s on two (medians of 3, alternating, same bits).
+pub const BANK_TILE_ROWS: usize = 2048;
+
+/// Columns (gallery items) of one pass-1 tile: the width of one strip, one
+/// task. A 2048 × 512 f32 tile is 4 MiB, as in pass 2. Narrow strips also
+/// make many tasks, so two threads end together (see [`strip_bounds`]).
+pub const BANK_TILE_COLS: usize = 512;
+
 /// Lanes processed together by the epilogues (one AVX-512 register of f32).
 const LANES: usize = 16;
 
@@ -79,11 +97,22 @@ const fn min(a: usize, b: usize) -> usize {
 /// The memory plan counts this once per thread; `tests/memory.rs` checks the
 /// GEMM really allocates no more.
 pub const fn tile_workspace_bytes(dim: usize) -> usize {
+    let search = shape_workspace_bytes(TILE_ROWS, TILE_COLS, dim);
+    let bank = shape_workspace_bytes(BANK_TILE_ROWS, BANK_TILE_COLS, dim);
+    if search > bank {
+        search
+    } else {
+        bank
+    }
+}
+
+/// [`tile_workspace_bytes`] for tiles of `rows × cols`.
+const fn shape_workspace_bytes(rows: usize, cols: usize, dim: usize) -> usize {
     let f32_bytes = std::mem::size_of::<f32>();
     // The tile with its row padding and alignment (`TileBuffer`).
-    (TILE_ROWS + 1) * (TILE_COLS + 2 * LINE_CELLS) * f32_bytes
-        + TILE_COLS * 64
-        + (TILE_ROWS + TILE_COLS) * min(dim, GEMM_MAX_DEPTH) * f32_bytes
+    (rows + 1) * (cols + 2 * LINE_CELLS) * f32_bytes
+        + cols * 64
+        + (rows + cols) * min(dim, GEMM_MAX_DEPTH) * f32_bytes
         + GEMM_THREAD_SLAB_BYTES
 }
 
@@ -195,9 +224,10 @@ pub fn column_log_sum_exp(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states:
 /// `request.row_top_k > 0`, the best columns of each row of this block (global
 /// column = `first_col` + local column), else an empty vector.
 ///
-/// Rows are folded one tile of [`TILE_ROWS`] at a time in order, so the result
-/// is the same for any split of the rows into blocks whose sizes are multiples
-/// of `TILE_ROWS`, and for any thread count.
+/// Rows are folded one group of [`GROUP_ROWS`] at a time in order, and each
+/// column on its own, so the result is the same for any split of the rows into
+/// blocks whose sizes are multiples of `GROUP_ROWS`, for any strip width, and
+/// for any thread count.
 ///
 /// # Panics
 /// When the dimensions differ, the states were not made for this request and
@@ -222,16 +252,16 @@ pub fn column_statistics(
     if !request.needs_tiles() || rows.rows == 0 || cols.rows == 0 {
         return Vec::new();
     }
-    let strips = cols.rows.div_ceil(TILE_COLS);
-    let lse = split_strips(&mut states.lse, TILE_COLS * nb, strips);
-    let top = split_strips(&mut states.top, TILE_COLS, strips);
-    let all = split_strips(&mut states.all, TILE_COLS, strips);
-    let tasks: Vec<_> = lse.into_iter().zip(top).zip(all).enumerate().collect();
+    let bounds = strip_bounds(cols.rows, rayon::current_num_threads());
+    let lse = split_strips(&mut states.lse, &bounds, nb);
+    let top = split_strips(&mut states.top, &bounds, 1);
+    let all = split_strips(&mut states.all, &bounds, 1);
+    let tasks: Vec<_> = bounds.windows(2).zip(lse).zip(top).zip(all).collect();
     let row_tops = tasks
         .into_par_iter()
-        .map(|(strip, ((lse, top), all))| {
-            let c0 = strip * TILE_COLS;
-            let strip_cols = cols.slice(c0, (c0 + TILE_COLS).min(cols.rows));
+        .map(|(((columns, lse), top), all)| {
+            let (c0, c1) = (columns[0], columns[1]);
+            let strip_cols = cols.slice(c0, c1);
             let strip_states = StripStates { lse, top, all };
             column_strip(
                 rows,
@@ -254,14 +284,43 @@ pub fn column_statistics(
     row_tops.unwrap_or_default()
 }
 
-/// `slice` cut into `strips` pieces of `chunk` elements (empty pieces when
-/// the slice is empty: a statistic not requested).
-fn split_strips<T>(slice: &mut [T], chunk: usize, strips: usize) -> Vec<&mut [T]> {
-    if slice.is_empty() {
-        (0..strips).map(|_| <&mut [T]>::default()).collect()
-    } else {
-        slice.chunks_mut(chunk).collect()
+/// Where the pass-1 strips over `columns` columns start, then `columns`:
+/// strips of at most [`BANK_TILE_COLS`] columns, starting on whole fold
+/// blocks ([`FOLD_COLUMNS`]), about equal, and as many as a multiple of
+/// `threads`. Every strip streams the whole bank block, so with 49 equal
+/// strips on two threads one thread runs the last one alone (measured: 0.8 s
+/// of a 24 s pass at 100k × 100k with 2048-column strips).
+fn strip_bounds(columns: usize, threads: usize) -> Vec<usize> {
+    // Room for the rounding of each start to a whole block.
+    let strips = columns
+        .div_ceil(BANK_TILE_COLS - FOLD_COLUMNS)
+        .next_multiple_of(threads.max(1));
+    let mut bounds: Vec<usize> = (0..strips)
+        .map(|i| i * columns / strips / FOLD_COLUMNS * FOLD_COLUMNS)
+        .collect();
+    bounds.push(columns);
+    bounds.dedup();
+    bounds
+}
+
+/// `slice`, `per_column` elements per column, cut at the column `bounds`
+/// (empty pieces when the slice is empty: a statistic not requested).
+fn split_strips<'a, T>(
+    mut slice: &'a mut [T],
+    bounds: &[usize],
+    per_column: usize,
+) -> Vec<&'a mut [T]> {
+    let mut pieces = Vec::with_capacity(bounds.len());
+    for columns in bounds.windows(2) {
+        if slice.is_empty() {
+            pieces.push(<&mut [T]>::default());
+        } else {
+            let (piece, rest) = slice.split_at_mut((columns[1] - columns[0]) * per_column);
+            pieces.push(piece);
+            slice = rest;
+        }
     }
+    pieces
 }
 
 /// The states of one column strip.
@@ -347,11 +406,11 @@ fn column_strip(
         Vec::new()
     };
     let zeros = vec![0f32; if row_tops.is_empty() { 0 } else { nc }];
-    let mut buffer = TileBuffer::new(TILE_ROWS, nc);
+    let mut buffer = TileBuffer::new(BANK_TILE_ROWS.min(rows.rows), nc);
     let ld = buffer.stride;
     let mut r0 = 0;
     while r0 < rows.rows {
-        let r1 = (r0 + TILE_ROWS).min(rows.rows);
+        let r1 = (r0 + BANK_TILE_ROWS).min(rows.rows);
         let tile_rows = r1 - r0;
         let tile = &mut buffer.cells_mut()[..tile_rows * ld];
         similarity_tile(
@@ -869,8 +928,8 @@ pub(super) mod bodies {
     /// f64 sums. A block of 64 columns keeps its maxima and sums in four
     /// registers, and its rows (32 KiB for a full group) stay in L1 between
     /// the two reads. Each column gets the same arithmetic in the same order
-    /// whatever its block, so the last columns, taken one by one, give the bits
-    /// they would in a full block.
+    /// whatever its block, so the last columns, taken a vector or one at a
+    /// time, give the bits they would in a full block.
     #[inline(always)]
     pub fn fold_group_lse(
         cells: &[f32],
@@ -880,11 +939,15 @@ pub(super) mod bodies {
         max: &mut [Vec<f64>],
         sum: &mut [Vec<f64>],
     ) {
-        let full = width - width % FOLD_COLUMNS;
-        for c0 in (0..full).step_by(FOLD_COLUMNS) {
+        let blocks = width - width % FOLD_COLUMNS;
+        let vectors = width - width % LANES;
+        for c0 in (0..blocks).step_by(FOLD_COLUMNS) {
             fold_column_block::<FOLD_COLUMNS>(cells, stride, c0, betas, max, sum);
         }
-        for c0 in full..width {
+        for c0 in (blocks..vectors).step_by(LANES) {
+            fold_column_block::<LANES>(cells, stride, c0, betas, max, sum);
+        }
+        for c0 in vectors..width {
             fold_column_block::<1>(cells, stride, c0, betas, max, sum);
         }
     }
@@ -1072,36 +1135,70 @@ mod tests {
     }
 
     #[test]
+    fn strips_cover_the_columns_in_balanced_blocks() {
+        for (columns, threads) in [
+            (100_000, 2),
+            (25_000, 2),
+            (1_000_000, 2),
+            (7_777, 3),
+            (100, 2),
+            (1, 2),
+            (5_000, 1),
+        ] {
+            let bounds = strip_bounds(columns, threads);
+            let strips = bounds.len() - 1;
+            assert_eq!((bounds[0], bounds[strips]), (0, columns));
+            for w in bounds.windows(2) {
+                assert!(
+                    w[0] < w[1] && w[1] - w[0] <= BANK_TILE_COLS,
+                    "{columns}: {w:?}"
+                );
+                assert_eq!(w[0] % FOLD_COLUMNS, 0);
+            }
+            if columns >= threads * FOLD_COLUMNS * 8 {
+                assert_eq!(
+                    strips % threads,
+                    0,
+                    "{columns} columns on {threads} threads"
+                );
+            }
+        }
+        // 49 strips of 2048 columns before; now an even count.
+        assert_eq!(strip_bounds(100_000, 2).len() - 1, 224);
+    }
+
+    #[test]
     fn column_lse_bits_do_not_depend_on_the_fold_block() {
-        // Columns 128 and 129 of 130 are folded one by one (the tail after two
-        // 64-column blocks); starting the columns at 2 puts them in a full block.
-        let (nr, nc, dim) = (GROUP_ROWS + 9, 130, 7);
+        // Of 147 columns, 128..144 are folded as one vector and 144..147 one
+        // by one (the tail after two 64-column blocks); starting the columns
+        // at 19 puts them all in full blocks.
+        let (nr, nc, dim) = (GROUP_ROWS + 9, 147, 7);
         let a = pseudo_random(nr * dim, 3);
         let b = pseudo_random(nc * dim, 4);
         let betas = [20.0f32];
         let mut all = vec![LogSumExp::default(); nc];
         column_log_sum_exp(Rows::new(&a, dim), Rows::new(&b, dim), &betas, &mut all);
-        let mut shifted = vec![LogSumExp::default(); nc - 2];
-        let b_from_2 = &b[2 * dim..];
+        let mut shifted = vec![LogSumExp::default(); nc - 19];
+        let b_from_19 = &b[19 * dim..];
         column_log_sum_exp(
             Rows::new(&a, dim),
-            Rows::new(b_from_2, dim),
+            Rows::new(b_from_19, dim),
             &betas,
             &mut shifted,
         );
-        assert_eq!(&all[2..], &shifted[..]);
+        assert_eq!(&all[19..], &shifted[..]);
     }
 
     #[test]
     fn column_lse_matches_direct_sum_across_tile_edges() {
         let dim = 5;
-        let (nr, nc) = (TILE_ROWS + 3, TILE_COLS + 17);
+        let (nr, nc) = (BANK_TILE_ROWS + 3, 2 * BANK_TILE_COLS + 17);
         let a = pseudo_random(nr * dim, 1);
         let b = pseudo_random(nc * dim, 2);
         let betas = [1.0f32, 20.0];
         let mut states = vec![LogSumExp::default(); nc * 2];
         column_log_sum_exp(Rows::new(&a, dim), Rows::new(&b, dim), &betas, &mut states);
-        for j in [0, 1, TILE_COLS - 1, TILE_COLS, nc - 1] {
+        for j in [0, 1, 63, 64, 383, 384, 447, 448, 511, 512, nc - 1] {
             for (bi, &beta) in betas.iter().enumerate() {
                 let mut direct = LogSumExp::default();
                 for i in 0..nr {

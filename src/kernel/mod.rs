@@ -14,8 +14,8 @@ pub mod topk;
 pub use dispatch::has_avx512;
 pub use fused::{
     column_log_sum_exp, column_statistics, count_above, search_block, tile_workspace_bytes,
-    ColumnScoring, ColumnStates, ColumnStatsRequest, Positives, QueryState, Rows, GROUP_ROWS,
-    TILE_COLS, TILE_ROWS,
+    ColumnScoring, ColumnStates, ColumnStatsRequest, Positives, QueryState, Rows, BANK_TILE_COLS,
+    BANK_TILE_ROWS, GROUP_ROWS, TILE_COLS, TILE_ROWS,
 };
 pub use lse::LogSumExp;
 pub use sinkhorn::{
