@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::*;
 use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions};
-use hubnorm::pipeline::{self, RunJob};
+use hubnorm::pipeline::{self, RunJob, StatsJob};
 use hubnorm::progress::Silent;
 
 /// Counts live heap bytes and their peak.
@@ -132,6 +132,66 @@ fn peak_heap_follows_the_memory_limit_not_the_input_size() {
             .unwrap()
             .len() as usize
             > 2 * limit
+    );
+}
+
+/// Pass 1 with a bank small enough to be cached: the gallery (several times
+/// the limit) is read one chunk at a time, the next chunk only once the
+/// previous one is dropped.
+#[test]
+fn stats_holds_one_gallery_chunk_at_a_time() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    // Large enough that a gallery chunk (about 75 MB) outweighs what the plan
+    // reserves and does not use (GEMM workspace estimates): a second chunk
+    // held at the same time would show.
+    let limit: usize = 128 << 20;
+    let dim = 384;
+    let mut r = rng(37);
+    // 120,000 × 384 f32 = 184 MB (1.4 × the limit, three chunks); the bank
+    // (4.6 MB) is cached.
+    let gallery = random_table(&mut r, "g", 120_000, dim);
+    let bank = random_table(&mut r, "b", 3_000, dim);
+    write_table(
+        &dir.path().join("gallery.parquet"),
+        &gallery,
+        Layout::FixedF32,
+        false,
+    );
+    write_table(
+        &dir.path().join("bank.parquet"),
+        &bank,
+        Layout::FixedF32,
+        false,
+    );
+    drop((gallery, bank));
+    let job = StatsJob {
+        gallery: dir.path().join("gallery.parquet").display().to_string(),
+        bank: dir.path().join("bank.parquet").display().to_string(),
+        gallery_bank: None,
+        bank_sample: None,
+        methods: vec![MethodSpec::InvertedSoftmax { beta: Beta(20.0) }],
+        out: dir.path().join("gallery_stats.parquet"),
+        overwrite: false,
+        options: PassOptions {
+            memory: MemoryBudget(limit),
+            threads: 2,
+            ..PassOptions::default()
+        },
+        checkpoint: Default::default(),
+    };
+    let before = CURRENT.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    pipeline::run_stats(&job, &Silent).unwrap();
+    let peak = PEAK.load(Ordering::Relaxed) - before;
+    eprintln!(
+        "stats: peak heap {:.1} MiB for a {:.1} MiB limit",
+        peak as f64 / (1 << 20) as f64,
+        limit as f64 / (1 << 20) as f64
+    );
+    assert!(
+        peak <= limit + FIXED_OVERHEAD,
+        "peak heap {peak} exceeds limit {limit} + overhead {FIXED_OVERHEAD}"
     );
 }
 

@@ -199,7 +199,7 @@ pub fn compute_bank_statistics(
             })
             .collect::<Result<Vec<_>>>()
     };
-    let (mut streams, mut next_chunk) = if plan.cache_inner && plan.allows_second_reader() {
+    let (mut streams, mut first_chunk) = if plan.cache_inner && plan.allows_second_reader() {
         let (streams, first_chunk) = rayon::join(read_banks, || chunks.next_block());
         (streams?, first_chunk?)
     } else {
@@ -207,7 +207,16 @@ pub fn compute_bank_statistics(
         (streams, chunks.next_block()?)
     };
     let empty = ColumnStatsRequest::default();
-    while let Some(chunk) = next_chunk.take() {
+    // Each later chunk is read at the top of its iteration, once the previous
+    // one and its states are dropped: the plan has room for one chunk only.
+    loop {
+        let chunk = match first_chunk.take() {
+            Some(chunk) => chunk,
+            None => match chunks.next_block()? {
+                Some(chunk) => chunk,
+                None => break,
+            },
+        };
         let mut states: Vec<ColumnStates> = Vec::with_capacity(2);
         for ((input, is_query_bank), stream) in banks.iter().zip(&mut streams) {
             let mut chunk_states =
@@ -260,7 +269,6 @@ pub fn compute_bank_statistics(
             gallery_bank: &gallery_bank_states,
             activations: &output,
         })?;
-        next_chunk = chunks.next_block()?;
     }
     rows_done.finish();
     Ok(output)
