@@ -55,6 +55,39 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// objects, the summary). Stated in the README.
 const FIXED_OVERHEAD: usize = 4 << 20;
 
+/// Runs `f` and returns its result with the peak heap it added.
+fn peak_heap_of<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    let before = CURRENT.load(Ordering::Relaxed);
+    PEAK.store(before, Ordering::Relaxed);
+    let out = f();
+    (out, PEAK.load(Ordering::Relaxed) - before)
+}
+
+/// Fails when `peak` exceeds the limit plus [`FIXED_OVERHEAD`].
+fn assert_heap_within(what: &str, peak: usize, limit: usize) {
+    eprintln!(
+        "{what}: peak heap {:.1} MiB for a {:.1} MiB limit",
+        peak as f64 / (1 << 20) as f64,
+        limit as f64 / (1 << 20) as f64
+    );
+    assert!(
+        peak <= limit + FIXED_OVERHEAD,
+        "{what}: peak heap {peak} exceeds limit {limit} + overhead {FIXED_OVERHEAD}"
+    );
+}
+
+/// Writes each `(name, table)` to `dir/name.parquet` as fixed-size lists of f32.
+fn write_inputs(dir: &std::path::Path, tables: &[(&str, &Table)]) {
+    for (name, table) in tables {
+        write_table(
+            &dir.join(format!("{name}.parquet")),
+            table,
+            Layout::FixedF32,
+            false,
+        );
+    }
+}
+
 #[test]
 fn peak_heap_follows_the_memory_limit_not_the_input_size() {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -66,23 +99,13 @@ fn peak_heap_follows_the_memory_limit_not_the_input_size() {
     let gallery = random_table(&mut r, "g", 48_000, dim);
     let bank = random_table(&mut r, "b", 32_000, dim);
     let queries = queries_near(&mut r, &gallery, 3_000, 0.5);
-    write_table(
-        &dir.path().join("gallery.parquet"),
-        &gallery,
-        Layout::FixedF32,
-        false,
-    );
-    write_table(
-        &dir.path().join("bank.parquet"),
-        &bank,
-        Layout::FixedF32,
-        false,
-    );
-    write_table(
-        &dir.path().join("queries.parquet"),
-        &queries,
-        Layout::FixedF32,
-        false,
+    write_inputs(
+        dir.path(),
+        &[
+            ("gallery", &gallery),
+            ("bank", &bank),
+            ("queries", &queries),
+        ],
     );
     drop((gallery, bank, queries));
     let job = RunJob {
@@ -102,15 +125,7 @@ fn peak_heap_follows_the_memory_limit_not_the_input_size() {
             ..PassOptions::default()
         },
     };
-    let before = CURRENT.load(Ordering::Relaxed);
-    PEAK.store(before, Ordering::Relaxed);
-    let summary = pipeline::run(&job, &Silent).unwrap();
-    let peak = PEAK.load(Ordering::Relaxed) - before;
-    eprintln!(
-        "peak heap {:.1} MiB for a {:.1} MiB limit",
-        peak as f64 / (1 << 20) as f64,
-        limit as f64 / (1 << 20) as f64
-    );
+    let (summary, peak) = peak_heap_of(|| pipeline::run(&job, &Silent).unwrap());
     assert_eq!(summary.queries, 3_000);
     assert!(
         summary.methods[1]
@@ -122,10 +137,7 @@ fn peak_heap_follows_the_memory_limit_not_the_input_size() {
             > 0.5,
         "the run did real work"
     );
-    assert!(
-        peak <= limit + FIXED_OVERHEAD,
-        "peak heap {peak} exceeds limit {limit} + overhead {FIXED_OVERHEAD}"
-    );
+    assert_heap_within("run", peak, limit);
     // The inputs did not fit: the bound is not trivially met.
     assert!(
         std::fs::metadata(dir.path().join("gallery.parquet"))
@@ -152,18 +164,7 @@ fn stats_holds_one_gallery_chunk_at_a_time() {
     // (4.6 MB) is cached.
     let gallery = random_table(&mut r, "g", 120_000, dim);
     let bank = random_table(&mut r, "b", 3_000, dim);
-    write_table(
-        &dir.path().join("gallery.parquet"),
-        &gallery,
-        Layout::FixedF32,
-        false,
-    );
-    write_table(
-        &dir.path().join("bank.parquet"),
-        &bank,
-        Layout::FixedF32,
-        false,
-    );
+    write_inputs(dir.path(), &[("gallery", &gallery), ("bank", &bank)]);
     drop((gallery, bank));
     let job = StatsJob {
         gallery: dir.path().join("gallery.parquet").display().to_string(),
@@ -180,19 +181,8 @@ fn stats_holds_one_gallery_chunk_at_a_time() {
         },
         checkpoint: Default::default(),
     };
-    let before = CURRENT.load(Ordering::Relaxed);
-    PEAK.store(before, Ordering::Relaxed);
-    pipeline::run_stats(&job, &Silent).unwrap();
-    let peak = PEAK.load(Ordering::Relaxed) - before;
-    eprintln!(
-        "stats: peak heap {:.1} MiB for a {:.1} MiB limit",
-        peak as f64 / (1 << 20) as f64,
-        limit as f64 / (1 << 20) as f64
-    );
-    assert!(
-        peak <= limit + FIXED_OVERHEAD,
-        "peak heap {peak} exceeds limit {limit} + overhead {FIXED_OVERHEAD}"
-    );
+    let (_, peak) = peak_heap_of(|| pipeline::run_stats(&job, &Silent).unwrap());
+    assert_heap_within("stats", peak, limit);
 }
 
 /// The plan counts `tile_workspace_bytes(dim)` per thread; the GEMM's own
@@ -211,12 +201,11 @@ fn gemm_workspace_estimate_covers_its_allocations() {
             let b = vec![0.25f32; cols * dim];
             let mut out = vec![0f32; rows * cols];
             // Run on a fresh thread so its first-use slab is counted too.
-            let before = CURRENT.load(Ordering::Relaxed);
-            PEAK.store(before, Ordering::Relaxed);
-            std::thread::scope(|s| {
-                s.spawn(|| similarity_tile(&mut out, cols, &a, rows, &b, cols, dim));
+            let ((), used) = peak_heap_of(|| {
+                std::thread::scope(|s| {
+                    s.spawn(|| similarity_tile(&mut out, cols, &a, rows, &b, cols, dim));
+                })
             });
-            let used = PEAK.load(Ordering::Relaxed) - before;
             let tile = rows * cols * 4;
             eprintln!(
                 "{rows} × {cols}, dim {dim}: gemm allocated {used} bytes; estimate {}",

@@ -90,6 +90,14 @@ const fn min(a: usize, b: usize) -> usize {
     }
 }
 
+const fn max(a: usize, b: usize) -> usize {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
 /// Scratch memory one worker thread needs at dimension `dim`: the tile, the
 /// per-strip state copies, and the GEMM's buffers (the packed operands,
 /// `(TILE_ROWS + TILE_COLS) × kc` floats with a depth kc that `gemm` caps
@@ -99,11 +107,7 @@ const fn min(a: usize, b: usize) -> usize {
 pub const fn tile_workspace_bytes(dim: usize) -> usize {
     let search = shape_workspace_bytes(TILE_ROWS, TILE_COLS, dim);
     let bank = shape_workspace_bytes(BANK_TILE_ROWS, BANK_TILE_COLS, dim);
-    if search > bank {
-        search
-    } else {
-        bank
-    }
+    max(search, bank)
 }
 
 /// [`tile_workspace_bytes`] for tiles of `rows × cols`.
