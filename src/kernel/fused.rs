@@ -63,8 +63,8 @@ pub const TILE_COLS: usize = 2048;
 /// the packing costs 1/(2·rows) of the tile's work. Measured on the Xeon of
 /// `benches/runs/2026-11-25-xeon` (100k gallery × 30k bank, d = 384, one
 /// thread, `perf`): packing took 5.7% of the pass at 512 × 2048 tiles and
-/// 2.4% at 2048 × 512. With [`strip_bounds`] and the banks read beside the
-/// first gallery chunk, 100k × 100k went from 46.6 to 44.3 s on one thread
+/// 2.2% at 2048 × 512 (2.4% at 2048 × 1024). With [`strip_bounds`] and the
+/// banks read beside the first gallery chunk, 100k × 100k went from 46.6 to 44.3 s on one thread
 /// and from 23.7 to 22.1 s on two (medians of 3, alternating, same bits).
 pub const BANK_TILE_ROWS: usize = 2048;
 
