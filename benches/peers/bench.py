@@ -12,7 +12,8 @@ within each repeat (hubnorm, peer A, peer B, hubnorm, ...); medians are reported
 an address-space limit, so a dense peer that cannot hold its matrix fails fast: `oom` is a result.
 Every peer's output is checked against hubnorm's (same top-k ids except at exact ties, statistics
 within 1e-5) before its time counts. Writes setup.md, raw.csv, commands.log and summary.md into
---out; summary.md is generated from raw.csv alone (--summarize).
+--out; summary.md is generated from raw.csv alone (--summarize), except for hand-written sections
+below KEEP_MARKER, which regenerating keeps.
 """
 
 from __future__ import annotations
@@ -1105,6 +1106,9 @@ def write_setup(b: Bench, started: bool):
 # summary.md from raw.csv
 # ----------------------------------------------------------------------------------------------
 
+# Everything in summary.md from this line on is hand-written and kept when the tables are regenerated.
+KEEP_MARKER = "<!-- Hand-written below: bench.py --summarize keeps everything from this line on. -->"
+
 def _f(x):
     try:
         return float(x)
@@ -1317,9 +1321,19 @@ def summarize(out_dir):
     else:
         L.append("Not run.")
     L.append("")
-    with open(os.path.join(out_dir, "summary.md"), "w") as f:
-        f.write("\n".join(L))
-    return os.path.join(out_dir, "summary.md")
+    path = os.path.join(out_dir, "summary.md")
+    # Hand-written sections (e.g. a run's narrative) live below KEEP_MARKER
+    # in the same file; regenerating the tables keeps them.
+    kept = ""
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read()
+        at = old.find(KEEP_MARKER)
+        if at >= 0:
+            kept = "\n" + old[at:]
+    with open(path, "w") as f:
+        f.write("\n".join(L) + kept)
+    return path
 
 
 # ----------------------------------------------------------------------------------------------
