@@ -2,10 +2,11 @@
 //!
 //! The `gemm` crate is the default: pure Rust, no system library, AVX-512 by
 //! run-time dispatch. On some CPUs a vendor BLAS is faster (Intel MKL on
-//! Skylake-SP runs the tile's shape 10–50% faster here; see the README's
-//! performance section). Loading it at run time keeps the default build free of
-//! a system dependency and lets a user point the same binary at whatever
-//! `cblas_sgemm` their machine has (MKL's `libmkl_rt.so`, OpenBLAS, BLIS).
+//! Skylake-SP runs the tile's shape 10–50% faster here; see "With a system
+//! BLAS" in benches/runs/2026-11-25-xeon/summary.md). Loading it at run time
+//! keeps the default build free of a system dependency and lets a user point
+//! the same binary at whatever `cblas_sgemm` their machine has (MKL's
+//! `libmkl_rt.so`, OpenBLAS, BLIS).
 //!
 //! Only the LP64 CBLAS interface (32-bit integer arguments) is supported; a
 //! library that does not compute a known product correctly is refused.
