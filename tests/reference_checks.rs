@@ -177,7 +177,7 @@ fn ls_on_hand_made_vectors() {
     );
     assert_scores(
         &real(&d, Method::Ls { k: 2 }),
-        &[&[-1.0 / 1.0, -5.0 / sqrt8], &[-2.0 / 1.0, -20.0 / sqrt8]],
+        &[&[-1.0, -5.0 / sqrt8], &[-2.0, -20.0 / sqrt8]], // σ_2 = (1, √8)
         1e-14,
         "ls k = 2",
     );
@@ -202,7 +202,7 @@ fn nicdm_on_hand_made_vectors() {
     assert_scores(
         &real(&d, Method::Nicdm { k: 1 }),
         &[
-            &[-0.7071067811865476, -1.4953487812212205],
+            &[-std::f64::consts::FRAC_1_SQRT_2, -1.4953487812212205],
             &[-1.0, -2.990697562442441],
         ],
         1e-14,
