@@ -1,12 +1,18 @@
 //! A dense f64 reference of every method of METHODS.md that hubnorm runs
-//! (`none`, `is`, `dis`, `nnn`, `csls`, `gc`, `dn`, `dual-is`, `dual-dis`),
+//! (`none`, `is`, `dis`, `nnn`, `csls`, `gc`, `dn`, `dual-is`, `dual-dis`,
+//! and the toolkit methods `mp`, `ls`, `nicdm`, `dissim-local`),
 //! written from the spec alone and independently of the library: whole
 //! similarity matrices in f64, plain loops, sorting where the library keeps
 //! heaps. Slow (O(q·n·d + m·n·d)) and easy to check by eye is the point.
 //!
 //! Conventions (METHODS.md): s(x, y) = ⟨x, y⟩ of rows L2-normalised in f64
 //! (unless `normalize` is false); every top-k and argmax breaks ties by the
-//! smaller gallery row; reported scores are in similarity units.
+//! smaller gallery row; reported scores are in similarity units, except the
+//! toolkit methods' own units (`mp`: a log-probability; `ls`, `nicdm`: minus
+//! a scaled distance, d(x, y) = sqrt(max(0, ‖x‖² + ‖y‖² − 2·s(x, y))) with the
+//! norms of the f64 rows). N_k(g), the k bank rows with the largest s(b, g),
+//! breaks ties by the smaller bank row; `mp` refuses a σ below 1e-12, `ls` and
+//! `nicdm` a zero scale (the spec leaves that case open).
 #![allow(dead_code)]
 
 use super::{dot, to_f64, Table};
@@ -42,6 +48,20 @@ pub enum Method {
         beta2: f64,
         activation_k: usize,
     },
+    /// Gaussian mutual proximity (no parameters).
+    Mp,
+    /// Local scaling: −d(q, g)² / σ_k(g).
+    Ls {
+        k: usize,
+    },
+    /// NICDM: −d(q, g) / sqrt(r_k(g)).
+    Nicdm {
+        k: usize,
+    },
+    /// DisSimLocal: s(q, g) − h(g), h from the centroid of N_k(g).
+    DissimLocal {
+        k: usize,
+    },
 }
 
 impl Method {
@@ -57,6 +77,10 @@ impl Method {
             Method::Dn { .. } => "dn",
             Method::DualIs { .. } => "dual-is",
             Method::DualDis { .. } => "dual-dis",
+            Method::Mp => "mp",
+            Method::Ls { .. } => "ls",
+            Method::Nicdm { .. } => "nicdm",
+            Method::DissimLocal { .. } => "dissim-local",
         }
     }
 }
@@ -106,6 +130,161 @@ pub fn top_k(values: &[f64], k: usize) -> Vec<usize> {
         best.truncate(k);
     }
     best
+}
+
+/// ‖x‖² of every row.
+pub fn squared_norms(rows: &[Vec<f64>]) -> Vec<f64> {
+    rows.iter().map(|r| dot(r, r)).collect()
+}
+
+/// The Euclidean distance from a similarity and the two squared norms:
+/// d(x, y) = sqrt(max(0, ‖x‖² + ‖y‖² − 2·s(x, y))) (METHODS.md, toolkit methods).
+pub fn distance(squared_norm_x: f64, squared_norm_y: f64, s: f64) -> f64 {
+    (squared_norm_x + squared_norm_y - 2.0 * s).max(0.0).sqrt()
+}
+
+/// Mean and population standard deviation (two passes: mean first, then the
+/// mean squared deviation from it).
+pub fn mean_and_sd(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let var = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+    (mean, var.sqrt())
+}
+
+// ------------------------------------------------------------------ erfc, log Φ
+
+// W. J. Cody, "Rational Chebyshev approximations for the error function",
+// Math. Comp. 23 (1969) 631–637; coefficients as in his netlib SPECFUN routine
+// CALERF (double precision, near-minimax, ≥ 18 significant digits in theory).
+// Written here highest degree first, for `horner`:
+//   |x| ≤ 0.46875:      erf(x)        ≈ x · ERF_NUM(x²) / ERF_DEN(x²)
+//   0.46875 < y ≤ 4:    exp(y²)·erfc(y) ≈ ERFCX_MID_NUM(y) / ERFCX_MID_DEN(y)
+//   y > 4, z = 1/y²:    exp(y²)·erfc(y) ≈ (1/√π − z · ERFCX_TAIL_NUM(z) / ERFCX_TAIL_DEN(z)) / y
+// The digits are Cody's (more than an f64 holds, hence the clippy allows).
+// Checked against mpmath in tests/reference_checks.rs (≤ 1e-13 relative).
+const ERF_SMALL: f64 = 0.46875;
+#[allow(clippy::excessive_precision)]
+const ERF_NUM: [f64; 5] = [
+    1.85777706184603153e-1,
+    3.16112374387056560e0,
+    1.13864154151050156e2,
+    3.77485237685302021e2,
+    3.20937758913846947e3,
+];
+#[allow(clippy::excessive_precision)]
+const ERF_DEN: [f64; 5] = [
+    1.0,
+    2.36012909523441209e1,
+    2.44024637934444173e2,
+    1.28261652607737228e3,
+    2.84423683343917062e3,
+];
+#[allow(clippy::excessive_precision)]
+const ERFCX_MID_NUM: [f64; 9] = [
+    2.15311535474403846e-8,
+    5.64188496988670089e-1,
+    8.88314979438837594e0,
+    6.61191906371416295e1,
+    2.98635138197400131e2,
+    8.81952221241769090e2,
+    1.71204761263407058e3,
+    2.05107837782607147e3,
+    1.23033935479799725e3,
+];
+#[allow(clippy::excessive_precision)]
+const ERFCX_MID_DEN: [f64; 9] = [
+    1.0,
+    1.57449261107098347e1,
+    1.17693950891312499e2,
+    5.37181101862009858e2,
+    1.62138957456669019e3,
+    3.29079923573345963e3,
+    4.36261909014324716e3,
+    3.43936767414372164e3,
+    1.23033935480374942e3,
+];
+#[allow(clippy::excessive_precision)]
+const ERFCX_TAIL_NUM: [f64; 6] = [
+    1.63153871373020978e-2,
+    3.05326634961232344e-1,
+    3.60344899949804439e-1,
+    1.25781726111229246e-1,
+    1.60837851487422766e-2,
+    6.58749161529837803e-4,
+];
+#[allow(clippy::excessive_precision)]
+const ERFCX_TAIL_DEN: [f64; 6] = [
+    1.0,
+    2.56852019228982242e0,
+    1.87295284992346047e0,
+    5.27905102951428412e-1,
+    6.05183413124413191e-2,
+    2.33520497626869185e-3,
+];
+
+/// Σ c_i t^(deg − i), coefficients highest degree first.
+fn horner(coefficients: &[f64], t: f64) -> f64 {
+    coefficients.iter().fold(0.0, |acc, &c| acc * t + c)
+}
+
+/// exp(y²)·erfc(y) for y > 0.46875 (Cody's second and third intervals).
+fn erfcx_cody(y: f64) -> f64 {
+    assert!(y > ERF_SMALL, "erfcx_cody({y}) is for y > {ERF_SMALL}");
+    if y <= 4.0 {
+        horner(&ERFCX_MID_NUM, y) / horner(&ERFCX_MID_DEN, y)
+    } else {
+        let z = 1.0 / (y * y);
+        let frac_1_sqrt_pi = 0.5 * std::f64::consts::FRAC_2_SQRT_PI;
+        (frac_1_sqrt_pi - z * horner(&ERFCX_TAIL_NUM, z) / horner(&ERFCX_TAIL_DEN, z)) / y
+    }
+}
+
+/// −y² as y₀² + (y − y₀)(y + y₀) with y₀ = y rounded down to a multiple of
+/// 1/16, so that y₀² is exact (Cody's device against the rounding of y²).
+fn minus_square(y: f64) -> (f64, f64) {
+    let y0 = (y * 16.0).trunc() / 16.0;
+    (-(y0 * y0), -((y - y0) * (y + y0)))
+}
+
+/// The complementary error function, to about 1e-15 relative (0 past x ≈ 26.5,
+/// where it underflows: use `ln_erfc` there).
+pub fn erfc(x: f64) -> f64 {
+    let y = x.abs();
+    if y <= ERF_SMALL {
+        let t = x * x;
+        return 1.0 - x * horner(&ERF_NUM, t) / horner(&ERF_DEN, t);
+    }
+    let (big, small) = minus_square(y);
+    let upper = big.exp() * small.exp() * erfcx_cody(y); // erfc(|x|)
+    if x < 0.0 {
+        2.0 - upper
+    } else {
+        upper
+    }
+}
+
+/// ln erfc(x), finite for every finite x: past 0.46875 it is
+/// −x² + ln(exp(x²)·erfc(x)), with no underflow.
+pub fn ln_erfc(x: f64) -> f64 {
+    if x > ERF_SMALL {
+        let (big, small) = minus_square(x);
+        big + small + erfcx_cody(x).ln()
+    } else {
+        erfc(x).ln()
+    }
+}
+
+/// log Φ(x) of the standard normal CDF Φ(x) = ½·erfc(−x/√2): log(½·erfc(−x/√2))
+/// for x ≤ 0, finite and accurate far into the lower tail; ln(1 − ½·erfc(x/√2))
+/// for x > 0, so that log Φ ≈ −Φ(−x) keeps its digits there.
+pub fn log_ndtr(x: f64) -> f64 {
+    let z = x * std::f64::consts::FRAC_1_SQRT_2;
+    if x > 0.0 {
+        (-0.5 * erfc(z)).ln_1p()
+    } else {
+        ln_erfc(-z) - std::f64::consts::LN_2
+    }
 }
 
 /// Column g of a row-major matrix.
@@ -215,6 +394,98 @@ impl Dense {
     pub fn bank_mean_top_k(&self, k: usize) -> Vec<f64> {
         (0..self.n())
             .map(|g| mean_top_k(column(&self.bg, g).collect(), k))
+            .collect()
+    }
+
+    /// N_k(g): the k bank rows with the largest s(b, g), nearest first, ties
+    /// to the smaller bank row (a full sort of the column).
+    pub fn bank_neighbours(&self, g: usize, k: usize) -> Vec<usize> {
+        let m = self.bank.len();
+        assert!(k >= 1 && k <= m, "k = {k} with {m} bank rows");
+        super::reference_topk(&column(&self.bg, g).collect::<Vec<_>>(), k)
+    }
+
+    /// `mp`: log Φ((s − μ_B(g))/σ_B(g)) + log Φ((s − μ(q))/σ(q)), with μ_B, σ_B
+    /// over the bank column of g and μ(q), σ(q) over s(q, ĝ) for the gallery
+    /// bank when given, else s(q, g) over the gallery; all straight from the
+    /// similarity matrices (not from moments). A σ below 1e-12 is refused.
+    fn mutual_proximity(&self) -> Vec<Vec<f64>> {
+        let gallery_stats: Vec<(f64, f64)> = (0..self.n())
+            .map(|g| {
+                let (mu, sd) = mean_and_sd(&column(&self.bg, g).collect::<Vec<_>>());
+                assert!(sd >= 1e-12, "mp: σ_B of gallery row {g} is {sd:e} < 1e-12");
+                (mu, sd)
+            })
+            .collect();
+        let query_rows = match &self.gallery_bank {
+            Some(h) => similarities(&self.queries, h),
+            None => self.qg.clone(),
+        };
+        let query_stats: Vec<(f64, f64)> = query_rows
+            .iter()
+            .enumerate()
+            .map(|(q, row)| {
+                let (mu, sd) = mean_and_sd(row);
+                assert!(sd >= 1e-12, "mp: σ of query row {q} is {sd:e} < 1e-12");
+                (mu, sd)
+            })
+            .collect();
+        self.qg
+            .iter()
+            .zip(&query_stats)
+            .map(|(row, &(mu_q, sd_q))| {
+                row.iter()
+                    .zip(&gallery_stats)
+                    .map(|(&s, &(mu_b, sd_b))| {
+                        log_ndtr((s - mu_b) / sd_b) + log_ndtr((s - mu_q) / sd_q)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// `ls` and `nicdm`: −d(q, g)^power / scale(g) for every query and gallery
+    /// item, d from the similarities and the norms.
+    fn scaled_distances(&self, scale: &[f64], power: i32) -> Vec<Vec<f64>> {
+        let qn = squared_norms(&self.queries);
+        let gn = squared_norms(&self.gallery);
+        self.qg
+            .iter()
+            .zip(&qn)
+            .map(|(row, &nq)| {
+                row.iter()
+                    .enumerate()
+                    .map(|(g, &s)| -distance(nq, gn[g], s).powi(power) / scale[g])
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// d(b, g) for the bank rows of N_k(g), nearest first (`bn`: the bank's
+    /// squared norms).
+    fn neighbour_distances(&self, bn: &[f64], g: usize, k: usize) -> Vec<f64> {
+        let gn = dot(&self.gallery[g], &self.gallery[g]);
+        self.bank_neighbours(g, k)
+            .into_iter()
+            .map(|b| distance(bn[b], gn, self.bg[b][g]))
+            .collect()
+    }
+
+    /// h(g) of `dissim-local`: (‖g‖² − ‖g − c_k(g)‖²)/2, with c_k(g) the mean
+    /// of the gathered vectors of N_k(g).
+    pub fn dissim_local_corrections(&self, k: usize) -> Vec<f64> {
+        (0..self.n())
+            .map(|g| {
+                let rows: Vec<Vec<f64>> = self
+                    .bank_neighbours(g, k)
+                    .into_iter()
+                    .map(|b| self.bank[b].clone())
+                    .collect();
+                let centroid = mean_row(&rows);
+                let x = &self.gallery[g];
+                let diff: Vec<f64> = x.iter().zip(&centroid).map(|(a, c)| a - c).collect();
+                (dot(x, x) - dot(&diff, &diff)) / 2.0
+            })
             .collect()
     }
 
@@ -379,6 +650,32 @@ impl Dense {
                         .collect(),
                 )
             }
+            Method::Mp => Scores::Real(self.mutual_proximity()),
+            Method::Ls { k } => {
+                // σ_k(g) = d(b_k, g), b_k the k-th of N_k(g).
+                let bn = squared_norms(&self.bank);
+                let sigma: Vec<f64> = (0..self.n())
+                    .map(|g| {
+                        let sigma = self.neighbour_distances(&bn, g, k)[k - 1];
+                        assert!(sigma > 0.0, "ls: σ_k of gallery row {g} is 0");
+                        sigma
+                    })
+                    .collect();
+                Scores::Real(self.scaled_distances(&sigma, 2))
+            }
+            Method::Nicdm { k } => {
+                // sqrt(r_k(g)), r_k(g) = the mean of d(b, g) over N_k(g).
+                let bn = squared_norms(&self.bank);
+                let scale: Vec<f64> = (0..self.n())
+                    .map(|g| {
+                        let r = self.neighbour_distances(&bn, g, k).iter().sum::<f64>() / k as f64;
+                        assert!(r > 0.0, "nicdm: r_k of gallery row {g} is 0");
+                        r.sqrt()
+                    })
+                    .collect();
+                Scores::Real(self.scaled_distances(&scale, 1))
+            }
+            Method::DissimLocal { k } => Scores::Real(additive(self.dissim_local_corrections(k))),
         }
     }
 }
