@@ -11,18 +11,17 @@ use parquet::arrow::ProjectionMask;
 
 use crate::error::{HubnormError, Result};
 use crate::ids::{id_at, IdIndex, IdValue};
-use crate::options::{MethodKind, MethodParams, MethodSpec, PassOptions};
-use crate::pipeline::{
-    check_bank_sizes, commit_all, open_table, refuse_existing, run_uncommitted, MethodOutcome,
-    RunJob, RunSummary,
-};
+use crate::inputs::open_table;
+use crate::method::InputSizes;
+use crate::options::{MethodKind, MethodSpec, PassOptions};
+use crate::pipeline::{commit_all, run_uncommitted, MethodOutcome, RunJob, RunSummary};
 use crate::progress::Progress;
-use crate::query::sinkhorn_pp::check_protocol_cost;
 use crate::query::targets::resolve_targets;
 use crate::report::compare::{Comparison, MethodFigures};
 use crate::report::files::{read_corrections, read_text_column, ReportFiles};
 use crate::report::html::{self, HubRow, MethodPage, PageInput, RecallBar, TuningCurve};
 use crate::report::{KOccurrence, RankList};
+use crate::sink::refuse_existing;
 use crate::sink::write_text_atomically;
 use crate::source::{normalise_ids, open_parquet};
 
@@ -59,9 +58,9 @@ pub struct CompareOutcome {
 }
 
 /// Every method the inputs allow, with its defaults (the baseline first),
-/// and the methods left out with the reason: the dual methods and dbsn need
-/// a gallery bank; nnn and csls need k ≤ the bank; gc needs its sorted
-/// similarities within the memory limit; sinkhorn-pp stays within its cost limit.
+/// and the methods left out with the reason: a method that needs a gallery
+/// bank without one, or whose own input checks fail (k above the bank,
+/// statistics above the memory limit, a protocol above its cost limit).
 fn default_methods(job: &RunJob) -> Result<(Vec<MethodSpec>, Vec<String>)> {
     let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
     let bank_spec = if job.transductive {
@@ -75,10 +74,16 @@ fn default_methods(job: &RunJob) -> Result<(Vec<MethodSpec>, Vec<String>)> {
         None => bank,
     };
     let queries = open_table("queries", &job.queries, &job.options, false)?;
-    let params = MethodParams::default();
+    let sizes = InputSizes {
+        bank_rows: bank.rows,
+        gallery_rows: gallery.rows,
+        queries_rows: queries.rows,
+        memory_bytes: job.options.memory.bytes(),
+        normalized: job.options.read.normalize,
+    };
     let (mut methods, mut left_out) = (Vec::new(), Vec::new());
-    for kind in MethodKind::ALL {
-        let spec = MethodSpec::from_kind(kind, &params);
+    for kind in MethodKind::all() {
+        let spec = MethodSpec::default_for(kind);
         if job.transductive && !kind.has_transductive_variant() {
             continue;
         }
@@ -86,19 +91,7 @@ fn default_methods(job: &RunJob) -> Result<(Vec<MethodSpec>, Vec<String>)> {
             left_out.push(format!("{kind}: needs --gallery-bank"));
             continue;
         }
-        let check = match spec {
-            MethodSpec::SinkhornPp {
-                iterations,
-                pseudo_queries,
-                ..
-            } => check_protocol_cost(
-                queries.rows,
-                pseudo_queries.min(bank.rows as usize) + 1,
-                gallery.rows as usize,
-                iterations,
-            ),
-            _ => check_bank_sizes(&[spec], &bank, &gallery, &job.options),
-        };
+        let check = kind.method().check_inputs(&spec, &sizes);
         match check {
             Ok(()) => methods.push(spec),
             Err(e) => left_out.push(format!("{kind}: {e}")),

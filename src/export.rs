@@ -10,9 +10,9 @@
 //! normalised the same way before −1 is appended.
 //!
 //! A term that depends only on the query (CSLS's r(q), DN's shift) is left
-//! out: it never changes a ranking. Methods whose score is not s − h(g) are
-//! refused: dis and dual-dis (gated on the query's top-1), gc (a rank among
-//! bank similarities), dsl (multiplicative), sinkhorn-pp (per query).
+//! out: it never changes a ranking. Each method declares whether it is
+//! exportable ([`crate::method::Export`]); the others (gated, rank-based,
+//! multiplicative, per-query) are refused with the reason.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,12 +22,14 @@ use arrow::datatypes::{DataType, Field, Schema};
 
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
-use crate::options::{MethodSpec, PassOptions};
+use crate::method::Export;
+use crate::options::{MethodKind, MethodSpec, PassOptions};
 use crate::progress::Progress;
+use crate::query::load_plan;
 use crate::query::{Scoring, Selection};
 use crate::sink::ParquetSink;
 use crate::source::EmbeddingTable;
-use crate::stats_file::{load_plan, methods_json};
+use crate::stats_file::methods_json;
 
 /// The value appended to every query vector.
 pub const QUERY_SUFFIX: f32 = -1.0;
@@ -53,10 +55,15 @@ pub struct ExportSummary {
 }
 
 /// Why a method cannot be served by an inner-product index.
-fn not_exportable(method: &MethodSpec) -> HubnormError {
+fn not_exportable(method: &MethodSpec, why: &str) -> HubnormError {
+    let exportable: Vec<&str> = MethodKind::all()
+        .filter(|k| k.method().export() == Export::Additive)
+        .map(MethodKind::name)
+        .collect();
     HubnormError::Usage(format!(
-        "method {} does not rank by s(q, g) − h(g), so no (d + 1)-vector reproduces it; export supports is, nnn, csls, dn, dual-is, sn and dbsn",
-        method.kind()
+        "method {} does not rank by s(q, g) − h(g) ({why}), so no (d + 1)-vector reproduces it; export supports {}",
+        method.kind(),
+        exportable.join(", ")
     ))
 }
 
@@ -64,16 +71,17 @@ fn not_exportable(method: &MethodSpec) -> HubnormError {
 /// `embedding` with d + 1 values) to `job.out`, atomically.
 pub fn export(job: &ExportJob, progress: &dyn Progress) -> Result<ExportSummary> {
     let stats = job.stats.display().to_string();
-    crate::pipeline::refuse_output_in_inputs(
+    crate::sink::refuse_output_in_inputs(
         &job.out,
         &[("gallery", job.gallery.as_str()), ("stats", stats.as_str())],
     )?;
-    crate::pipeline::refuse_existing(&job.out, job.overwrite)?;
+    crate::sink::refuse_existing(&job.out, job.overwrite)?;
     job.method.validate()?;
-    if !job.method.kind().needs_bank() {
-        return Err(HubnormError::Usage(
-            "method none has no correction to export; export the embeddings as they are".into(),
-        ));
+    if let Export::Refused(why) = job.method.method().export() {
+        if !job.method.kind().needs_bank() {
+            return Err(HubnormError::Usage(why.into()));
+        }
+        return Err(not_exportable(&job.method, why));
     }
     let gallery = EmbeddingTable::open("gallery", &job.gallery, &job.options.read, false)?;
     let index = IdIndex::build(&gallery)?;
@@ -82,9 +90,19 @@ pub fn export(job: &ExportJob, progress: &dyn Progress) -> Result<ExportSummary>
     let correction = match (&rule.selection, &plan.scorings[..]) {
         (Selection::Fixed(i), scorings) => match &scorings[*i] {
             Scoring::Subtract(h) => h,
-            _ => return Err(not_exportable(&job.method)),
+            _ => {
+                return Err(HubnormError::Internal(format!(
+                    "{} declared additive",
+                    job.method.kind()
+                )))
+            }
         },
-        _ => return Err(not_exportable(&job.method)),
+        _ => {
+            return Err(HubnormError::Internal(format!(
+                "{} declared additive",
+                job.method.kind()
+            )))
+        }
     };
     let dim = gallery.dim + 1;
     let item = Arc::new(Field::new("item", DataType::Float32, false));

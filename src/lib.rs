@@ -23,28 +23,21 @@
 //! [`sink`] the atomic Parquet writers, [`stats_file`] the statistics file
 //! between the passes, [`pipeline`] wires them together, and [`sql`] is the
 //! SQL face (DataFusion functions, table functions, `hubnorm sql`).
-//! [`update`] merges new input parts into a stored stats file, and
+//! Each method lives in [`method`] (one module per method or family, and
+//! the registry every stage loops over). [`update`] merges new input parts
+//! into a stored stats file, and
 //! [`export`] writes gallery vectors with h(g) appended for vector indexes.
 //!
 //! ```no_run
-//! use hubnorm::options::{Beta, MethodSpec, PassOptions};
+//! use hubnorm::options::MethodSpec;
 //! use hubnorm::pipeline::{run, RunJob};
 //!
 //! let job = RunJob {
-//!     queries: "queries.parquet".into(),
-//!     gallery: "gallery/".into(),
-//!     bank: "bank/*.parquet".into(),
-//!     gallery_bank: None,
-//!     bank_sample: None,
-//!     transductive: false,
 //!     methods: vec![
-//!         MethodSpec::InvertedSoftmax { beta: Beta(20.0) },
-//!         MethodSpec::NearestNeighbour { alpha: 0.75, k: 128 },
+//!         MethodSpec::new("is", &[("beta", 20.0)])?,
+//!         MethodSpec::new("nnn", &[("alpha", 0.75), ("k", 128.0)])?,
 //!     ],
-//!     k: 10,
-//!     out_dir: "out".into(),
-//!     overwrite: false,
-//!     options: PassOptions::default(),
+//!     ..RunJob::new("queries.parquet", "gallery/", "bank/*.parquet", "out")
 //! };
 //! let summary = run(&job, &hubnorm::progress::Silent)?;
 //! println!("{}", summary.methods[1].k_occurrence_skewness);
@@ -60,7 +53,9 @@ pub mod error;
 pub mod evaluate;
 pub mod export;
 pub mod ids;
+pub mod inputs;
 pub mod kernel;
+pub mod method;
 pub mod options;
 pub mod pipeline;
 pub mod plan;

@@ -287,3 +287,60 @@ pub fn write_text_atomically(
         .map_err(|e| HubnormError::io(file.destination(), e))?;
     Ok(file)
 }
+
+// ------------------------------------------------------------ output guards
+
+pub(crate) fn refuse_existing(path: &Path, overwrite: bool) -> Result<()> {
+    if !overwrite && path.exists() {
+        return Err(HubnormError::Usage(format!(
+            "{} already exists (pass --overwrite to replace it)",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses an output at `out` that is one of the `inputs` ((role, spec)
+/// pairs), lies inside an input directory, or matches an input glob: a later
+/// run would read it as another part of that input, and `--overwrite` would
+/// replace the user's data.
+pub(crate) fn refuse_output_in_inputs(out: &Path, inputs: &[(&str, &str)]) -> Result<()> {
+    let out_abs = absolute(out);
+    for &(role, spec) in inputs.iter().filter(|(_, spec)| !spec.is_empty()) {
+        let spec_path = Path::new(spec);
+        let clash = if spec_path.is_dir() {
+            out_abs.starts_with(absolute(spec_path))
+        } else if spec.contains(['*', '?', '[']) {
+            glob::Pattern::new(spec)
+                .map(|p| p.matches_path(out) || p.matches_path(&out_abs))
+                .unwrap_or(false)
+        } else {
+            out_abs == absolute(spec_path)
+        };
+        if clash {
+            return Err(HubnormError::Usage(format!(
+                "the output {} is inside the {role} input {spec}: a later run would read it as part of the {role}, and --overwrite would replace input data; write it elsewhere",
+                out.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `path` made absolute with symbolic links resolved as far as it exists.
+fn absolute(path: &Path) -> PathBuf {
+    if let Ok(canonical) = path.canonicalize() {
+        return canonical;
+    }
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => {
+            let parent = if parent.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                parent
+            };
+            absolute(parent).join(name)
+        }
+        _ => std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+    }
+}

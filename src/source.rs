@@ -25,16 +25,9 @@ use crate::error::{HubnormError, Result};
 use crate::options::ReadOptions;
 
 mod footer;
+mod parts;
 
-/// One Parquet part of a table.
-#[derive(Debug, Clone)]
-pub struct TablePart {
-    pub path: PathBuf,
-    /// Rows in this part (from the Parquet footer).
-    pub rows: u64,
-    /// Global row index of this part's first row.
-    pub first_row: u64,
-}
+pub use parts::{PartRecord, TablePart};
 
 /// The kind of ids a table has, after normalisation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,12 +16,15 @@ use serde::Serialize;
 
 use crate::error::{HubnormError, Result};
 use crate::evaluate::figures_of;
+use crate::inputs::open_table;
+use crate::method::InputSizes;
 use crate::options::{MethodKind, MethodSpec, PassOptions};
-use crate::pipeline::{commit_all, evaluate_methods, open_table, refuse_existing};
+use crate::pipeline::{commit_all, evaluate_methods};
 use crate::progress::Progress;
 use crate::report::compare::MethodFigures;
 use crate::report::files::write_batch;
 use crate::report::html::TuningCurve;
+use crate::sink::refuse_existing;
 use crate::sink::write_text_atomically;
 use crate::source::EmbeddingTable;
 
@@ -170,31 +173,16 @@ pub struct TuneOutcome {
     pub curves: Vec<TuningCurve>,
 }
 
-/// The default grid of a method: each parameter's candidate values.
-/// Values around the METHODS.md defaults, as the papers sweep them.
+/// The default grid of a method: each parameter's candidate values, as
+/// its module declares them (values around the METHODS.md defaults, as the
+/// papers sweep them).
 pub fn default_grid(kind: MethodKind) -> Vec<(&'static str, Vec<f64>)> {
-    let betas = vec![5.0, 10.0, 20.0, 30.0, 50.0, 100.0];
-    let temperatures = vec![0.005, 0.01, 0.02, 0.05, 0.1];
-    match kind {
-        MethodKind::None | MethodKind::GloballyCorrected => vec![],
-        MethodKind::InvertedSoftmax => vec![("beta", betas)],
-        MethodKind::DynamicInvertedSoftmax => {
-            vec![("beta", betas), ("ka", vec![1.0, 2.0, 5.0, 10.0])]
-        }
-        MethodKind::NearestNeighbour => vec![
-            ("alpha", vec![0.25, 0.5, 0.75, 1.0]),
-            ("k", vec![8.0, 32.0, 128.0]),
-        ],
-        MethodKind::Csls => vec![("k", vec![1.0, 5.0, 10.0, 20.0, 50.0])],
-        MethodKind::DistributionNormalisation => vec![("lambda", vec![0.25, 0.5, 0.75, 1.0])],
-        MethodKind::DualInvertedSoftmax | MethodKind::DualDynamicInvertedSoftmax => vec![
-            ("beta1", vec![10.0, 20.0, 50.0]),
-            ("beta2", vec![1.0, 5.0, 20.0]),
-        ],
-        MethodKind::Sinkhorn | MethodKind::DualBankSinkhorn => vec![("tau", temperatures)],
-        MethodKind::DualSoftmax => vec![("theta", temperatures)],
-        MethodKind::SinkhornPp => vec![("tau", temperatures)],
-    }
+    kind.method()
+        .parameters()
+        .iter()
+        .filter(|p| !p.grid.is_empty())
+        .map(|p| (p.name, p.grid.to_vec()))
+        .collect()
 }
 
 /// The most points a method's grid may have.
@@ -310,9 +298,8 @@ fn require_targets(queries: &EmbeddingTable) -> Result<()> {
 /// allow (the gallery-bank methods only with a gallery bank; not the
 /// sinkhorn-pp protocol, which is too costly to sweep).
 fn default_methods(has_gallery_bank: bool) -> Vec<MethodKind> {
-    MethodKind::ALL
-        .into_iter()
-        .filter(|k| !default_grid(*k).is_empty() && *k != MethodKind::SinkhornPp)
+    MethodKind::all()
+        .filter(|k| k.method().tuned_by_default())
         .filter(|k| has_gallery_bank || !k.needs_gallery_bank())
         .collect()
 }
@@ -346,15 +333,22 @@ pub fn tune(job: &TuneJob, progress: &dyn Progress) -> Result<TuneOutcome> {
         .as_deref()
         .map(|spec| open_table("gallery bank", spec, &job.options, false))
         .transpose()?;
-    let mut specs = vec![MethodSpec::None];
-    for kind in kinds.iter().filter(|k| **k != MethodKind::None) {
+    let none = MethodKind::baseline();
+    let mut specs = vec![MethodSpec::default_for(none)];
+    let sizes = InputSizes {
+        bank_rows: bank.rows,
+        gallery_rows: gallery.rows,
+        queries_rows: queries.rows,
+        memory_bytes: job.options.memory.bytes(),
+        normalized: job.options.read.normalize,
+    };
+    for kind in kinds.iter().filter(|k| **k != none) {
         for spec in grid_of(*kind, &job.grid)? {
-            let fits = match spec {
-                MethodSpec::NearestNeighbour { k, .. } | MethodSpec::Csls { k } => {
-                    k as u64 <= bank.rows
-                }
-                _ => true,
-            };
+            // Points the bank cannot serve (k above its size) are skipped.
+            let fits = !matches!(
+                spec.method().check_inputs(&spec, &sizes),
+                Err(HubnormError::Usage(_))
+            );
             if fits && !specs.contains(&spec) {
                 specs.push(spec);
             }
@@ -385,7 +379,7 @@ pub fn tune(job: &TuneJob, progress: &dyn Progress) -> Result<TuneOutcome> {
     // Per method the best point; ties go to the earlier grid point (the
     // smaller values, as the default grids are ascending).
     let mut chosen = Vec::new();
-    for kind in std::iter::once(MethodKind::None).chain(kinds.iter().copied()) {
+    for kind in std::iter::once(none).chain(kinds.iter().copied()) {
         let best = (0..grid.len())
             .filter(|&i| grid[i].spec.kind() == kind && !grid[i].score.is_nan())
             .fold(None, |best: Option<usize>, i| match best {

@@ -11,79 +11,36 @@
 //!   cover the old bank, so a pass of (new gallery) × (old bank parts) is
 //!   merged with the first pass's rows for them.
 //!
-//! Then each correction is finished from its merged state. The mergeable
-//! methods are `is`, `nnn`, `csls`, `gc` and `dsl` (log-sum-exp, top-k and
-//! sorted-list states: merging equals one pass, up to the rounding of the
-//! log-sum-exp sums). The others are recomputed in full from all inputs,
-//! because their statistic couples all rows: `sn` and `dbsn` (Sinkhorn
-//! potentials), `dis` and `dual-dis` (activation sets: a new gallery item
-//! can displace an old one from a bank item's top-k), `dual-is` and `dn`
-//! (two banks, or the bank means). The new file replaces the stored one
-//! atomically, only once complete.
+//! Then each correction is finished from its merged state, by the method's
+//! own [`crate::method::Method::merge`]. A method declares whether it is
+//! mergeable (log-sum-exp, top-k and sorted-list states: merging equals one
+//! pass, up to the rounding of the log-sum-exp sums); the others are
+//! recomputed in full from all inputs, because their statistic couples all
+//! rows: Sinkhorn potentials, activation sets (a new gallery item can
+//! displace an old one from a bank item's top-k), two banks, or the bank
+//! means. The new file replaces the stored one atomically, only once
+//! complete.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, Float32Array, Float64Array, ListArray, RecordBatch};
-use arrow::buffer::OffsetBuffer;
-use arrow::datatypes::{DataType, Field, Float32Type, Float64Type, SchemaRef};
-use serde::{Deserialize, Serialize};
+use arrow::array::{Array, ArrayRef, RecordBatch};
+use arrow::datatypes::SchemaRef;
 
-use crate::bank::{SortedSimilarities, StatsLayout};
+use crate::bank::StatsLayout;
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
-use crate::kernel::{LogSumExp, TopValues};
-use crate::options::{MethodKind, MethodSpec};
-use crate::pipeline::{self, StatsJob};
+use crate::inputs::{open_banks, open_table, with_threads};
+use crate::method::{MethodKind, MethodSpec, StoredRows};
+use crate::pipeline::StatsJob;
 use crate::progress::Progress;
 use crate::sink::ParquetSink;
-use crate::source::{EmbeddingTable, TablePart};
+use crate::source::{EmbeddingTable, PartRecord, TablePart};
 use crate::stats_file::{file_metadata, stats_file_methods, write_stats, StatsInputs};
-
-/// One input part as a stats file records it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PartRecord {
-    /// The canonical path.
-    pub path: String,
-    pub rows: u64,
-    pub bytes: u64,
-    /// Modification time, nanoseconds since the Unix epoch.
-    pub modified_ns: u128,
-}
-
-impl PartRecord {
-    fn of(part: &TablePart) -> PartRecord {
-        let path = std::fs::canonicalize(&part.path).unwrap_or_else(|_| part.path.clone());
-        let meta = std::fs::metadata(&part.path).ok();
-        PartRecord {
-            path: path.display().to_string(),
-            rows: part.rows,
-            bytes: meta.as_ref().map_or(0, |m| m.len()),
-            modified_ns: meta
-                .and_then(|m| m.modified().ok())
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_nanos()),
-        }
-    }
-
-    /// The parts of `table` as the JSON stored in the metadata.
-    pub fn list_json(table: &EmbeddingTable) -> String {
-        let list: Vec<PartRecord> = table.parts.iter().map(PartRecord::of).collect();
-        serde_json::to_string(&list).expect("plain data")
-    }
-}
 
 /// Whether a method's state merges across bank and gallery parts.
 pub fn is_mergeable(kind: MethodKind) -> bool {
-    matches!(
-        kind,
-        MethodKind::InvertedSoftmax
-            | MethodKind::NearestNeighbour
-            | MethodKind::Csls
-            | MethodKind::GloballyCorrected
-            | MethodKind::DualSoftmax
-    )
+    kind.method().mergeable()
 }
 
 /// What an update did.
@@ -219,123 +176,6 @@ impl RowCursor {
     }
 }
 
-fn floats(batch: &RecordBatch, name: &str) -> Result<Vec<f64>> {
-    let column = batch
-        .column_by_name(name)
-        .ok_or_else(|| HubnormError::Internal(format!("stats rows lack column {name}")))?;
-    Ok(column.as_primitive::<Float64Type>().values().to_vec())
-}
-
-fn lists(batch: &RecordBatch, name: &str) -> Result<Vec<Vec<f32>>> {
-    let column = batch
-        .column_by_name(name)
-        .ok_or_else(|| HubnormError::Internal(format!("stats rows lack column {name}")))?;
-    let list = column.as_list::<i32>();
-    Ok((0..list.len())
-        .map(|i| {
-            list.value(i)
-                .as_primitive::<Float32Type>()
-                .values()
-                .to_vec()
-        })
-        .collect())
-}
-
-fn list_array(rows: Vec<Vec<f32>>) -> ArrayRef {
-    let lengths = rows.iter().map(Vec::len).collect::<Vec<_>>();
-    Arc::new(ListArray::new(
-        Arc::new(Field::new("item", DataType::Float32, false)),
-        OffsetBuffer::from_lengths(lengths),
-        Arc::new(Float32Array::from(rows.concat())),
-        None,
-    ))
-}
-
-/// Merges the state columns of one mergeable method from two sets of rows
-/// of the same gallery items (`b` may be absent: nothing to add), and
-/// finishes its correction; the columns in schema order.
-fn merge_method(m: &MethodSpec, a: &RecordBatch, b: Option<&RecordBatch>) -> Result<Vec<ArrayRef>> {
-    let p = m.column_prefix();
-    let lse_rows = |a: &RecordBatch, b: Option<&RecordBatch>| -> Result<Vec<LogSumExp>> {
-        let (max, sum) = (
-            floats(a, &format!("{p}_lse_max"))?,
-            floats(a, &format!("{p}_lse_sum"))?,
-        );
-        let mut states: Vec<LogSumExp> = max
-            .iter()
-            .zip(&sum)
-            .map(|(&max, &sum)| LogSumExp { max, sum })
-            .collect();
-        if let Some(b) = b {
-            let (max, sum) = (
-                floats(b, &format!("{p}_lse_max"))?,
-                floats(b, &format!("{p}_lse_sum"))?,
-            );
-            for (s, (&max, &sum)) in states.iter_mut().zip(max.iter().zip(&sum)) {
-                s.merge(&LogSumExp { max, sum });
-            }
-        }
-        Ok(states)
-    };
-    let f64s = |v: Vec<f64>| -> ArrayRef { Arc::new(Float64Array::from(v)) };
-    let lse_columns = |states: &[LogSumExp], head: Vec<f64>| -> Vec<ArrayRef> {
-        vec![
-            f64s(head),
-            f64s(states.iter().map(|s| s.max).collect()),
-            f64s(states.iter().map(|s| s.sum).collect()),
-        ]
-    };
-    Ok(match *m {
-        MethodSpec::InvertedSoftmax { beta } => {
-            let states = lse_rows(a, b)?;
-            let h = states.iter().map(|s| s.value() / beta.0).collect();
-            lse_columns(&states, h)
-        }
-        MethodSpec::DualSoftmax { .. } => {
-            let states = lse_rows(a, b)?;
-            let l = states.iter().map(LogSumExp::value).collect();
-            lse_columns(&states, l)
-        }
-        MethodSpec::NearestNeighbour { k, .. } | MethodSpec::Csls { k } => {
-            let weight = match *m {
-                MethodSpec::NearestNeighbour { alpha, .. } => alpha,
-                _ => 0.5,
-            };
-            let name = format!("{p}_topk");
-            let mut rows = lists(a, &name)?;
-            if let Some(b) = b {
-                for (row, extra) in rows.iter_mut().zip(lists(b, &name)?) {
-                    let mut top = TopValues::new(k);
-                    row.iter().chain(&extra).for_each(|&v| top.push(v));
-                    *row = top.sorted();
-                }
-            }
-            let h = rows
-                .iter()
-                .map(|row| {
-                    let mut top = TopValues::new(k);
-                    row.iter().for_each(|&v| top.push(v));
-                    weight * top.mean_of_largest(k).unwrap_or(0.0)
-                })
-                .collect();
-            vec![f64s(h), list_array(rows)]
-        }
-        MethodSpec::GloballyCorrected => {
-            let name = format!("{p}_sorted_sims");
-            let mut rows = lists(a, &name)?;
-            if let Some(b) = b {
-                for (row, extra) in rows.iter_mut().zip(lists(b, &name)?) {
-                    let mut merged = SortedSimilarities::from_unsorted(std::mem::take(row));
-                    merged.merge(&SortedSimilarities::from_unsorted(extra));
-                    *row = merged.values().to_vec();
-                }
-            }
-            vec![list_array(rows)]
-        }
-        _ => unreachable!("only mergeable methods are merged"),
-    })
-}
-
 /// The stats file of `job.methods` over `gallery` × `bank` into a scratch
 /// file beside `near` (removed when the returned guard drops).
 fn partial_stats(
@@ -412,9 +252,9 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
             stored.display()
         )));
     }
-    pipeline::with_threads(job.options.threads, || {
-        let gallery = pipeline::open_table("gallery", &job.gallery, &job.options, false)?;
-        let banks = pipeline::open_banks(
+    with_threads(job.options.threads, || {
+        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        let banks = open_banks(
             &job.bank,
             job.gallery_bank.as_deref(),
             None,
@@ -439,7 +279,7 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
                 .count();
         }
         let (merged, recomputed): (Vec<MethodSpec>, Vec<MethodSpec>) =
-            methods.iter().partition(|m| is_mergeable(m.kind()));
+            methods.iter().partition(|m| m.method().mergeable());
         summary.merged = merged.clone();
         if summary.new_gallery_parts == 0
             && summary.new_bank_parts == 0
@@ -555,7 +395,10 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
                 let mut columns: HashMap<String, ArrayRef> = HashMap::new();
                 for m in &merged {
                     let (early, _) = StatsLayout::new(&[*m]).columns();
-                    let merged_columns = merge_method(m, &base, added.as_ref())?;
+                    let added = added.as_ref().map(|batch| StoredRows { batch });
+                    let merged_columns =
+                        m.method()
+                            .merge(m, &StoredRows { batch: &base }, added.as_ref())?;
                     for ((name, _), column) in early.into_iter().zip(merged_columns) {
                         columns.insert(name, column);
                     }

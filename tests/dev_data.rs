@@ -3,7 +3,7 @@
 //! with a message, when the development data is absent (a user's clone).
 use std::path::PathBuf;
 
-use hubnorm::options::{Beta, MemoryBudget, MethodKind, MethodSpec, PassOptions};
+use hubnorm::options::{MemoryBudget, MethodKind, MethodSpec, PassOptions};
 use hubnorm::pipeline::{self, RunJob};
 use hubnorm::progress::Silent;
 
@@ -35,9 +35,11 @@ fn check(direction: &str, queries: &str, gallery: &str, bank: &str, memory: Memo
         gallery_bank: None,
         bank_sample: None,
         transductive: false,
-        methods: vec![MethodSpec::InvertedSoftmax {
-            beta: Beta(expected["beta"].as_f64().unwrap()),
-        }],
+        methods: vec![MethodSpec::new(
+            "is",
+            &[("beta", (expected["beta"].as_f64().unwrap()) as f64)],
+        )
+        .unwrap()],
         k: 10,
         out_dir: out.path().join("run"),
         overwrite: false,
@@ -120,9 +122,8 @@ fn every_method_on_the_dev_data() {
     let expected = &metrics["text_to_gallery"];
     let out = tempfile::tempdir().unwrap();
     // sinkhorn-pp (about a minute in release) is the one method left out.
-    let methods: Vec<MethodSpec> = MethodKind::ALL
-        .into_iter()
-        .filter(|&k| k != MethodKind::SinkhornPp)
+    let methods: Vec<MethodSpec> = MethodKind::all()
+        .filter(|&k| k != MethodKind::named("sinkhorn-pp").unwrap())
         .map(MethodSpec::default_for)
         .collect();
     let job = RunJob {
@@ -154,8 +155,9 @@ fn every_method_on_the_dev_data() {
     .unwrap();
     eprint!("{}", outcome.comparison.to_text());
     let summary = outcome.summary;
-    // The dev-data README's table: R@1, R@5, R@10, MRR, skew(N10).
-    let table: [(&str, [f64; 5]); 12] = [
+    // The dev-data README's table: R@1, R@5, R@10, MRR, skew(N10), and the
+    // toolkit methods' rows from benches/peers/dense_methods.out.md.
+    let table: [(&str, [f64; 5]); 14] = [
         ("none", [0.3786, 0.5498, 0.6006, 0.4584, 1.992]),
         ("is", [0.3982, 0.5694, 0.6250, 0.4796, 0.655]),
         ("dis", [0.3980, 0.5660, 0.6228, 0.4780, 0.641]),
@@ -168,6 +170,9 @@ fn every_method_on_the_dev_data() {
         ("sn", [0.4054, 0.5742, 0.6224, 0.4840, 1.454]),
         ("dbsn", [0.3946, 0.5500, 0.6030, 0.4686, 2.108]),
         ("dsl", [0.3702, 0.5274, 0.5808, 0.4446, 2.588]),
+        // benches/peers/dense_methods.py (an independent numpy implementation).
+        ("ls", [0.4028, 0.5744, 0.6326, 0.4852, 0.984]),
+        ("nicdm", [0.4014, 0.5754, 0.6324, 0.4835, 1.352]),
     ];
     assert_eq!(summary.methods.len(), table.len());
     for (ours, (name, want)) in summary.methods.iter().zip(table) {
@@ -236,9 +241,9 @@ fn transductive_methods_on_the_dev_data() {
         bank_sample: None,
         transductive: true,
         methods: [
-            MethodKind::InvertedSoftmax,
-            MethodKind::Sinkhorn,
-            MethodKind::DualSoftmax,
+            MethodKind::named("is").unwrap(),
+            MethodKind::named("sn").unwrap(),
+            MethodKind::named("dsl").unwrap(),
         ]
         .into_iter()
         .map(MethodSpec::default_for)

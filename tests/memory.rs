@@ -6,7 +6,7 @@ use std::alloc::{GlobalAlloc, Layout as AllocLayout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::*;
-use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions};
+use hubnorm::options::{MemoryBudget, MethodSpec, PassOptions};
 use hubnorm::pipeline::{self, RunJob, StatsJob};
 use hubnorm::progress::Silent;
 
@@ -115,7 +115,7 @@ fn peak_heap_follows_the_memory_limit_not_the_input_size() {
         gallery_bank: None,
         bank_sample: None,
         transductive: false,
-        methods: vec![MethodSpec::InvertedSoftmax { beta: Beta(20.0) }],
+        methods: vec![MethodSpec::new("is", &[("beta", 20.0)]).unwrap()],
         k: 10,
         out_dir: dir.path().join("out"),
         overwrite: false,
@@ -171,7 +171,7 @@ fn stats_holds_one_gallery_chunk_at_a_time() {
         bank: dir.path().join("bank.parquet").display().to_string(),
         gallery_bank: None,
         bank_sample: None,
-        methods: vec![MethodSpec::InvertedSoftmax { beta: Beta(20.0) }],
+        methods: vec![MethodSpec::new("is", &[("beta", 20.0)]).unwrap()],
         out: dir.path().join("gallery_stats.parquet"),
         overwrite: false,
         options: PassOptions {

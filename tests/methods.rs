@@ -16,7 +16,7 @@ use std::path::Path;
 use common::reference::{rank_bounds, top_k, Dense, Method, Scores};
 use common::*;
 use hubnorm::kernel::{TILE_COLS, TILE_ROWS};
-use hubnorm::options::{BankSample, Beta, MethodKind, MethodSpec, PassOptions};
+use hubnorm::options::{BankSample, MethodKind, MethodSpec, PassOptions};
 use hubnorm::pipeline::{self, RunJob, RunSummary};
 use hubnorm::progress::Silent;
 use hubnorm::HubnormError;
@@ -24,54 +24,53 @@ use hubnorm::HubnormError;
 /// Absolute tolerance on every score (similarity units).
 const TOL: f64 = 1e-5;
 
-/// The methods this file covers, in `MethodKind::ALL` order.
-const KINDS: [MethodKind; 8] = [
-    MethodKind::InvertedSoftmax,
-    MethodKind::DynamicInvertedSoftmax,
-    MethodKind::NearestNeighbour,
-    MethodKind::Csls,
-    MethodKind::GloballyCorrected,
-    MethodKind::DistributionNormalisation,
-    MethodKind::DualInvertedSoftmax,
-    MethodKind::DualDynamicInvertedSoftmax,
+/// The methods this file covers, in registry order.
+const KINDS: [&str; 10] = [
+    "is", "dis", "nnn", "csls", "gc", "dn", "dual-is", "dual-dis", "ls", "nicdm",
 ];
 
 // ------------------------------------------------------------------ helpers
 
 /// The reference's view of a library method (and so of its parameters).
 fn reference_of(spec: &MethodSpec) -> Method {
-    match *spec {
-        MethodSpec::None => Method::None,
-        MethodSpec::InvertedSoftmax { beta } => Method::Is { beta: beta.0 },
-        MethodSpec::DynamicInvertedSoftmax { beta, activation_k } => Method::Dis {
-            beta: beta.0,
-            activation_k,
+    let (get, count) = (|n: &str| spec.get(n), |n: &str| spec.count(n));
+    match spec.kind().name() {
+        "none" => Method::None,
+        "is" => Method::Is { beta: get("beta") },
+        "dis" => Method::Dis {
+            beta: get("beta"),
+            activation_k: count("ka"),
         },
-        MethodSpec::NearestNeighbour { alpha, k } => Method::Nnn { alpha, k },
-        MethodSpec::Csls { k } => Method::Csls { k },
-        MethodSpec::GloballyCorrected => Method::Gc,
-        MethodSpec::DistributionNormalisation { lambda } => Method::Dn { lambda },
-        MethodSpec::DualInvertedSoftmax { beta1, beta2 } => Method::DualIs {
-            beta1: beta1.0,
-            beta2: beta2.0,
+        "nnn" => Method::Nnn {
+            alpha: get("alpha"),
+            k: count("k"),
         },
-        MethodSpec::DualDynamicInvertedSoftmax {
-            beta1,
-            beta2,
-            activation_k,
-        } => Method::DualDis {
-            beta1: beta1.0,
-            beta2: beta2.0,
-            activation_k,
+        "csls" => Method::Csls { k: count("k") },
+        "gc" => Method::Gc,
+        "dn" => Method::Dn {
+            lambda: get("lambda"),
         },
-        #[allow(unreachable_patterns)]
-        other => panic!("no reference for {other:?}"),
+        "dual-is" => Method::DualIs {
+            beta1: get("beta1"),
+            beta2: get("beta2"),
+        },
+        "dual-dis" => Method::DualDis {
+            beta1: get("beta1"),
+            beta2: get("beta2"),
+            activation_k: count("ka"),
+        },
+        "ls" => Method::Ls { k: count("k") },
+        "nicdm" => Method::Nicdm { k: count("k") },
+        other => panic!("no reference for {other}"),
     }
 }
 
 /// Every covered method at its METHODS.md defaults.
 fn defaults() -> Vec<MethodSpec> {
-    KINDS.into_iter().map(MethodSpec::default_for).collect()
+    KINDS
+        .into_iter()
+        .map(|name| MethodSpec::new(name, &[]).unwrap())
+        .collect()
 }
 
 /// Every covered method with its defaults, except `nnn` with a smaller k
@@ -79,9 +78,9 @@ fn defaults() -> Vec<MethodSpec> {
 fn defaults_with_nnn_k(k: usize) -> Vec<MethodSpec> {
     defaults()
         .into_iter()
-        .map(|m| match m {
-            MethodSpec::NearestNeighbour { alpha, .. } => MethodSpec::NearestNeighbour { alpha, k },
-            other => other,
+        .map(|m| match m.kind().name() {
+            "nnn" => MethodSpec::new("nnn", &[("alpha", m.get("alpha")), ("k", k as f64)]).unwrap(),
+            _ => m,
         })
         .collect()
 }
@@ -90,23 +89,15 @@ fn defaults_with_nnn_k(k: usize) -> Vec<MethodSpec> {
 /// parameter the library ignores (or a default it hard-codes) shows.
 fn non_default_methods() -> Vec<MethodSpec> {
     vec![
-        MethodSpec::InvertedSoftmax { beta: Beta(12.0) },
-        MethodSpec::DynamicInvertedSoftmax {
-            beta: Beta(10.0),
-            activation_k: 2,
-        },
-        MethodSpec::NearestNeighbour { alpha: 0.6, k: 16 },
-        MethodSpec::Csls { k: 5 },
-        MethodSpec::DistributionNormalisation { lambda: 0.3 },
-        MethodSpec::DualInvertedSoftmax {
-            beta1: Beta(10.0),
-            beta2: Beta(2.0),
-        },
-        MethodSpec::DualDynamicInvertedSoftmax {
-            beta1: Beta(10.0),
-            beta2: Beta(2.0),
-            activation_k: 3,
-        },
+        MethodSpec::new("is", &[("beta", 12.0)]).unwrap(),
+        MethodSpec::new("dis", &[("beta", 10.0), ("ka", 2.0)]).unwrap(),
+        MethodSpec::new("nnn", &[("alpha", 0.6), ("k", 16.0)]).unwrap(),
+        MethodSpec::new("csls", &[("k", 5.0)]).unwrap(),
+        MethodSpec::new("dn", &[("lambda", 0.3)]).unwrap(),
+        MethodSpec::new("dual-is", &[("beta1", 10.0), ("beta2", 2.0)]).unwrap(),
+        MethodSpec::new("dual-dis", &[("beta1", 10.0), ("beta2", 2.0), ("ka", 3.0)]).unwrap(),
+        MethodSpec::new("ls", &[("k", 7.0)]).unwrap(),
+        MethodSpec::new("nicdm", &[("k", 3.0)]).unwrap(),
     ]
 }
 
@@ -233,8 +224,8 @@ fn gating_branches(dense: &Dense, spec: &MethodSpec) -> Option<[usize; 4]> {
 /// Fails unless the fixture exercises every gating branch of `spec`: both of
 /// dis (top-1 in A or not), all four of dual-dis.
 fn assert_branches_exercised(spec: &MethodSpec, b: [usize; 4]) {
-    let ok = match spec.kind() {
-        MethodKind::DualDynamicInvertedSoftmax => b.iter().all(|&n| n > 0),
+    let ok = match spec.kind().name() {
+        "dual-dis" => b.iter().all(|&n| n > 0),
         _ => b[0] + b[1] > 0 && b[2] + b[3] > 0,
     };
     assert!(
@@ -494,7 +485,10 @@ fn defaults_and_names_follow_the_spec() {
             beta2: 1.0,
             activation_k: 1,
         },
+        Method::Ls { k: 5 },
+        Method::Nicdm { k: 5 },
     ];
+    assert_eq!(defaults().len(), expected.len());
     for (spec, want) in defaults().iter().zip(expected) {
         assert_eq!(
             reference_of(spec),
@@ -624,7 +618,7 @@ fn every_method_is_independent_of_memory_limit_and_threads() {
     );
     case.write(dir.path());
     let mut methods = defaults_with_nnn_k(16);
-    methods.retain(|m| *m != MethodSpec::GloballyCorrected);
+    methods.retain(|m| *m != MethodSpec::new("gc", &[]).unwrap());
     let mut tight = case.job(dir.path(), methods.clone(), 10, "tight");
     let tight_summary = run_under_tightest_limit(&mut tight, 1);
     let mut wide = case.job(dir.path(), methods, 10, "wide");
@@ -684,7 +678,7 @@ fn nnn_reproduces_the_golden_example() {
         gallery_bank: None,
     };
     case.write(dir.path());
-    let nnn = MethodSpec::NearestNeighbour { alpha: 0.75, k: 2 };
+    let nnn = MethodSpec::new("nnn", &[("alpha", 0.75), ("k", 2.0)]).unwrap();
     let mut job = case.job(dir.path(), vec![nnn], 5, "out");
     job.options = raw_dot_products();
     let summary = pipeline::run(&job, &Silent).unwrap();
@@ -748,8 +742,8 @@ fn csls_ranks_like_nnn_with_half_alpha() {
     case.write(dir.path());
     let k = 10;
     let methods = vec![
-        MethodSpec::Csls { k },
-        MethodSpec::NearestNeighbour { alpha: 0.5, k },
+        MethodSpec::new("csls", &[("k", k as f64)]).unwrap(),
+        MethodSpec::new("nnn", &[("alpha", 0.5), ("k", k as f64)]).unwrap(),
     ];
     let summary = pipeline::run(&case.job(dir.path(), methods, 20, "out"), &Silent).unwrap();
     let rows = results_in(dir.path(), "out");
@@ -849,11 +843,8 @@ fn dis_applies_inverted_softmax_only_when_the_raw_top1_is_activated() {
     );
 
     for (activation_k, uses_is) in [(1, [true, false, false]), (2, [true, false, true])] {
-        let dis = MethodSpec::DynamicInvertedSoftmax {
-            beta: Beta(20.0),
-            activation_k,
-        };
-        let is = MethodSpec::InvertedSoftmax { beta: Beta(20.0) };
+        let dis = MethodSpec::new("dis", &[("beta", 20.0), ("ka", activation_k as f64)]).unwrap();
+        let is = MethodSpec::new("is", &[("beta", 20.0)]).unwrap();
         let out = format!("ka{activation_k}");
         let mut job = case.job(dir.path(), vec![is, dis], 4, &out);
         job.options = raw_dot_products();
@@ -960,9 +951,9 @@ fn dual_dis_applies_each_factor_only_when_activated() {
         dense.gating(1),
         [(true, true), (true, false), (false, true), (false, false)]
     );
-    let is = MethodSpec::InvertedSoftmax { beta: Beta(20.0) };
-    let dual_is = MethodSpec::default_for(MethodKind::DualInvertedSoftmax);
-    let dual_dis = MethodSpec::default_for(MethodKind::DualDynamicInvertedSoftmax);
+    let is = MethodSpec::new("is", &[("beta", 20.0)]).unwrap();
+    let dual_is = MethodSpec::default_for(MethodKind::named("dual-is").unwrap());
+    let dual_dis = MethodSpec::default_for(MethodKind::named("dual-dis").unwrap());
     let mut job = case.job(dir.path(), vec![is, dual_is, dual_dis], 4, "out");
     job.options = raw_dot_products();
     pipeline::run(&job, &Silent).unwrap();
@@ -1025,8 +1016,8 @@ fn dual_methods_without_a_gallery_bank_are_refused() {
     let case = Case::random(106, 10, 40, 30, 0, 8);
     case.write(dir.path());
     for kind in [
-        MethodKind::DualInvertedSoftmax,
-        MethodKind::DualDynamicInvertedSoftmax,
+        MethodKind::named("dual-is").unwrap(),
+        MethodKind::named("dual-dis").unwrap(),
     ] {
         let out = format!("out-{}", kind.name());
         let job = case.job(dir.path(), vec![MethodSpec::default_for(kind)], 10, &out);
@@ -1067,7 +1058,12 @@ fn gc_beyond_the_memory_limit_is_refused_and_a_bank_sample_fits() {
     let case = Case::random(107, 20, 3000, 2000, 0, 32);
     case.write(dir.path());
     let tight = |out: &str, sample: Option<BankSample>| {
-        let mut job = case.job(dir.path(), vec![MethodSpec::GloballyCorrected], 10, out);
+        let mut job = case.job(
+            dir.path(),
+            vec![MethodSpec::new("gc", &[]).unwrap()],
+            10,
+            out,
+        );
         job.options.memory = "16MiB".parse().unwrap();
         job.options.threads = 1;
         job.bank_sample = sample;
@@ -1095,7 +1091,12 @@ fn gc_beyond_the_memory_limit_is_refused_and_a_bank_sample_fits() {
     // Whole lists (default limit): scores count at most the sampled rows, and
     // another seed samples other rows.
     let whole = |out: &str, seed: u64| {
-        let mut job = case.job(dir.path(), vec![MethodSpec::GloballyCorrected], 3000, out);
+        let mut job = case.job(
+            dir.path(),
+            vec![MethodSpec::new("gc", &[]).unwrap()],
+            3000,
+            out,
+        );
         job.bank_sample = sample(seed);
         pipeline::run(&job, &Silent).unwrap();
         results_in(dir.path(), out)
@@ -1145,7 +1146,7 @@ fn dn_centres_the_gallery_on_the_gallery_bank_or_else_the_gallery() {
         }
     }
     case.write(dir.path());
-    let dn = vec![MethodSpec::DistributionNormalisation { lambda: 0.5 }];
+    let dn = vec![MethodSpec::new("dn", &[("lambda", 0.5)]).unwrap()];
     let with_bank = case.dense(true);
     let summary = pipeline::run(&case.job(dir.path(), dn.clone(), 10, "with"), &Silent).unwrap();
     check_against_reference(
@@ -1187,4 +1188,29 @@ fn dn_centres_the_gallery_on_the_gallery_bank_or_else_the_gallery() {
         "fixture: dn with and without the gallery bank differ by {gap}"
     );
     assert!(gallery_bank.is_some());
+}
+
+/// `ls` and `nicdm` measure distances between unit rows: raw dot products
+/// are refused before any pass, naming the flag.
+#[test]
+fn local_scaling_methods_refuse_raw_dot_products() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = Case::random(105, 5, 30, 12, 0, 8);
+    case.write(dir.path());
+    for name in ["ls", "nicdm"] {
+        let mut job = case.job(
+            dir.path(),
+            vec![MethodSpec::new(name, &[]).unwrap()],
+            5,
+            name,
+        );
+        job.options = raw_dot_products();
+        let err = pipeline::run(&job, &Silent).unwrap_err();
+        assert!(matches!(err, HubnormError::Usage(_)), "{name}: {err}");
+        assert!(err.to_string().contains("--no-normalize"), "{name}: {err}");
+        assert!(
+            !dir.path().join(name).exists(),
+            "{name}: no output after a refusal"
+        );
+    }
 }

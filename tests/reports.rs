@@ -12,7 +12,7 @@ use common::{
     queries_near, random_table, read_parquet, rng, write_columns, write_table, Layout, Table,
 };
 use hubnorm::evaluate::{compare, report, CompareJob, ReportJob};
-use hubnorm::options::{Beta, MethodKind, MethodSpec, PassOptions};
+use hubnorm::options::{MethodKind, MethodSpec, PassOptions};
 use hubnorm::pipeline::{run, RunJob};
 use hubnorm::progress::Silent;
 use hubnorm::report::KOccurrence;
@@ -243,12 +243,9 @@ fn run_job(d: &Data, out: &str, methods: Vec<MethodSpec>) -> RunJob {
 fn compare_and_report_agree_with_run_and_with_each_other() {
     let d = data(7);
     let methods = vec![
-        MethodSpec::InvertedSoftmax { beta: Beta(20.0) },
-        MethodSpec::NearestNeighbour { alpha: 0.75, k: 16 },
-        MethodSpec::DualInvertedSoftmax {
-            beta1: Beta(20.0),
-            beta2: Beta(1.0),
-        },
+        MethodSpec::new("is", &[("beta", 20.0)]).unwrap(),
+        MethodSpec::new("nnn", &[("alpha", 0.75), ("k", 16.0)]).unwrap(),
+        MethodSpec::new("dual-is", &[("beta1", 20.0), ("beta2", 1.0)]).unwrap(),
     ];
     let job = CompareJob {
         run: run_job(&d, "compare", methods.clone()),
@@ -498,7 +495,7 @@ fn missing_targets_are_refused_unless_skipped() {
         gallery_bank: None,
         bank_sample: None,
         transductive: false,
-        methods: vec![MethodSpec::InvertedSoftmax { beta: Beta(20.0) }],
+        methods: vec![MethodSpec::new("is", &[("beta", 20.0)]).unwrap()],
         k: 5,
         out_dir: dir.path().join("out"),
         overwrite: false,
@@ -567,7 +564,10 @@ fn tune_chooses_the_best_point_of_a_bank_split_and_its_config_runs() {
             seed: 3,
             gallery: Some(p("t.parquet")),
         },
-        methods: vec![MethodKind::InvertedSoftmax, MethodKind::Csls],
+        methods: vec![
+            MethodKind::named("is").unwrap(),
+            MethodKind::named("csls").unwrap(),
+        ],
         grid: vec![
             "beta=5,20,80".parse::<GridAxis>().unwrap(),
             "csls.k=2,8".parse().unwrap(),
@@ -596,7 +596,10 @@ fn tune_chooses_the_best_point_of_a_bank_split_and_its_config_runs() {
             "csls k=8"
         ]
     );
-    for kind in [MethodKind::InvertedSoftmax, MethodKind::Csls] {
+    for kind in [
+        MethodKind::named("is").unwrap(),
+        MethodKind::named("csls").unwrap(),
+    ] {
         let points: Vec<_> = outcome
             .grid
             .iter()
@@ -663,7 +666,7 @@ fn tune_chooses_the_best_point_of_a_bank_split_and_its_config_runs() {
                 .grid
                 .iter()
                 .map(|g| g.spec)
-                .filter(|s| s.kind() == MethodKind::Csls)
+                .filter(|s| s.kind() == MethodKind::named("csls").unwrap())
                 .collect(),
             k: 10,
             out_dir: dir.path().join("check"),
@@ -677,7 +680,7 @@ fn tune_chooses_the_best_point_of_a_bank_split_and_its_config_runs() {
         outcome
             .grid
             .iter()
-            .filter(|g| g.spec.kind() == MethodKind::Csls),
+            .filter(|g| g.spec.kind() == MethodKind::named("csls").unwrap()),
     ) {
         assert_eq!(summary.quality.as_ref().unwrap().mrr, point.score);
     }

@@ -12,7 +12,7 @@ use common::reference::log_sum_exp;
 use common::*;
 use hubnorm::bank::sinkhorn::{sinkhorn_potentials, SinkhornRequest};
 use hubnorm::kernel::{lse_sweep, LogSumExp, Rows, Sweep, TileSource, TILE_COLS, TILE_ROWS};
-use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions, ReadOptions};
+use hubnorm::options::{MemoryBudget, MethodSpec, PassOptions, ReadOptions};
 use hubnorm::pipeline::{self, RunJob, RunSummary};
 use hubnorm::progress::Silent;
 use hubnorm::source::EmbeddingTable;
@@ -155,14 +155,8 @@ fn sn_and_dbsn_match_the_dense_reference_cached_and_streamed() {
     write_case(dir.path(), &c);
     let tau = 0.05;
     let methods = vec![
-        MethodSpec::Sinkhorn {
-            tau,
-            iterations: 10,
-        },
-        MethodSpec::DualBankSinkhorn {
-            tau,
-            iterations: 10,
-        },
+        MethodSpec::new("sn", &[("tau", tau as f64), ("t", 10.0)]).unwrap(),
+        MethodSpec::new("dbsn", &[("tau", tau as f64), ("t", 10.0)]).unwrap(),
     ];
     let g = to_f64(&c.gallery, true);
     let b = to_f64(&c.bank, true);
@@ -359,9 +353,7 @@ fn one_target_update_without_the_source_update_is_inverted_softmax() {
     let mut j = job(
         dir.path(),
         "is",
-        vec![MethodSpec::InvertedSoftmax {
-            beta: Beta(1.0 / tau),
-        }],
+        vec![MethodSpec::new("is", &[("beta", (1.0 / tau) as f64)]).unwrap()],
         "2GiB",
         2,
     );
@@ -426,11 +418,8 @@ fn transductive_uses_the_queries_as_the_bank() {
         dir.path(),
         "tr",
         vec![
-            MethodSpec::InvertedSoftmax { beta: Beta(20.0) },
-            MethodSpec::Sinkhorn {
-                tau,
-                iterations: 10,
-            },
+            MethodSpec::new("is", &[("beta", 20.0)]).unwrap(),
+            MethodSpec::new("sn", &[("tau", tau as f64), ("t", 10.0)]).unwrap(),
         ],
         "2GiB",
         2,
@@ -458,7 +447,7 @@ fn transductive_uses_the_queries_as_the_bank() {
             assert_ranking_matches(&ours, &scores[qi], 10, 1e-5, &format!("{name} {qi}"));
         }
     }
-    j.methods = vec![MethodSpec::NearestNeighbour { alpha: 0.5, k: 8 }];
+    j.methods = vec![MethodSpec::new("nnn", &[("alpha", 0.5), ("k", 8.0)]).unwrap()];
     j.out_dir = dir.path().join("refused");
     let err = pipeline::run(&j, &Silent).unwrap_err();
     assert_eq!(err.exit_code(), 2);
@@ -508,7 +497,7 @@ fn dual_softmax_matches_the_dense_reference_with_a_bank_and_transductive() {
         let mut j = job(
             dir.path(),
             out,
-            vec![MethodSpec::DualSoftmax { theta }],
+            vec![MethodSpec::new("dsl", &[("theta", theta as f64)]).unwrap()],
             memory,
             threads,
         );
@@ -556,11 +545,15 @@ fn single_query_sinkhorn_matches_the_dense_reference_and_refuses_large_jobs() {
     let c = case(26, 40, TILE_COLS + 5, 31, 10, dim);
     write_case(dir.path(), &c);
     let (tau, iterations) = (0.05, 10);
-    let spec = MethodSpec::SinkhornPp {
-        tau,
-        iterations,
-        pseudo_queries: 31,
-    };
+    let spec = MethodSpec::new(
+        "sinkhorn-pp",
+        &[
+            ("tau", tau as f64),
+            ("t", iterations as f64),
+            ("m", (31) as f64 + 1.0),
+        ],
+    )
+    .unwrap();
     let mut j = job(dir.path(), "pp", vec![spec], "12MiB", 1);
     j.gallery_bank = None;
     pipeline::run(&j, &Silent).unwrap();
@@ -582,11 +575,15 @@ fn single_query_sinkhorn_matches_the_dense_reference_and_refuses_large_jobs() {
             .collect();
         assert_ranking_matches(&ours, &scores, 10, 1e-5, &format!("sinkhorn-pp {qi}"));
     }
-    j.methods = vec![MethodSpec::SinkhornPp {
-        tau,
-        iterations: 1_000_000_000,
-        pseudo_queries: 31,
-    }];
+    j.methods = vec![MethodSpec::new(
+        "sinkhorn-pp",
+        &[
+            ("tau", tau as f64),
+            ("t", (1_000_000_000) as f64),
+            ("m", (31) as f64 + 1.0),
+        ],
+    )
+    .unwrap()];
     j.out_dir = dir.path().join("refused");
     let err = pipeline::run(&j, &Silent).unwrap_err().to_string();
     assert!(

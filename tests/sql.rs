@@ -17,7 +17,7 @@ use arrow::array::{
 use arrow::datatypes::{DataType, Field, Float64Type};
 use common::{random_table, read_parquet, rng, write_columns, write_table, Layout, Table};
 use hubnorm::kernel::{LogSumExp, TopValues};
-use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions};
+use hubnorm::options::{MemoryBudget, MethodSpec, PassOptions};
 use hubnorm::pipeline::{run, run_search, run_stats, RunJob, SearchJob, StatsJob};
 use hubnorm::progress::Silent;
 use hubnorm::sql::{catalogue, register_functions, session, FunctionKind, SqlOptions};
@@ -187,9 +187,9 @@ fn aggregates_equal_the_native_pass_over_partitions() {
             gallery_bank: None,
             bank_sample: None,
             methods: vec![
-                MethodSpec::InvertedSoftmax { beta: Beta(20.0) },
-                MethodSpec::NearestNeighbour { alpha: 0.75, k: 7 },
-                MethodSpec::Csls { k: 5 },
+                MethodSpec::new("is", &[("beta", 20.0)]).unwrap(),
+                MethodSpec::new("nnn", &[("alpha", 0.75), ("k", 7.0)]).unwrap(),
+                MethodSpec::new("csls", &[("k", 5.0)]).unwrap(),
             ],
             out: stats.clone(),
             overwrite: false,
@@ -299,7 +299,7 @@ fn hubness_aggregate_equals_the_run_summary() {
             gallery_bank: None,
             bank_sample: None,
             transductive: false,
-            methods: vec![MethodSpec::InvertedSoftmax { beta: Beta(20.0) }],
+            methods: vec![MethodSpec::new("is", &[("beta", 20.0)]).unwrap()],
             k: 10,
             out_dir: path("run"),
             overwrite: false,
@@ -428,7 +428,7 @@ fn scalar_functions_match_f64() {
             gallery_bank: None,
             bank_sample: None,
             transductive: false,
-            methods: vec![MethodSpec::NearestNeighbour { alpha: 0.75, k: 16 }],
+            methods: vec![MethodSpec::new("nnn", &[("alpha", 0.75), ("k", 16.0)]).unwrap()],
             k: 5,
             out_dir: path("run"),
             overwrite: false,
@@ -468,12 +468,9 @@ fn table_functions_stream_the_passes() {
     write_table(&path("q.parquet"), &queries, Layout::FixedF32, false);
     write_table(&path("b.parquet"), &bank, Layout::FixedF32, false);
     let methods = vec![
-        MethodSpec::InvertedSoftmax { beta: Beta(30.0) },
-        MethodSpec::NearestNeighbour { alpha: 0.75, k: 16 },
-        MethodSpec::DynamicInvertedSoftmax {
-            beta: Beta(30.0),
-            activation_k: 1,
-        },
+        MethodSpec::new("is", &[("beta", 30.0)]).unwrap(),
+        MethodSpec::new("nnn", &[("alpha", 0.75), ("k", 16.0)]).unwrap(),
+        MethodSpec::new("dis", &[("beta", 30.0), ("ka", 1.0)]).unwrap(),
     ];
     run_stats(
         &StatsJob {

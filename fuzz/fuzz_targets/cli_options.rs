@@ -113,11 +113,11 @@ fn specs(method: &MethodArgs, default: MethodKind) -> Result<Vec<MethodSpec>> {
 /// no method (reading one is the file system's business).
 fn methods_without_stats(method: &MethodArgs) -> Result<Vec<MethodSpec>> {
     if method.config.is_some() {
-        return specs(method, MethodKind::InvertedSoftmax);
+        return specs(method, MethodKind::default());
     }
     let params = method.params();
     let specs: Vec<MethodSpec> = method
-        .kinds(MethodKind::InvertedSoftmax)?
+        .kinds(MethodKind::default())?
         .into_iter()
         .map(|k| MethodSpec::from_kind(k, &params))
         .collect();
@@ -144,7 +144,7 @@ fn run_job(args: &cli::RunArgs, methods: Vec<MethodSpec>) -> Result<hubnorm::pip
 fn exercise(command: Command) -> Result<()> {
     match command {
         Command::Run(args) => {
-            let methods = specs(&args.method, MethodKind::InvertedSoftmax)?;
+            let methods = specs(&args.method, MethodKind::default())?;
             let job = run_job(&args, methods)?;
             must_fail("run", hubnorm::pipeline::run(&job, &Silent));
         }
@@ -159,7 +159,7 @@ fn exercise(command: Command) -> Result<()> {
             let methods = if args.update {
                 vec![]
             } else {
-                specs(&args.method, MethodKind::InvertedSoftmax)?
+                specs(&args.method, MethodKind::default())?
             };
             // src/bin/hubnorm/run.rs `checkpoint_options`.
             let seconds = args.checkpoint_interval;
@@ -215,7 +215,7 @@ fn exercise(command: Command) -> Result<()> {
             let methods =
                 if method.method.is_some() || !method.methods.is_empty() || method.config.is_some()
                 {
-                    specs(method, MethodKind::None)?
+                    specs(method, MethodKind::baseline())?
                 } else {
                     Vec::new()
                 };
@@ -272,7 +272,7 @@ fn exercise(command: Command) -> Result<()> {
             let metric = args.metric.parse()?;
             // The grid tune evaluates once its tables are open.
             let kinds = if methods.is_empty() {
-                MethodKind::ALL.to_vec()
+                MethodKind::all().collect()
             } else {
                 methods.clone()
             };

@@ -7,6 +7,7 @@
 //! means for DN. [`layout`] says which a set of methods needs and how they
 //! become columns of `gallery_stats.parquet`; [`pass`] streams the tiles.
 
+pub mod driver;
 pub mod layout;
 pub mod pass;
 pub mod sinkhorn;

@@ -579,6 +579,12 @@ pub enum ColumnScoring<'a> {
         inv_theta: f64,
         include_query: bool,
     },
+    /// Local scaling (`ls`): −(2 − 2s)·`inv_scale[j]`, that is −d(q, g)²/σ(g)
+    /// for unit rows. Computed in f64.
+    LocalScaling { inv_scale: &'a [f64] },
+    /// NICDM: −sqrt(max(0, 2 − 2s))·`inv_scale[j]`, that is
+    /// −d(q, g)/sqrt(r(g)) for unit rows. Computed in f64.
+    Nicdm { inv_scale: &'a [f64] },
 }
 
 impl<'a> ColumnScoring<'a> {
@@ -599,6 +605,12 @@ impl<'a> ColumnScoring<'a> {
                 inv_theta,
                 include_query,
             },
+            ColumnScoring::LocalScaling { inv_scale } => ColumnScoring::LocalScaling {
+                inv_scale: &inv_scale[start..end],
+            },
+            ColumnScoring::Nicdm { inv_scale } => ColumnScoring::Nicdm {
+                inv_scale: &inv_scale[start..end],
+            },
         }
     }
 
@@ -610,6 +622,9 @@ impl<'a> ColumnScoring<'a> {
                 sorted.len().checked_div(width).unwrap_or(0)
             }
             ColumnScoring::DualSoftmax { log_normaliser, .. } => log_normaliser.len(),
+            ColumnScoring::LocalScaling { inv_scale } | ColumnScoring::Nicdm { inv_scale } => {
+                inv_scale.len()
+            }
         }
     }
 
@@ -640,6 +655,12 @@ impl<'a> ColumnScoring<'a> {
                     l
                 };
                 (s as f64 * (x - l).exp()) as f32
+            }
+            ColumnScoring::LocalScaling { inv_scale } => {
+                (-(2.0 - 2.0 * s as f64).max(0.0) * inv_scale[j]) as f32
+            }
+            ColumnScoring::Nicdm { inv_scale } => {
+                (-(2.0 - 2.0 * s as f64).max(0.0).sqrt() * inv_scale[j]) as f32
             }
         }
     }
@@ -794,7 +815,9 @@ impl StripSearch<'_> {
                     ColumnScoring::BankRank { .. } => {
                         scan_bank_rank(tile, ld, nc, &scoring, col0, strip_states, m, nm)
                     }
-                    ColumnScoring::DualSoftmax { .. } => {
+                    ColumnScoring::DualSoftmax { .. }
+                    | ColumnScoring::LocalScaling { .. }
+                    | ColumnScoring::Nicdm { .. } => {
                         for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
                             let scores = &tile[i * ld..i * ld + nc];
                             scan_transformed(scores, &scoring, col0, &mut row_states[m]);
@@ -855,7 +878,8 @@ fn compare_to_target(
     }
 }
 
-/// A scan for scorings that are not a vectorisable subtraction (`dsl`):
+/// A scan for scorings that are not a vectorisable subtraction (`dsl`,
+/// `ls`, `nicdm`):
 /// each score computed by [`ColumnScoring::score`], columns in increasing
 /// order so the strict threshold prefilter keeps ties by row.
 fn scan_transformed(

@@ -26,6 +26,10 @@ pub enum Scoring {
         inv_theta: f64,
         include_query: bool,
     },
+    /// Local scaling (`ls`): −d(q, g)²/σ(g), see [`ColumnScoring::LocalScaling`].
+    LocalScaling { inv_scale: Vec<f64> },
+    /// NICDM: −d(q, g)/sqrt(r(g)), see [`ColumnScoring::Nicdm`].
+    Nicdm { inv_scale: Vec<f64> },
 }
 
 impl Scoring {
@@ -51,6 +55,12 @@ impl Scoring {
                 inv_theta: *inv_theta,
                 include_query: *include_query,
             },
+            Scoring::LocalScaling { inv_scale } => ColumnScoring::LocalScaling {
+                inv_scale: &inv_scale[start..end],
+            },
+            Scoring::Nicdm { inv_scale } => ColumnScoring::Nicdm {
+                inv_scale: &inv_scale[start..end],
+            },
         }
     }
 
@@ -60,6 +70,7 @@ impl Scoring {
             Scoring::Subtract(h) => h.len(),
             Scoring::BankRank { sorted, width } => sorted.len().checked_div(*width).unwrap_or(0),
             Scoring::DualSoftmax { log_normaliser, .. } => log_normaliser.len(),
+            Scoring::LocalScaling { inv_scale } | Scoring::Nicdm { inv_scale } => inv_scale.len(),
         }
     }
 
@@ -69,6 +80,9 @@ impl Scoring {
             Scoring::Subtract(h) => h.capacity() * 4,
             Scoring::BankRank { sorted, .. } => sorted.capacity() * 4,
             Scoring::DualSoftmax { log_normaliser, .. } => log_normaliser.capacity() * 8,
+            Scoring::LocalScaling { inv_scale } | Scoring::Nicdm { inv_scale } => {
+                inv_scale.capacity() * 8
+            }
         }
     }
 }

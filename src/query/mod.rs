@@ -3,8 +3,11 @@
 
 pub mod method;
 pub mod pass;
+pub mod plan;
+pub mod results;
 pub mod sinkhorn_pp;
 pub mod targets;
 
 pub use method::{MethodRule, QueryTerm, Scoring, ScoringPlan, Selection};
 pub use pass::{search, QueryBlockResult, SearchRequest};
+pub use plan::load_plan;

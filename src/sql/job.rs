@@ -180,7 +180,7 @@ pub fn run_sql(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
         ));
     }
     if let Some(out) = &job.out {
-        crate::pipeline::refuse_existing(out, job.overwrite)?;
+        crate::sink::refuse_existing(out, job.overwrite)?;
     }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if job.options.threads > 0 {

@@ -12,7 +12,7 @@ use hubnorm::kernel::{
     column_log_sum_exp, gemm::similarity_tile, has_avx512, lse_sweep, search_block, ColumnScoring,
     LogSumExp, Positives, QueryState, RowWeight, Rows, Sweep, TileSource, TILE_COLS, TILE_ROWS,
 };
-use hubnorm::options::{Beta, MemoryBudget, MethodSpec, PassOptions};
+use hubnorm::options::{MemoryBudget, MethodSpec, PassOptions};
 use hubnorm::pipeline;
 use hubnorm::{HubnormError, Result};
 use rayon::prelude::*;
@@ -312,7 +312,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         }
         let flops = 2.0 * rows as f64 * rows as f64 * dim as f64;
         let path = |name: &str| dir.join(name).display().to_string();
-        let methods = vec![MethodSpec::InvertedSoftmax { beta: Beta(20.0) }];
+        let methods = vec![MethodSpec::new("is", &[("beta", 20.0)])?];
         let options = PassOptions {
             memory: MemoryBudget::DEFAULT,
             threads: args.threads,
@@ -407,11 +407,8 @@ fn sinkhorn_cost(dir: &Path, rows: usize, dim: usize, args: &BenchArgs) -> Resul
         pipeline::run_stats(&job, &hubnorm::progress::Silent)?;
         Ok(started.elapsed().as_secs_f64())
     };
-    let is = MethodSpec::InvertedSoftmax { beta: Beta(20.0) };
-    let sn = MethodSpec::Sinkhorn {
-        tau: 0.01,
-        iterations: 10,
-    };
+    let is = MethodSpec::new("is", &[("beta", 20.0)])?;
+    let sn = MethodSpec::new("sn", &[("tau", 0.01), ("t", 10.0)])?;
     // Warm-up: page faults, the thread pool, the input files in the page cache.
     stats_once(is, MemoryBudget::DEFAULT)?;
     stats_once(sn, MemoryBudget::DEFAULT)?;

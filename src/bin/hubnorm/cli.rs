@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use hubnorm::options::{
-    BankSample, Beta, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, ReadOptions,
+    BankSample, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, ReadOptions,
 };
 use hubnorm::report::QualityOptions;
 
@@ -76,8 +76,7 @@ pub struct CommonArgs {
 /// Which methods, and their hyperparameters (defaults as in METHODS.md).
 #[derive(Debug, Clone, Args)]
 pub struct MethodArgs {
-    /// One method: none, is, dis, nnn, csls, gc, dn, dual-is, dual-dis, sn,
-    /// dbsn, dsl or sinkhorn-pp (see docs/methods.md).
+    /// One method by name (every method is listed in docs/methods.md).
     #[arg(long, conflicts_with = "methods")]
     pub method: Option<String>,
     /// Methods and parameters from a JSON config (e.g. `hubnorm tune`'s
@@ -88,44 +87,9 @@ pub struct MethodArgs {
     /// bank and one over the gallery (e.g. is,dis,nnn,csls).
     #[arg(long, value_delimiter = ',')]
     pub methods: Vec<String>,
-    /// β of is and dis: inverse temperature, exp(β·s); β = 1/τ. Default 20.
-    #[arg(long)]
-    pub beta: Option<f64>,
-    /// k_A of dis and dual-dis: a gallery item is activated when it is in the
-    /// top-k_A of some bank item. Default 1.
-    #[arg(long)]
-    pub activation_k: Option<usize>,
-    /// α of nnn: weight of the bank-neighbour mean subtracted. Default 0.75.
-    #[arg(long)]
-    pub alpha: Option<f64>,
-    /// k of nnn: bank neighbours averaged per gallery item (≤ bank size). Default 128.
-    #[arg(long)]
-    pub nnn_k: Option<usize>,
-    /// k of csls: neighbours averaged on each side. Default 10.
-    #[arg(long)]
-    pub csls_k: Option<usize>,
-    /// λ of dn: fraction of the bank means subtracted. Default 0.5.
-    #[arg(long)]
-    pub lambda: Option<f64>,
-    /// β₁ of dual-is and dual-dis (query-bank factor). Default 20.
-    #[arg(long)]
-    pub beta1: Option<f64>,
-    /// β₂ of dual-is and dual-dis (gallery-bank factor). Default 1.
-    #[arg(long)]
-    pub beta2: Option<f64>,
-    /// τ of sn and dbsn: temperature that divides, exp(s/τ); τ = 1/β. Default 0.01.
-    #[arg(long)]
-    pub tau: Option<f64>,
-    /// Iterations T of sn and dbsn. Default 10.
-    #[arg(long)]
-    pub iterations: Option<usize>,
-    /// θ of dsl: temperature of the column softmax, exp(s/θ). Default 0.01.
-    #[arg(long)]
-    pub theta: Option<f64>,
-    /// m − 1 of sinkhorn-pp: bank queries (a fixed sample, --seed) stacked
-    /// with each test query. Default 127.
-    #[arg(long)]
-    pub pseudo_queries: Option<usize>,
+    /// The parameter flags of every registered method (`--beta`, `--nnn-k`, ...).
+    #[command(flatten)]
+    pub parameters: ParameterFlags,
     /// sn, dbsn: stop iterating once every row of the plan sums to 1/|B|
     /// within this relative error (the columns are exact after each iteration).
     #[arg(long)]
@@ -509,46 +473,9 @@ impl MethodArgs {
         Ok(kinds)
     }
 
-    /// Hyperparameters given on the command line, defaults elsewhere.
+    /// Hyperparameters given on the command line (by flag).
     pub fn params(&self) -> MethodParams {
-        let mut p = MethodParams::default();
-        if let Some(beta) = self.beta {
-            p.beta = Beta(beta);
-        }
-        if let Some(k) = self.activation_k {
-            p.activation_k = k;
-        }
-        if let Some(alpha) = self.alpha {
-            p.alpha = alpha;
-        }
-        if let Some(k) = self.nnn_k {
-            p.nnn_k = k;
-        }
-        if let Some(k) = self.csls_k {
-            p.csls_k = k;
-        }
-        if let Some(lambda) = self.lambda {
-            p.lambda = lambda;
-        }
-        if let Some(beta) = self.beta1 {
-            p.beta1 = Beta(beta);
-        }
-        if let Some(beta) = self.beta2 {
-            p.beta2 = Beta(beta);
-        }
-        if let Some(tau) = self.tau {
-            p.tau = tau;
-        }
-        if let Some(t) = self.iterations {
-            p.iterations = t;
-        }
-        if let Some(theta) = self.theta {
-            p.theta = theta;
-        }
-        if let Some(m) = self.pseudo_queries {
-            p.pseudo_queries = m;
-        }
-        p
+        self.parameters.0.clone()
     }
 
     /// The pass options, with the Sinkhorn tolerance.
@@ -561,19 +488,7 @@ impl MethodArgs {
 
     /// Whether any hyperparameter was given on the command line.
     pub fn any_parameter(&self) -> bool {
-        self.params() != MethodParams::default()
-            || self.beta.is_some()
-            || self.activation_k.is_some()
-            || self.alpha.is_some()
-            || self.nnn_k.is_some()
-            || self.csls_k.is_some()
-            || self.lambda.is_some()
-            || self.beta1.is_some()
-            || self.beta2.is_some()
-            || self.tau.is_some()
-            || self.iterations.is_some()
-            || self.theta.is_some()
-            || self.pseudo_queries.is_some()
+        !self.parameters.0.is_empty()
     }
 
     /// The methods with their parameters (from `--config` when given).
@@ -592,6 +507,58 @@ impl MethodArgs {
             .into_iter()
             .map(|k| MethodSpec::from_kind(k, &params))
             .collect())
+    }
+}
+
+/// The parameter flags of the registry's methods, one per distinct flag
+/// (methods that share a flag, like `--beta`, share its value). Built from
+/// [`MethodParams::flags`], so a new method's flags appear without an edit here.
+#[derive(Debug, Clone, Default)]
+pub struct ParameterFlags(pub MethodParams);
+
+impl clap::FromArgMatches for ParameterFlags {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut params = MethodParams::default();
+        for p in MethodParams::flags() {
+            if let Some(value) = matches.get_one::<f64>(p.flag) {
+                params.set(p.flag, *value);
+            }
+        }
+        Ok(ParameterFlags(params))
+    }
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl Args for ParameterFlags {
+    fn augment_args(command: clap::Command) -> clap::Command {
+        MethodParams::flags()
+            .into_iter()
+            .fold(command, |command, p| {
+                let users: Vec<&str> = hubnorm::method::REGISTRY
+                    .iter()
+                    .filter(|m| m.parameters().iter().any(|q| q.flag == p.flag))
+                    .map(|m| m.name())
+                    .collect();
+                command.arg(
+                    clap::Arg::new(p.flag)
+                        .long(p.flag)
+                        .value_name(p.name)
+                        .value_parser(clap::value_parser!(f64))
+                        .allow_negative_numbers(true)
+                        .help(format!(
+                            "{} [{}]. Default {}",
+                            p.help,
+                            users.join(", "),
+                            p.default - p.flag_offset
+                        )),
+                )
+            })
+    }
+    fn augment_args_for_update(command: clap::Command) -> clap::Command {
+        Self::augment_args(command)
     }
 }
 

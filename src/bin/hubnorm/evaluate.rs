@@ -14,7 +14,7 @@ pub fn compare(args: CompareArgs) -> Result<()> {
     // Without method flags, every method the inputs allow.
     let methods =
         if method.method.is_some() || !method.methods.is_empty() || method.config.is_some() {
-            method.specs(MethodKind::None)?
+            method.specs(MethodKind::baseline())?
         } else {
             Vec::new()
         };

@@ -12,7 +12,7 @@ use crate::cli::{ExportArgs, RunArgs, SearchArgs, StatsArgs};
 use crate::progress::reporter;
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let job = run_job(&args, args.method.specs(MethodKind::InvertedSoftmax)?)?;
+    let job = run_job(&args, args.method.specs(MethodKind::default())?)?;
     let progress = reporter(args.common.quiet);
     let summary = pipeline::run(&job, progress.as_ref())?;
     print_summary(&summary);
@@ -54,7 +54,7 @@ pub fn stats(args: StatsArgs) -> Result<()> {
     let methods = if args.update {
         vec![]
     } else {
-        args.method.specs(MethodKind::InvertedSoftmax)?
+        args.method.specs(MethodKind::default())?
     };
     let checkpoint = checkpoint_options(&args)?;
     let job = StatsJob {
@@ -137,9 +137,9 @@ fn methods_for_stats(
     stats: Option<&std::path::Path>,
 ) -> Result<Vec<MethodSpec>> {
     if args.config.is_some() {
-        return args.specs(MethodKind::InvertedSoftmax);
+        return args.specs(MethodKind::default());
     }
-    let kinds = args.kinds(MethodKind::InvertedSoftmax)?;
+    let kinds = args.kinds(MethodKind::default())?;
     let from_file = match stats {
         Some(path) => pipeline::stats_file_methods(path)?,
         None => vec![],
@@ -153,8 +153,12 @@ fn methods_for_stats(
             .filter(|m| m.kind() == kind)
             .copied()
             .collect();
-        let spec = match (kind, args.any_parameter(), candidates.as_slice()) {
-            (MethodKind::None, _, _) | (_, true, _) => explicit,
+        let spec = match (
+            kind.needs_bank(),
+            args.any_parameter(),
+            candidates.as_slice(),
+        ) {
+            (false, _, _) | (_, true, _) => explicit,
             (_, false, [only]) => *only,
             _ => explicit,
         };

@@ -1,0 +1,365 @@
+//! Pass 1 as a stage: the layout of the requested methods, the bank pass
+//! over gallery chunks, the Sinkhorn sweeps, and the rows of
+//! `gallery_stats.parquet` handed to a sink (a file, or the SQL table
+//! function's stream) as soon as they are known.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{Schema, SchemaRef};
+
+use crate::bank::sinkhorn::{sinkhorn_potentials, SinkhornRequest};
+use crate::bank::{
+    compute_bank_statistics, BankInput, BankPassRequest, DnMeans, StatsLayout, VectorMean,
+};
+use crate::checkpoint::Checkpoint;
+use crate::error::{HubnormError, Result};
+use crate::ids::IdIndex;
+use crate::method::dn::{GALLERY_MEAN_KEY, QUERY_BANK_MEAN_KEY};
+use crate::method::MethodSpec;
+use crate::options::PassOptions;
+use crate::progress::Progress;
+use crate::sink::{AtomicFile, ParquetSink};
+use crate::source::EmbeddingTable;
+use crate::stats_file::{floats_json, methods_json};
+
+/// The tables pass 1 reads.
+#[derive(Debug, Clone, Copy)]
+pub struct StatsInputs<'a> {
+    pub gallery: &'a EmbeddingTable,
+    pub bank: &'a EmbeddingTable,
+    pub gallery_bank: Option<&'a EmbeddingTable>,
+    pub index: &'a IdIndex,
+}
+
+/// The mean row of a table, read block by block.
+fn table_mean(table: &EmbeddingTable) -> Result<Vec<f64>> {
+    let mut mean = VectorMean::default();
+    let mut blocks = table.blocks(4096);
+    while let Some(block) = blocks.next_block()? {
+        mean.add_rows(&block.data, block.dim);
+    }
+    Ok(mean.mean())
+}
+
+/// (the SQL table function).
+pub trait StatsSink {
+    /// Called once, before the first batch, with the final schema and the
+    /// file metadata (methods, `dn` means, Sinkhorn reports).
+    fn begin(&mut self, schema: SchemaRef, metadata: Vec<(String, String)>) -> Result<()>;
+    /// One batch of rows, in gallery order.
+    fn write(&mut self, batch: &RecordBatch) -> Result<()>;
+}
+
+/// A [`StatsSink`] into an uncommitted Parquet file.
+struct FileStatsSink<'a> {
+    out: &'a Path,
+    overwrite: bool,
+    sink: Option<ParquetSink>,
+}
+
+impl StatsSink for FileStatsSink<'_> {
+    fn begin(&mut self, schema: SchemaRef, metadata: Vec<(String, String)>) -> Result<()> {
+        self.sink = Some(ParquetSink::create(
+            self.out,
+            schema,
+            metadata,
+            self.overwrite,
+        )?);
+        Ok(())
+    }
+    fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        self.sink.as_mut().expect("begun").write(batch)
+    }
+}
+
+/// Pass 1 into an uncommitted stats file at `out`, with how each Sinkhorn
+/// method's iterations ended. `metadata` is stored in the footer, with the
+/// methods, the means of `dn`, and the Sinkhorn reports added.
+pub fn write_stats(
+    inputs: &StatsInputs<'_>,
+    methods: &[MethodSpec],
+    out: &Path,
+    overwrite: bool,
+    options: &PassOptions,
+    metadata: Vec<(String, String)>,
+    progress: &dyn Progress,
+    checkpoint: Option<&mut Checkpoint>,
+) -> Result<(AtomicFile, Vec<SinkhornReport>)> {
+    let mut sink = FileStatsSink {
+        out,
+        overwrite,
+        sink: None,
+    };
+    let reports = stream_stats(
+        inputs,
+        methods,
+        &spool_path(out),
+        options,
+        metadata,
+        progress,
+        &mut sink,
+        checkpoint,
+    )?;
+    let file = sink.sink.expect("begun").close_uncommitted()?;
+    Ok((file, reports))
+}
+
+/// Pass 1 into `sink`: each gallery chunk's rows as soon as the banks have
+/// streamed past it, or, when some column is known only at the end
+/// (activation sets, Sinkhorn potentials), after the last chunk, joined
+/// with the early columns held in a scratch file at `spool`.
+///
+/// With a `checkpoint`, the finished chunks are saved as they go, and a
+/// resumed checkpoint's rows are replayed before the pass goes on after them.
+#[allow(clippy::too_many_arguments)]
+pub fn stream_stats(
+    inputs: &StatsInputs<'_>,
+    methods: &[MethodSpec],
+    spool: &Path,
+    options: &PassOptions,
+    mut metadata: Vec<(String, String)>,
+    progress: &dyn Progress,
+    sink: &mut dyn StatsSink,
+    mut checkpoint: Option<&mut Checkpoint>,
+) -> Result<Vec<SinkhornReport>> {
+    let StatsInputs {
+        gallery,
+        bank,
+        gallery_bank,
+        index,
+    } = *inputs;
+    let layout = StatsLayout::new(methods);
+    let means = if layout.needs_means() {
+        let query_bank = table_mean(bank)?;
+        let gallery_mean = table_mean(gallery_bank.unwrap_or(gallery))?;
+        metadata.push((QUERY_BANK_MEAN_KEY.into(), floats_json(&query_bank)));
+        metadata.push((GALLERY_MEAN_KEY.into(), floats_json(&gallery_mean)));
+        Some(DnMeans {
+            query_bank,
+            gallery: gallery_mean,
+        })
+    } else {
+        None
+    };
+    metadata.push(("hubnorm.methods".into(), methods_json(layout.methods())));
+    let schema = layout.schema(gallery.id_kind);
+    let (early, late) = layout.columns();
+    // Activation columns are known only after the last chunk: the other
+    // columns go to a scratch file first and are copied next to them then.
+    let direct = late.is_empty();
+    let early_schema = Arc::new(Schema::new(schema.fields()[..1 + early.len()].to_vec()));
+    let mut spool_sink = if direct {
+        sink.begin(schema.clone(), metadata.clone())?;
+        None
+    } else {
+        Some(ParquetSink::create(
+            spool,
+            early_schema.clone(),
+            vec![],
+            true,
+        )?)
+    };
+    // A resumed pass: the saved rows first, then the pass from after them.
+    let mut resume = None;
+    if let Some(checkpoint) = checkpoint.as_deref() {
+        for path in checkpoint.resumed_segments() {
+            let reader = crate::source::open_parquet(path)?
+                .build()
+                .map_err(|e| HubnormError::parquet(path, e))?;
+            for batch in reader {
+                let batch = batch.map_err(|e| HubnormError::parquet(path, e.into()))?;
+                let batch = RecordBatch::try_new(early_schema.clone(), batch.columns().to_vec())
+                    .map_err(|_| {
+                        HubnormError::input(
+                            path,
+                            None,
+                            None,
+                            "corrupt checkpoint: unexpected columns",
+                        )
+                    })?;
+                match &mut spool_sink {
+                    Some(spool) => spool.write(&batch)?,
+                    None => sink.write(&batch)?,
+                }
+            }
+        }
+        let shape = |input: Option<&EmbeddingTable>, k: usize| {
+            input.filter(|_| k > 0).map(|t| (t.rows as usize, k))
+        };
+        resume = checkpoint.resume_point(
+            shape(Some(bank), layout.bank_request().row_top_k),
+            shape(
+                gallery_bank.filter(|_| layout.needs_gallery_bank_tiles()),
+                layout.gallery_bank_request().row_top_k,
+            ),
+        )?;
+    }
+    let request = BankPassRequest {
+        gallery,
+        bank: Some(BankInput {
+            table: bank,
+            request: layout.bank_request(),
+        }),
+        gallery_bank: gallery_bank
+            .filter(|_| layout.needs_gallery_bank_tiles())
+            .map(|table| BankInput {
+                table,
+                request: layout.gallery_bank_request(),
+            }),
+        budget: options.memory.bytes(),
+        resident_bytes: index.memory_bytes(),
+        output_row_bytes: layout.output_row_bytes(bank.rows),
+        resume: resume.as_ref(),
+    };
+    let output = compute_bank_statistics(&request, progress, |chunk| {
+        let mut columns = vec![chunk.gallery.ids.clone()];
+        columns.extend(layout.chunk_columns(&chunk, means.as_ref())?);
+        let batch = RecordBatch::try_new(early_schema.clone(), columns)?;
+        match &mut spool_sink {
+            Some(spool) => spool.write(&batch)?,
+            None => sink.write(&batch)?,
+        }
+        if let Some(checkpoint) = checkpoint.as_deref_mut() {
+            checkpoint.record(&batch, chunk.gallery.first_row, chunk.activations)?;
+        }
+        Ok(())
+    });
+    let output = match (output, checkpoint) {
+        (Err(HubnormError::Interrupted(message)), Some(checkpoint)) => {
+            checkpoint.save_on_interrupt()?;
+            return Err(HubnormError::Interrupted(message));
+        }
+        (output, checkpoint) => {
+            let output = output?;
+            // Sinkhorn's sweeps follow: keep every chunk, so that a stop
+            // during them repeats only the sweeps.
+            if let Some(checkpoint) = checkpoint.filter(|_| !layout.sinkhorn_methods().is_empty()) {
+                checkpoint.save_now(&output)?;
+            }
+            output
+        }
+    };
+    let Some(spool_sink) = spool_sink else {
+        return Ok(Vec::new());
+    };
+    let spool = spool_sink.close_uncommitted()?;
+    // Sinkhorn couples every target: its potentials come from their own
+    // sweeps over the whole bank × targets, after the single-pass statistics.
+    let mut reports = Vec::new();
+    let mut potentials = Vec::new();
+    for (method, setup) in layout.sinkhorn_methods() {
+        let targets = if setup.with_gallery_bank {
+            let gallery_bank = gallery_bank.ok_or_else(|| {
+                HubnormError::Usage(format!(
+                    "method {} needs --gallery-bank PATH",
+                    method.kind()
+                ))
+            })?;
+            vec![gallery, gallery_bank]
+        } else {
+            vec![gallery]
+        };
+        let (tau, iterations) = (setup.tau, setup.iterations);
+        let outcome = sinkhorn_potentials(
+            &SinkhornRequest {
+                sources: bank,
+                targets: &targets,
+                tau,
+                iterations,
+                tolerance: options.sinkhorn_tolerance,
+                budget: options.memory.bytes(),
+                resident_bytes: index.memory_bytes()
+                    + potentials
+                        .iter()
+                        .map(|p: &Vec<f64>| p.len() * 8)
+                        .sum::<usize>(),
+            },
+            progress,
+        )?;
+        let report = SinkhornReport {
+            method,
+            iterations: outcome.iterations,
+            marginal_error: outcome.marginal_error,
+            exact_column_updates: outcome.exact_column_updates,
+            cached_tiles: outcome.cached,
+            target_chunks: outcome.target_chunks,
+            bank_blocks: outcome.source_blocks,
+        };
+        let key = format!("hubnorm.sinkhorn.{}", method.column_prefix());
+        metadata.push((
+            key,
+            serde_json::to_string(&report.json())
+                .map_err(|e| HubnormError::Internal(e.to_string()))?,
+        ));
+        reports.push(report);
+        let mut f = outcome.target_potential;
+        f.truncate(gallery.rows as usize);
+        potentials.push(f);
+    }
+    let late_columns = layout.late_columns(&output, gallery.rows as usize, &potentials);
+    sink.begin(schema.clone(), metadata)?;
+    let reader = crate::source::open_parquet(spool.temporary_path())?
+        .build()
+        .map_err(|e| HubnormError::parquet(spool.temporary_path(), e))?;
+    let mut row = 0usize;
+    for batch in reader {
+        let batch = batch?;
+        let n = batch.num_rows();
+        let mut columns = batch.columns().to_vec();
+        columns.extend(late_columns.iter().map(|column| column.slice(row, n)));
+        sink.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
+        row += n;
+    }
+    drop(spool);
+    Ok(reports)
+}
+
+/// How a Sinkhorn method's iterations ended (summary and stats metadata).
+///
+/// The block schedule (`cached_tiles`, `target_chunks`, `bank_blocks`)
+/// depends on `--memory-limit`, not on the data, so it stays out of every
+/// file: outputs are byte-identical across memory limits and thread counts.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SinkhornReport {
+    #[serde(skip)]
+    pub method: MethodSpec,
+    /// Iterations run (fewer than T when `--tol` was met).
+    pub iterations: usize,
+    /// Largest relative deviation of a row sum of the final plan from 1/|B|
+    /// (columns are exact after the last target update).
+    pub marginal_error: f64,
+    /// Iterations whose target update was redone exactly because a target's
+    /// mass was too small for the reused-exp form (`kernel::MIN_COLUMN_MASS`).
+    /// Depends on the data only, like the potentials.
+    pub exact_column_updates: usize,
+    /// Whether the bank × targets similarities were cached between sweeps.
+    #[serde(skip)]
+    pub cached_tiles: bool,
+    /// Target chunks and bank blocks each sweep streamed (more than one of
+    /// either: the matrix did not fit the memory limit).
+    #[serde(skip)]
+    pub target_chunks: usize,
+    #[serde(skip)]
+    pub bank_blocks: usize,
+}
+
+impl SinkhornReport {
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "iterations": self.iterations,
+            "marginal_error": self.marginal_error,
+            "exact_column_updates": self.exact_column_updates,
+        })
+    }
+}
+
+/// The scratch file beside `out` that holds the columns written per chunk.
+fn spool_path(out: &Path) -> PathBuf {
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    out.with_file_name(format!(".{name}.spool"))
+}

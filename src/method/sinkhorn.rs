@@ -1,0 +1,108 @@
+//! `sn` and `dbsn`: Sinkhorn normalisation (Pan et al. 2025). h(g) is the
+//! target potential f(g) of T log-domain Sinkhorn iterations over the bank
+//! (sources) and the gallery (targets; `dbsn`: the gallery and the gallery
+//! bank), known only after the last sweep. The potentials couple every
+//! item, so `--update` recomputes them.
+
+use arrow::array::ArrayRef;
+
+use super::{
+    Domain, Export, GalleryBankUse, LateContext, Method, MethodSpec, Parameter, PlanContext,
+    SinkhornSetup, StatColumn,
+};
+use crate::error::Result;
+use crate::query::MethodRule;
+
+/// The temperatures `tune` sweeps for τ and θ.
+pub(crate) const TEMPERATURES: &[f64] = &[0.005, 0.01, 0.02, 0.05, 0.1];
+
+/// τ of the Sinkhorn methods: the plan is exp((s − g − f)/τ).
+pub const TAU: Parameter = Parameter::new(
+    "tau",
+    "τ of sn, dbsn and sinkhorn-pp: exp(s/τ)",
+    0.01,
+    Domain::Positive,
+)
+.grid(TEMPERATURES);
+/// Iterations T of the Sinkhorn methods.
+pub const ITERATIONS: Parameter = Parameter::new(
+    "t",
+    "iterations T of sn, dbsn and sinkhorn-pp",
+    10.0,
+    Domain::Count { min: 1 },
+)
+.flag("iterations");
+
+fn setup(spec: &MethodSpec, with_gallery_bank: bool) -> SinkhornSetup {
+    SinkhornSetup {
+        tau: spec.get("tau"),
+        iterations: spec.count("t"),
+        with_gallery_bank,
+    }
+}
+
+/// Sinkhorn normalisation over the query bank.
+pub struct Sinkhorn;
+
+impl Method for Sinkhorn {
+    fn name(&self) -> &'static str {
+        "sn"
+    }
+    fn summary(&self) -> &'static str {
+        "Sinkhorn normalisation: the target potential of an entropic transport from the bank (Pan et al. 2025)"
+    }
+    fn parameters(&self) -> &'static [Parameter] {
+        &[TAU, ITERATIONS]
+    }
+    fn transductive(&self) -> bool {
+        true
+    }
+    fn columns(&self, _spec: &MethodSpec) -> Vec<StatColumn> {
+        vec![StatColumn::late_f64("correction")]
+    }
+    fn sinkhorn(&self, spec: &MethodSpec) -> Option<SinkhornSetup> {
+        Some(setup(spec, false))
+    }
+    fn late_columns(&self, _spec: &MethodSpec, late: &LateContext<'_>) -> Vec<ArrayRef> {
+        vec![late.potential()]
+    }
+    fn rule(&self, spec: &MethodSpec, ctx: &mut PlanContext<'_>) -> Result<MethodRule> {
+        Ok(ctx.subtract_column(spec, 0))
+    }
+    fn export(&self) -> Export {
+        Export::Additive
+    }
+}
+
+/// Dual-bank Sinkhorn: targets are the gallery and the gallery bank.
+pub struct DualBankSinkhorn;
+
+impl Method for DualBankSinkhorn {
+    fn name(&self) -> &'static str {
+        "dbsn"
+    }
+    fn summary(&self) -> &'static str {
+        "dual-bank Sinkhorn: targets are the gallery and the gallery bank (Pan et al. 2025)"
+    }
+    fn parameters(&self) -> &'static [Parameter] {
+        &[TAU, ITERATIONS]
+    }
+    fn gallery_bank(&self) -> GalleryBankUse {
+        GalleryBankUse::Required
+    }
+    fn columns(&self, _spec: &MethodSpec) -> Vec<StatColumn> {
+        vec![StatColumn::late_f64("correction")]
+    }
+    fn sinkhorn(&self, spec: &MethodSpec) -> Option<SinkhornSetup> {
+        Some(setup(spec, true))
+    }
+    fn late_columns(&self, _spec: &MethodSpec, late: &LateContext<'_>) -> Vec<ArrayRef> {
+        vec![late.potential()]
+    }
+    fn rule(&self, spec: &MethodSpec, ctx: &mut PlanContext<'_>) -> Result<MethodRule> {
+        Ok(ctx.subtract_column(spec, 0))
+    }
+    fn export(&self) -> Export {
+        Export::Additive
+    }
+}

@@ -1,0 +1,301 @@
+//! Pass 2's output stage: each query block's states turned into result
+//! rows (each method's selected scoring, its query term), and the figures
+//! every report is built from.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, Float32Array, Int32Array, RecordBatch, StringArray, UInt32Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::ids::IdIndex;
+use crate::kernel::{QueryState, TopK};
+use crate::options::{MethodSpec, PassOptions};
+use crate::progress::Progress;
+use crate::query::sinkhorn_pp::SingleQuerySinkhorn;
+use crate::query::{
+    search, MethodRule, QueryBlockResult, QueryTerm, ScoringPlan, SearchRequest, Selection,
+};
+use crate::report::{HubnessMeasures, KOccurrence, QualityReport, RankList};
+use crate::source::{EmbeddingTable, IdKind};
+use crate::stats_file::{parameters_json, SinkhornReport};
+
+/// The k of the k-occurrence skewness reported in summaries.
+pub const SKEWNESS_K: usize = 10;
+
+/// Per-method figures of a run (`summary.json`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct MethodSummary {
+    pub method: String,
+    pub parameters: serde_json::Map<String, serde_json::Value>,
+    /// Skewness of the k-occurrence distribution at k = 10 over all gallery items.
+    pub k_occurrence_skewness: f64,
+    /// Every hubness measure of REPORTS.md at `ReportOptions::hubness_k`.
+    pub hubness: HubnessMeasures,
+    /// `dis`, `dual-dis`: the fraction of queries whose scores were
+    /// corrected (raw top-1 in an activation set); the others stay raw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub normalised_fraction: Option<f64>,
+    /// `sn`, `dbsn`: iterations run and how far the plan is from its marginals.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sinkhorn: Option<SinkhornReport>,
+    /// R@K with intervals, MdR, MnR, MRR: present when the queries carry ground truth.
+    #[serde(flatten)]
+    pub quality: Option<QualityReport>,
+}
+
+/// What pass 2 gathered for one method: enough to rebuild every report
+/// (k-occurrence per gallery item, one rank per query).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MethodOutcome {
+    pub spec: MethodSpec,
+    /// N_k at `ReportOptions::hubness_k`.
+    pub occurrence: KOccurrence,
+    /// N_k at k = 10, for `k_occurrence_skewness`.
+    pub occurrence_at_10: KOccurrence,
+    pub ranks: RankList,
+    /// Gated methods: queries whose reported scoring was not the raw one.
+    pub normalised: Option<u64>,
+}
+
+impl MethodOutcome {
+    /// The summary figures of this method.
+    pub fn summary(&self, options: &crate::options::ReportOptions) -> MethodSummary {
+        MethodSummary {
+            method: self.spec.kind().name().to_owned(),
+            parameters: parameters_json(&self.spec),
+            k_occurrence_skewness: self.occurrence_at_10.skewness(),
+            hubness: self.occurrence.measures(options.top_hubs),
+            normalised_fraction: self
+                .normalised
+                .map(|n| n as f64 / self.occurrence.queries.max(1) as f64),
+            sinkhorn: None,
+            quality: self.ranks.summary(&options.quality),
+        }
+    }
+}
+
+/// Schema of `results.parquet`.
+pub fn results_schema(query_ids: IdKind, gallery_ids: IdKind) -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("method", DataType::Utf8, false),
+        Field::new("query_id", query_ids.data_type(), false),
+        Field::new("rank", DataType::Int32, false),
+        Field::new("gallery_id", gallery_ids.data_type(), false),
+        Field::new("score", DataType::Float32, false),
+        Field::new("raw_score", DataType::Float32, false),
+    ]))
+}
+
+/// Which scoring `rule` reports for the query whose states are `states`.
+fn selected_scoring(rule: &MethodRule, states: &[QueryState]) -> usize {
+    match &rule.selection {
+        Selection::Fixed(s) => *s,
+        Selection::SingleQuery => unreachable!("single-query methods have their own states"),
+        Selection::Gated { raw, sets, choices } => {
+            // The raw top-1 g*; a query with no candidate stays raw.
+            let Some(top1) = states[*raw].top.best() else {
+                return choices[0];
+            };
+            let bits = sets
+                .iter()
+                .enumerate()
+                .filter(|(_, set)| set[top1.row as usize])
+                .fold(0usize, |acc, (i, _)| acc | (1 << i));
+            choices[bits]
+        }
+    }
+}
+
+/// The term `rule` subtracts from every reported score of a query.
+fn query_offset(rule: &MethodRule, states: &[QueryState], query: &[f32]) -> f64 {
+    match &rule.query_term {
+        QueryTerm::None => 0.0,
+        QueryTerm::HalfNeighbourMean { raw, k } => {
+            let top: &TopK = &states[*raw].top;
+            let sorted = top.sorted();
+            let take = (*k).min(sorted.len()).max(1);
+            0.5 * sorted.iter().take(take).map(|c| c.raw as f64).sum::<f64>() / take as f64
+        }
+        QueryTerm::DistributionShift {
+            lambda,
+            gallery_mean,
+            constant,
+        } => {
+            let dot: f64 = query
+                .iter()
+                .zip(gallery_mean)
+                .map(|(&q, &m)| q as f64 * m)
+                .sum();
+            lambda * dot - constant
+        }
+    }
+}
+
+/// Turns query blocks into result rows, and accumulates the summary figures.
+struct ResultsCollector<'a> {
+    schema: SchemaRef,
+    rules: &'a [MethodRule],
+    /// `sinkhorn-pp`'s inputs, when it is among the methods.
+    protocol: Option<&'a SingleQuerySinkhorn>,
+    /// Candidates kept per query (at least `k` and the skewness's 10).
+    search_k: usize,
+    gallery_ids: &'a ArrayRef,
+    k: usize,
+    /// Whether the queries carry ground truth (a query without a usable target is then skipped).
+    has_targets: bool,
+    outcomes: Vec<MethodOutcome>,
+}
+
+impl<'a> ResultsCollector<'a> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        schema: SchemaRef,
+        rules: &'a [MethodRule],
+        protocol: Option<&'a SingleQuerySinkhorn>,
+        gallery_ids: &'a ArrayRef,
+        k: usize,
+        search_k: usize,
+        hubness_k: usize,
+        has_targets: bool,
+    ) -> Self {
+        let n = gallery_ids.len();
+        ResultsCollector {
+            schema,
+            rules,
+            protocol,
+            search_k,
+            gallery_ids,
+            k,
+            has_targets,
+            outcomes: rules
+                .iter()
+                .map(|rule| MethodOutcome {
+                    spec: rule.spec,
+                    occurrence: KOccurrence::new(hubness_k, n),
+                    occurrence_at_10: KOccurrence::new(SKEWNESS_K, n),
+                    ranks: RankList::default(),
+                    normalised: matches!(rule.selection, Selection::Gated { .. }).then_some(0),
+                })
+                .collect(),
+        }
+    }
+
+    fn batch(&mut self, block: &QueryBlockResult<'_>) -> Result<RecordBatch> {
+        let ns = block.scorings;
+        let queries = block.queries;
+        let (mut method, mut query, mut rank, mut gallery, mut score, mut raw) = (
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
+        let protocol_states: Vec<QueryState> = match self.protocol {
+            Some(p) => p.search_block(&queries.data, block.positives, self.search_k),
+            None => Vec::new(),
+        };
+        // Query-major order (query, method, rank): the file's row order then
+        // does not depend on the block sizes the memory limit chose.
+        for q in 0..queries.rows {
+            let states = &block.states[q * ns..(q + 1) * ns];
+            let embedding = &queries.data[q * queries.dim..(q + 1) * queries.dim];
+            for (m, rule) in self.rules.iter().enumerate() {
+                let name = rule.spec.kind().name();
+                let outcome = &mut self.outcomes[m];
+                let state = if rule.selection == Selection::SingleQuery {
+                    &protocol_states[q]
+                } else {
+                    let selected = selected_scoring(rule, states);
+                    if let Selection::Gated { choices, .. } = &rule.selection {
+                        *outcome.normalised.as_mut().expect("gated") +=
+                            (selected != choices[0]) as u64;
+                    }
+                    &states[selected]
+                };
+                let offset = query_offset(rule, states, embedding);
+                let list = state.top.sorted();
+                outcome.occurrence.add_list(list.iter().map(|c| c.row));
+                outcome
+                    .occurrence_at_10
+                    .add_list(list.iter().map(|c| c.row));
+                match state.rank() {
+                    Some(r) => outcome.ranks.add_rank(r),
+                    None if self.has_targets => outcome.ranks.add_skipped(),
+                    None => {}
+                }
+                for (r, c) in list.iter().take(self.k).enumerate() {
+                    method.push(name);
+                    query.push(q as u32);
+                    rank.push(r as i32 + 1);
+                    gallery.push(c.row);
+                    score.push((c.score as f64 - offset) as f32);
+                    raw.push(c.raw);
+                }
+            }
+        }
+        let take = |ids: &ArrayRef, rows: Vec<u32>| {
+            arrow::compute::take(ids.as_ref(), &UInt32Array::from(rows), None)
+        };
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from(method)),
+            take(&queries.ids, query)?,
+            Arc::new(Int32Array::from(rank)),
+            take(self.gallery_ids, gallery)?,
+            Arc::new(Float32Array::from(score)),
+            Arc::new(Float32Array::from(raw)),
+        ];
+        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
+    }
+}
+
+/// Pass 2: every query block's result rows into `emit` (results schema,
+/// query-major order), and the figures of each method.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn search_into(
+    queries: &EmbeddingTable,
+    gallery: &EmbeddingTable,
+    index: &IdIndex,
+    plan: &ScoringPlan,
+    k: usize,
+    options: &PassOptions,
+    protocol: Option<&SingleQuerySinkhorn>,
+    progress: &dyn Progress,
+    emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
+) -> Result<Vec<MethodOutcome>> {
+    let schema = results_schema(queries.id_kind, gallery.id_kind);
+    let hubness_k = options.report.hubness_k;
+    let search_k = k
+        .max(SKEWNESS_K)
+        .max(hubness_k)
+        .max(plan.neighbours_needed());
+    let mut collector = ResultsCollector::new(
+        schema,
+        &plan.methods,
+        protocol,
+        index.ids(),
+        k,
+        search_k,
+        hubness_k,
+        queries.has_targets,
+    );
+    // Two k-occurrence counts per method and gallery item, one rank per method and query.
+    let resident = index.memory_bytes()
+        + plan.memory_bytes()
+        + plan.methods.len() * (index.len() * 8 + queries.rows as usize * 8);
+    let request = SearchRequest {
+        queries,
+        gallery,
+        gallery_index: index,
+        scorings: &plan.scorings,
+        k: search_k,
+        budget: options.memory.bytes(),
+        resident_bytes: resident,
+        // The result rows built from each query (~48 bytes per row).
+        output_row_bytes: plan.methods.len() * k * 48,
+    };
+    search(&request, progress, |block| emit(&collector.batch(&block)?))?;
+    Ok(collector.outcomes)
+}

@@ -1,0 +1,197 @@
+//! Every registered method, through the stages that loop over the registry:
+//! the statistics columns it declares are the ones pass 1 writes, in the
+//! same order and types; merging a file's rows with nothing gives back the
+//! very columns written (so the merge reads and writes the declared order);
+//! the columns pass 2 reads are declared ones; and `stats` then `search`
+//! gives exactly what `run` gives.
+
+mod common;
+
+use std::path::Path;
+
+use arrow::array::Array;
+use common::{
+    random_table, read_parquet, read_results, write_case, write_table, CaseShape, Layout,
+};
+use hubnorm::bank::StatsLayout;
+use hubnorm::method::{MethodKind, MethodSpec, StatColumn, StoredRows, REGISTRY};
+use hubnorm::pipeline::{self, RunJob, SearchJob, StatsJob};
+use hubnorm::progress::Silent;
+
+/// Every method with a gallery statistic, at its defaults (`nnn` with a k
+/// the small bank holds).
+fn methods_with_statistics() -> Vec<MethodSpec> {
+    MethodKind::all()
+        .filter(|k| k.method().has_statistics())
+        .map(|k| match k.name() {
+            "nnn" => MethodSpec::new("nnn", &[("k", 16.0)]).unwrap(),
+            _ => MethodSpec::default_for(k),
+        })
+        .collect()
+}
+
+fn path(dir: &Path, name: &str) -> String {
+    dir.join(name).display().to_string()
+}
+
+/// A case that crosses the pass-1 tile (2048 bank rows × 512 gallery
+/// columns) and pass-2 tile (512 queries) boundaries in one dimension each.
+fn write_inputs(dir: &Path) {
+    let mut rng = write_case(
+        dir,
+        &CaseShape {
+            seed: 27,
+            gallery: 700,
+            queries: 530,
+            bank: 90,
+            dim: 12,
+            noise: 0.6,
+        },
+    );
+    let gallery_bank = random_table(&mut rng, "h", 70, 12);
+    write_table(
+        &dir.join("gallery_bank.parquet"),
+        &gallery_bank,
+        Layout::FixedF32,
+        false,
+    );
+}
+
+#[test]
+fn every_method_writes_reads_and_merges_its_declared_columns_in_one_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_inputs(d);
+    let methods = methods_with_statistics();
+    assert!(
+        methods.len() >= 12,
+        "the registry lost methods: {methods:?}"
+    );
+    for spec in &methods {
+        let name = spec.kind().name();
+        let out = d.join(format!("{name}.stats.parquet"));
+        let job = StatsJob {
+            methods: vec![*spec],
+            gallery_bank: Some(path(d, "gallery_bank.parquet")),
+            ..StatsJob::new(path(d, "gallery.parquet"), path(d, "bank.parquet"), &out)
+        };
+        pipeline::run_stats(&job, &Silent).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let batch = read_parquet(&out);
+        let schema = batch.schema();
+
+        // Declared columns: the prefix, each suffix, early before late.
+        let declared = spec.method().columns(spec);
+        let (early, late): (Vec<&StatColumn>, Vec<&StatColumn>) =
+            declared.iter().partition(|c| !c.late);
+        let expected: Vec<(String, arrow::datatypes::DataType)> = early
+            .iter()
+            .chain(&late)
+            .map(|c| (spec.column(c.suffix), c.kind.data_type()))
+            .collect();
+        let written: Vec<(String, arrow::datatypes::DataType)> = schema
+            .fields()
+            .iter()
+            .skip(1)
+            .map(|f| (f.name().clone(), f.data_type().clone()))
+            .collect();
+        assert_eq!(
+            written, expected,
+            "{name}: written columns differ from the declared ones"
+        );
+        let (layout_early, layout_late) = StatsLayout::new(&[*spec]).columns();
+        let layout_names: Vec<String> = layout_early
+            .into_iter()
+            .chain(layout_late)
+            .map(|(n, _)| n)
+            .collect();
+        let written_names: Vec<String> = written.iter().map(|(n, _)| n.clone()).collect();
+        assert_eq!(layout_names, written_names, "{name}: layout order");
+
+        // Pass 2 reads declared columns only.
+        for suffix in spec.method().search_columns(spec) {
+            assert!(
+                declared.iter().any(|c| c.suffix == suffix),
+                "{name}: searches with undeclared {suffix}"
+            );
+        }
+
+        // Merging with nothing rebuilds each early column from the state
+        // columns, as the merge reads them: a swap of two columns in the
+        // write or merge order shows as a difference.
+        if spec.method().mergeable() {
+            assert!(
+                late.is_empty(),
+                "{name}: a mergeable method has no late column"
+            );
+            let merged = spec
+                .method()
+                .merge(spec, &StoredRows::new(&batch), None)
+                .unwrap();
+            assert_eq!(merged.len(), early.len(), "{name}: merge column count");
+            for (i, column) in merged.iter().enumerate() {
+                let stored = batch.column(1 + i);
+                assert_eq!(
+                    column.to_data(),
+                    stored.to_data(),
+                    "{name}: merged column {} differs",
+                    schema.field(1 + i).name()
+                );
+            }
+        }
+
+        // stats → search gives exactly what run gives.
+        let searched = d.join(format!("{name}.search.parquet"));
+        let search = SearchJob {
+            methods: vec![*spec],
+            ..SearchJob::new(
+                path(d, "queries.parquet"),
+                path(d, "gallery.parquet"),
+                Some(out.clone()),
+                &searched,
+            )
+        };
+        pipeline::run_search(&search, &Silent).unwrap_or_else(|e| panic!("{name} search: {e}"));
+        let run_dir = d.join(format!("{name}.run"));
+        let run = RunJob {
+            methods: vec![*spec],
+            gallery_bank: Some(path(d, "gallery_bank.parquet")),
+            ..RunJob::new(
+                path(d, "queries.parquet"),
+                path(d, "gallery.parquet"),
+                path(d, "bank.parquet"),
+                &run_dir,
+            )
+        };
+        pipeline::run(&run, &Silent).unwrap_or_else(|e| panic!("{name} run: {e}"));
+        let from_run: Vec<_> = read_results(&run_dir.join("results.parquet"))
+            .into_iter()
+            .filter(|r| r.method == name)
+            .collect();
+        let from_search = read_results(&searched);
+        assert_eq!(from_run.len(), 530 * 10, "{name}: result rows");
+        assert_eq!(
+            from_search, from_run,
+            "{name}: stats → search differs from run"
+        );
+    }
+}
+
+#[test]
+fn the_registry_names_each_method_once_with_its_docs_line() {
+    let mut names: Vec<&str> = REGISTRY.iter().map(|m| m.name()).collect();
+    for m in REGISTRY {
+        assert!(!m.summary().is_empty(), "{} has no docs line", m.name());
+    }
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/methods.md")).unwrap();
+    for name in &names {
+        assert!(
+            docs.contains(&format!("`{name}`")),
+            "docs/methods.md does not describe `{name}`"
+        );
+    }
+    names.sort_unstable();
+    let before = names.len();
+    names.dedup();
+    assert_eq!(names.len(), before, "a method name is registered twice");
+}
