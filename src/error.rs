@@ -72,7 +72,7 @@ pub enum HubnormError {
 
     /// The system BLAS named by the user could not be used.
     #[error(transparent)]
-    Blas(#[from] crate::kernel::blas::BlasError),
+    Blas(#[from] crate::kernel::gemm::blas::BlasError),
 
     /// A bug in hubnorm.
     #[error("internal error: {0}")]

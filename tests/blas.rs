@@ -42,7 +42,7 @@ fn test_blas() -> Option<PathBuf> {
 }
 
 /// Loads the test BLAS into this process once; every in-process test shares it.
-fn loaded_blas() -> Option<&'static hubnorm::kernel::blas::Blas> {
+fn loaded_blas() -> Option<&'static hubnorm::kernel::gemm::blas::Blas> {
     static LOADED: OnceLock<bool> = OnceLock::new();
     let loaded = *LOADED.get_or_init(|| match test_blas() {
         Some(path) => {

@@ -9,13 +9,15 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use super::blas::{Blas, BlasError};
+pub mod blas;
+
+use self::blas::{Blas, BlasError};
 
 /// The BLAS every tile uses, when one was chosen; otherwise the `gemm` crate.
 static BLAS: OnceLock<Blas> = OnceLock::new();
 
 /// Makes every later similarity tile of this process use `cblas_sgemm` from the
-/// shared library at `path` (see [`super::blas`]). Once per process: a second
+/// shared library at `path` (see [`blas`]). Once per process: a second
 /// call, even with the same path, is refused, because tiles already computed
 /// would not match later ones bit for bit.
 pub fn use_blas(path: &Path) -> Result<(), BlasError> {

@@ -36,7 +36,7 @@ pub enum BlasError {
     )]
     WrongProduct { path: PathBuf, error: f32 },
     /// The process already computes its tiles with a BLAS (see
-    /// [`super::gemm::use_blas`]); tiles from two libraries would not match bit for bit.
+    /// [`super::use_blas`]); tiles from two libraries would not match bit for bit.
     #[error("cannot switch to {path}: {current} is already in use")]
     AlreadyInUse { path: PathBuf, current: PathBuf },
     /// MKL refused its reproducibility mode, so results would depend on the tile shapes.
@@ -152,7 +152,7 @@ impl Blas {
         self.shape_independent
     }
 
-    /// `out[i * ld_out + j] = ⟨a_i, b_j⟩`, as [`super::gemm::similarity_tile`],
+    /// `out[i * ld_out + j] = ⟨a_i, b_j⟩`, as [`super::similarity_tile`],
     /// or `false` (nothing written) when a size does not fit a 32-bit integer.
     /// The caller has checked the slice lengths.
     // The same arguments as `similarity_tile`, plus the library.
@@ -210,7 +210,7 @@ impl Blas {
         let mut got = vec![f32::NAN; m * ld];
         let mut want = vec![f32::NAN; m * ld];
         self.tile(&mut got, ld, &a, m, &b, n, dim);
-        super::gemm::naive_similarity_tile(&mut want, ld, &a, m, &b, n, dim);
+        super::naive_similarity_tile(&mut want, ld, &a, m, &b, n, dim);
         let mut error = 0f32;
         for i in 0..m {
             for j in 0..n {

@@ -1,0 +1,558 @@
+//! Pass 1's tile driver ([`column_statistics`]): one GEMM tile of bank rows ×
+//! gallery columns at a time, consumed by the column epilogues while it is
+//! still in cache. For each column (gallery item): the log-sum-exp of β·s
+//! over the rows (bank queries), for several β at once; its largest
+//! similarities; every similarity; and, for each row, its best columns.
+//!
+//! rayon runs one strip of tiles per task and each task owns the state it
+//! updates, so results do not depend on the thread count. Tile and block
+//! boundaries are aligned to the tile shape by the callers, so results do not
+//! depend on the memory limit either.
+//!
+//! Before touching the epilogues, run `cargo bench --bench kernel`.
+
+use std::f32::consts::LOG2_E;
+
+use rayon::prelude::*;
+
+use super::dispatch::dispatched;
+use super::exp::fast_exp2;
+use super::gemm::similarity_tile;
+use super::lse::{raise_column_maxima, LogSumExp};
+use super::search::{scan_row, QueryState};
+use super::tile::{Rows, TileBuffer, BANK_TILE_COLS, BANK_TILE_ROWS, GROUP_ROWS, LANES};
+use super::topk::{TopK, TopValues};
+
+/// Columns the pass-1 fold keeps in registers at a time (four 16-lane
+/// vectors; see [`bodies::fold_group_lse`]).
+const FOLD_COLUMNS: usize = 64;
+
+/// What pass 1 keeps from each tile of bank rows × gallery columns. Every
+/// field is optional, so one GEMM tile feeds every statistic requested.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ColumnStatsRequest<'a> {
+    /// Log-sum-exp of β·s over the rows of each column, for each β (IS, DIS,
+    /// DualIS).
+    pub betas: &'a [f32],
+    /// The `column_top_k` largest similarities of each column (NNN, CSLS; 0: none).
+    pub column_top_k: usize,
+    /// Every similarity of each column (GC).
+    pub keep_all: bool,
+    /// The `row_top_k` best columns of each row (DIS activation sets; 0: none).
+    pub row_top_k: usize,
+}
+
+impl ColumnStatsRequest<'_> {
+    /// Whether any statistic needs the similarity tiles at all.
+    pub fn needs_tiles(&self) -> bool {
+        !self.betas.is_empty() || self.column_top_k > 0 || self.keep_all || self.row_top_k > 0
+    }
+}
+
+/// Per-column states of a block of columns, filled by [`column_statistics`].
+#[derive(Debug, Clone, Default)]
+pub struct ColumnStates {
+    /// `cols × betas` log-sum-exp states, one row per column.
+    pub lse: Vec<LogSumExp>,
+    /// One bounded top-k per column (empty when not requested).
+    pub top: Vec<TopValues>,
+    /// Every similarity per column, in row order (empty when not requested).
+    pub all: Vec<Vec<f32>>,
+}
+
+impl ColumnStates {
+    /// Empty states for `cols` columns; `all_capacity` is the expected
+    /// number of rows (the bank size) when every similarity is kept.
+    pub fn new(cols: usize, request: &ColumnStatsRequest<'_>, all_capacity: usize) -> Self {
+        ColumnStates {
+            lse: vec![LogSumExp::default(); cols * request.betas.len()],
+            top: if request.column_top_k > 0 {
+                vec![TopValues::new(request.column_top_k); cols]
+            } else {
+                Vec::new()
+            },
+            all: if request.keep_all {
+                (0..cols)
+                    .map(|_| Vec::with_capacity(all_capacity))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+}
+
+/// Pass 1 kernel (inverted softmax only): for each column `j` of `cols` and
+/// each `betas[b]`, folds β·⟨rows_i, cols_j⟩ for every row `i` into
+/// `states[j * betas.len() + b]`. See [`column_statistics`].
+///
+/// # Panics
+/// When the dimensions differ, `states.len() != cols.rows * betas.len()`, or a β is not positive.
+pub fn column_log_sum_exp(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states: &mut [LogSumExp]) {
+    assert_eq!(
+        states.len(),
+        cols.rows * betas.len(),
+        "one state per column and β"
+    );
+    let request = ColumnStatsRequest {
+        betas,
+        ..ColumnStatsRequest::default()
+    };
+    let mut column_states = ColumnStates {
+        lse: states.to_vec(),
+        ..ColumnStates::default()
+    };
+    column_statistics(rows, cols, 0, &request, &mut column_states);
+    states.copy_from_slice(&column_states.lse);
+}
+
+/// Pass 1 kernel. Streams the similarity tiles of `rows` (bank items) ×
+/// `cols` (gallery items) through the statistics `request` names, folding
+/// them into `states` (one entry per column). Returns, when
+/// `request.row_top_k > 0`, the best columns of each row of this block (global
+/// column = `first_col` + local column), else an empty vector.
+///
+/// Rows are folded one group of [`GROUP_ROWS`] at a time in order, and each
+/// column on its own, so the result is the same for any split of the rows into
+/// blocks whose sizes are multiples of `GROUP_ROWS`, for any strip width, and
+/// for any thread count.
+///
+/// # Panics
+/// When the dimensions differ, the states were not made for this request and
+/// column count, or a β is not positive.
+pub fn column_statistics(
+    rows: Rows<'_>,
+    cols: Rows<'_>,
+    first_col: u32,
+    request: &ColumnStatsRequest<'_>,
+    states: &mut ColumnStates,
+) -> Vec<TopK> {
+    let nb = request.betas.len();
+    assert_eq!(rows.dim, cols.dim, "dimension mismatch");
+    assert_eq!(
+        states.lse.len(),
+        cols.rows * nb,
+        "one state per column and β"
+    );
+    assert!(states.top.is_empty() || states.top.len() == cols.rows);
+    assert!(states.all.is_empty() || states.all.len() == cols.rows);
+    assert!(request.betas.iter().all(|&b| b > 0.0), "β must be positive");
+    if !request.needs_tiles() || rows.rows == 0 || cols.rows == 0 {
+        return Vec::new();
+    }
+    let bounds = strip_bounds(cols.rows, rayon::current_num_threads());
+    let lse = split_strips(&mut states.lse, &bounds, nb);
+    let top = split_strips(&mut states.top, &bounds, 1);
+    let all = split_strips(&mut states.all, &bounds, 1);
+    let tasks: Vec<_> = bounds.windows(2).zip(lse).zip(top).zip(all).collect();
+    let row_tops = tasks
+        .into_par_iter()
+        .map(|(((columns, lse), top), all)| {
+            let (c0, c1) = (columns[0], columns[1]);
+            let strip_cols = cols.slice(c0, c1);
+            let strip_states = StripStates { lse, top, all };
+            column_strip(
+                rows,
+                strip_cols,
+                first_col + c0 as u32,
+                request,
+                strip_states,
+            )
+        })
+        .reduce(
+            || None,
+            |a: Option<Vec<TopK>>, b| match (a, b) {
+                (Some(mut a), Some(b)) => {
+                    a.iter_mut().zip(&b).for_each(|(x, y)| x.merge(y));
+                    Some(a)
+                }
+                (a, b) => a.or(b),
+            },
+        );
+    row_tops.unwrap_or_default()
+}
+
+/// Where the pass-1 strips over `columns` columns start, then `columns`:
+/// strips of at most [`BANK_TILE_COLS`] columns, starting on whole fold
+/// blocks ([`FOLD_COLUMNS`]), about equal, and as many as a multiple of
+/// `threads`. Every strip streams the whole bank block, so with 49 equal
+/// strips on two threads one thread runs the last one alone (measured: 0.8 s
+/// of a 24 s pass at 100k × 100k with 2048-column strips).
+fn strip_bounds(columns: usize, threads: usize) -> Vec<usize> {
+    // Room for the rounding of each start to a whole block.
+    let strips = columns
+        .div_ceil(BANK_TILE_COLS - FOLD_COLUMNS)
+        .next_multiple_of(threads.max(1));
+    let mut bounds: Vec<usize> = (0..strips)
+        .map(|i| i * columns / strips / FOLD_COLUMNS * FOLD_COLUMNS)
+        .collect();
+    bounds.push(columns);
+    bounds.dedup();
+    bounds
+}
+
+/// `slice`, `per_column` elements per column, cut at the column `bounds`
+/// (empty pieces when the slice is empty: a statistic not requested).
+fn split_strips<'a, T>(
+    mut slice: &'a mut [T],
+    bounds: &[usize],
+    per_column: usize,
+) -> Vec<&'a mut [T]> {
+    let mut pieces = Vec::with_capacity(bounds.len());
+    for columns in bounds.windows(2) {
+        if slice.is_empty() {
+            pieces.push(<&mut [T]>::default());
+        } else {
+            let (piece, rest) = slice.split_at_mut((columns[1] - columns[0]) * per_column);
+            pieces.push(piece);
+            slice = rest;
+        }
+    }
+    pieces
+}
+
+/// The states of one column strip.
+struct StripStates<'a> {
+    lse: &'a mut [LogSumExp],
+    top: &'a mut [TopValues],
+    all: &'a mut [Vec<f32>],
+}
+
+/// Folds a tile (rows `stride` apart, `nc` columns) into the per-β column
+/// log-sum-exp states of β·s (`max[b]`, `sum[b]`), a group of
+/// [`GROUP_ROWS`] rows at a time (see [`bodies::fold_group_lse`]).
+fn fold_exp_columns(
+    tile: &[f32],
+    stride: usize,
+    nc: usize,
+    betas: &[f32],
+    max: &mut [Vec<f64>],
+    sum: &mut [Vec<f64>],
+) {
+    if betas.is_empty() {
+        return;
+    }
+    for group in tile.chunks(GROUP_ROWS * stride) {
+        fold_group_lse(group, stride, nc, betas, max, sum);
+    }
+}
+
+/// One column strip of pass 1, run by one thread.
+fn column_strip(
+    rows: Rows<'_>,
+    cols: Rows<'_>,
+    first_col: u32,
+    request: &ColumnStatsRequest<'_>,
+    states: StripStates<'_>,
+) -> Option<Vec<TopK>> {
+    let (nc, betas) = (cols.rows, request.betas);
+    let nb = betas.len();
+    // Structure-of-arrays copies of the states, per β, so the loops vectorise.
+    let mut max: Vec<Vec<f64>> = (0..nb)
+        .map(|b| (0..nc).map(|j| states.lse[j * nb + b].max).collect())
+        .collect();
+    let mut sum: Vec<Vec<f64>> = (0..nb)
+        .map(|b| (0..nc).map(|j| states.lse[j * nb + b].sum).collect())
+        .collect();
+    let mut top_thresholds: Vec<f32> = states.top.iter().map(TopValues::threshold).collect();
+    let mut row_tops: Vec<QueryState> = if request.row_top_k > 0 {
+        (0..rows.rows)
+            .map(|_| QueryState::new(request.row_top_k, None))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let zeros = vec![0f32; if row_tops.is_empty() { 0 } else { nc }];
+    let mut buffer = TileBuffer::new(BANK_TILE_ROWS.min(rows.rows), nc);
+    let ld = buffer.stride;
+    let mut r0 = 0;
+    while r0 < rows.rows {
+        let r1 = (r0 + BANK_TILE_ROWS).min(rows.rows);
+        let tile_rows = r1 - r0;
+        let tile = &mut buffer.cells_mut()[..tile_rows * ld];
+        similarity_tile(
+            tile,
+            ld,
+            &rows.data[r0 * rows.dim..r1 * rows.dim],
+            tile_rows,
+            cols.data,
+            nc,
+            cols.dim,
+        );
+        let tile = &*tile;
+        fold_exp_columns(tile, ld, nc, betas, &mut max, &mut sum);
+        if !states.top.is_empty() {
+            column_top_values(tile, ld, nc, &mut top_thresholds, states.top);
+        }
+        if !states.all.is_empty() {
+            for row in tile.chunks_exact(ld) {
+                for (values, &s) in states.all.iter_mut().zip(&row[..nc]) {
+                    values.push(s);
+                }
+            }
+        }
+        let tracked = row_tops.len();
+        for (i, state) in row_tops[r0.min(tracked)..r1.min(tracked)]
+            .iter_mut()
+            .enumerate()
+        {
+            scan_row(&tile[i * ld..i * ld + nc], &zeros, first_col, state);
+        }
+        r0 = r1;
+    }
+    for j in 0..nc {
+        for b in 0..nb {
+            states.lse[j * nb + b] = LogSumExp {
+                max: max[b][j],
+                sum: sum[b][j],
+            };
+        }
+    }
+    (!row_tops.is_empty()).then(|| row_tops.into_iter().map(|s| s.top).collect())
+}
+
+/// The epilogue bodies, written so that the compiler vectorises them;
+/// [`dispatched!`] compiles them for each instruction set.
+mod bodies {
+    use super::*;
+
+    /// Folds one group of rows (`cells`, rows `stride` apart) of `width`
+    /// columns into the per-β column states: [`FOLD_COLUMNS`] columns at a
+    /// time, their maxima over the group first, then per β the running maxima
+    /// raised and exp(β·s − max) summed in f32 over the group and added to the
+    /// f64 sums. A block of 64 columns keeps its maxima and sums in four
+    /// registers, and its rows (32 KiB for a full group) stay in L1 between
+    /// the two reads. Each column gets the same arithmetic in the same order
+    /// whatever its block, so the last columns, taken a vector or one at a
+    /// time, give the bits they would in a full block.
+    #[inline(always)]
+    pub fn fold_group_lse(
+        cells: &[f32],
+        stride: usize,
+        width: usize,
+        betas: &[f32],
+        max: &mut [Vec<f64>],
+        sum: &mut [Vec<f64>],
+    ) {
+        let blocks = width - width % FOLD_COLUMNS;
+        let vectors = width - width % LANES;
+        for c0 in (0..blocks).step_by(FOLD_COLUMNS) {
+            fold_column_block::<FOLD_COLUMNS>(cells, stride, c0, betas, max, sum);
+        }
+        for c0 in (blocks..vectors).step_by(LANES) {
+            fold_column_block::<LANES>(cells, stride, c0, betas, max, sum);
+        }
+        for c0 in vectors..width {
+            fold_column_block::<1>(cells, stride, c0, betas, max, sum);
+        }
+    }
+
+    /// The `W` cells from `start`.
+    #[inline(always)]
+    fn block_row<const W: usize>(cells: &[f32], start: usize) -> &[f32; W] {
+        cells[start..start + W].try_into().expect("W cells")
+    }
+
+    /// [`fold_group_lse`] for the `W` columns from `c0`.
+    #[inline(always)]
+    fn fold_column_block<const W: usize>(
+        cells: &[f32],
+        stride: usize,
+        c0: usize,
+        betas: &[f32],
+        max: &mut [Vec<f64>],
+        sum: &mut [Vec<f64>],
+    ) {
+        let rows = cells.len().div_ceil(stride);
+        let row = |i: usize| block_row::<W>(cells, stride * i + c0);
+        let mut block_max = *row(0);
+        for i in 1..rows {
+            let r = row(i);
+            for l in 0..W {
+                block_max[l] = if r[l] > block_max[l] {
+                    r[l]
+                } else {
+                    block_max[l]
+                };
+            }
+        }
+        let mut shift = [0f32; W];
+        for (b, &beta) in betas.iter().enumerate() {
+            let (max, sum) = (&mut max[b][c0..c0 + W], &mut sum[b][c0..c0 + W]);
+            raise_column_maxima(&block_max, beta, max, sum, &mut shift);
+            // exp(β·s − m) = 2^(s·β·log₂e − m·log₂e): one fused multiply-add
+            // for the argument, and the cheaper base-2 range reduction.
+            let beta_log2e = beta * LOG2_E;
+            let shift_log2e = shift.map(|m| m * LOG2_E);
+            let mut group_sum = [0f32; W];
+            for i in 0..rows {
+                let r = row(i);
+                for l in 0..W {
+                    group_sum[l] += fast_exp2(r[l].mul_add(beta_log2e, -shift_log2e[l]));
+                }
+            }
+            for (acc, &part) in sum.iter_mut().zip(&group_sum) {
+                *acc += part as f64;
+            }
+        }
+    }
+
+    #[inline(always)]
+    pub fn column_top_values(
+        tile: &[f32],
+        stride: usize,
+        nc: usize,
+        thresholds: &mut [f32],
+        tops: &mut [TopValues],
+    ) {
+        let full = nc - nc % LANES;
+        for row in tile.chunks_exact(stride) {
+            let row = &row[..nc];
+            let mut j0 = 0;
+            while j0 < full {
+                let s: &[f32; LANES] = row[j0..j0 + LANES].try_into().unwrap();
+                let t: &[f32; LANES] = thresholds[j0..j0 + LANES].try_into().unwrap();
+                let mut any = false;
+                for l in 0..LANES {
+                    any |= s[l] > t[l];
+                }
+                if any {
+                    for l in 0..LANES {
+                        let j = j0 + l;
+                        if s[l] > thresholds[j] {
+                            tops[j].push(s[l]);
+                            thresholds[j] = tops[j].threshold();
+                        }
+                    }
+                }
+                j0 += LANES;
+            }
+            for j in full..nc {
+                if row[j] > thresholds[j] {
+                    tops[j].push(row[j]);
+                    thresholds[j] = tops[j].threshold();
+                }
+            }
+        }
+    }
+}
+
+dispatched! {
+    fn fold_group_lse(
+        cells: &[f32],
+        stride: usize,
+        width: usize,
+        betas: &[f32],
+        max: &mut [Vec<f64>],
+        sum: &mut [Vec<f64>]
+    ) = bodies::fold_group_lse;
+    fn column_top_values(
+        tile: &[f32],
+        stride: usize,
+        nc: usize,
+        thresholds: &mut [f32],
+        tops: &mut [TopValues]
+    ) = bodies::column_top_values;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pseudo_random(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    #[test]
+    fn strips_cover_the_columns_in_balanced_blocks() {
+        for (columns, threads) in [
+            (100_000, 2),
+            (25_000, 2),
+            (1_000_000, 2),
+            (7_777, 3),
+            (100, 2),
+            (1, 2),
+            (5_000, 1),
+        ] {
+            let bounds = strip_bounds(columns, threads);
+            let strips = bounds.len() - 1;
+            assert_eq!((bounds[0], bounds[strips]), (0, columns));
+            for w in bounds.windows(2) {
+                assert!(
+                    w[0] < w[1] && w[1] - w[0] <= BANK_TILE_COLS,
+                    "{columns}: {w:?}"
+                );
+                assert_eq!(w[0] % FOLD_COLUMNS, 0);
+            }
+            if columns >= threads * FOLD_COLUMNS * 8 {
+                assert_eq!(
+                    strips % threads,
+                    0,
+                    "{columns} columns on {threads} threads"
+                );
+            }
+        }
+        // 49 strips of 2048 columns before; now an even count.
+        assert_eq!(strip_bounds(100_000, 2).len() - 1, 224);
+    }
+
+    #[test]
+    fn column_lse_bits_do_not_depend_on_the_fold_block() {
+        // Of 147 columns, 128..144 are folded as one vector and 144..147 one
+        // by one (the tail after two 64-column blocks); starting the columns
+        // at 19 puts them all in full blocks.
+        let (nr, nc, dim) = (GROUP_ROWS + 9, 147, 7);
+        let a = pseudo_random(nr * dim, 3);
+        let b = pseudo_random(nc * dim, 4);
+        let betas = [20.0f32];
+        let mut all = vec![LogSumExp::default(); nc];
+        column_log_sum_exp(Rows::new(&a, dim), Rows::new(&b, dim), &betas, &mut all);
+        let mut shifted = vec![LogSumExp::default(); nc - 19];
+        let b_from_19 = &b[19 * dim..];
+        column_log_sum_exp(
+            Rows::new(&a, dim),
+            Rows::new(b_from_19, dim),
+            &betas,
+            &mut shifted,
+        );
+        assert_eq!(&all[19..], &shifted[..]);
+    }
+
+    #[test]
+    fn column_lse_matches_direct_sum_across_tile_edges() {
+        let dim = 5;
+        let (nr, nc) = (BANK_TILE_ROWS + 3, 2 * BANK_TILE_COLS + 17);
+        let a = pseudo_random(nr * dim, 1);
+        let b = pseudo_random(nc * dim, 2);
+        let betas = [1.0f32, 20.0];
+        let mut states = vec![LogSumExp::default(); nc * 2];
+        column_log_sum_exp(Rows::new(&a, dim), Rows::new(&b, dim), &betas, &mut states);
+        for j in [0, 1, 63, 64, 383, 384, 447, 448, 511, 512, nc - 1] {
+            for (bi, &beta) in betas.iter().enumerate() {
+                let mut direct = LogSumExp::default();
+                for i in 0..nr {
+                    let s: f64 = (0..dim)
+                        .map(|d| a[i * dim + d] as f64 * b[j * dim + d] as f64)
+                        .sum();
+                    direct.push(beta as f64 * s);
+                }
+                let got = states[j * 2 + bi].value();
+                assert!(
+                    (got - direct.value()).abs() < 1e-5,
+                    "col {j} β {beta}: {got} vs {}",
+                    direct.value()
+                );
+            }
+        }
+    }
+}

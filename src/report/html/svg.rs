@@ -1,0 +1,759 @@
+//! The SVG charts of the page: scales, axes, series, legends, and the
+//! k-occurrence, recall and tuning charts drawn with them. Every chart is an
+//! `<svg>` with a `data-plot` attribute naming its kind.
+
+use std::fmt::Write as _;
+
+use super::text::{escape, fmt_short, recall_text, truncate};
+use super::{MethodPage, PageInput, RecallBar, TuningCurve};
+
+/// Series colours (Tableau 10): distinguishable, and readable in greyscale
+/// print by lightness. Methods beyond ten cycle, with a dash pattern added.
+pub(super) const PALETTE: [&str; 10] = [
+    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
+    "#9c755f", "#bab0ac",
+];
+
+/// Legend labels longer than this are cut (the full name is in a tooltip).
+const LEGEND_CHARS: usize = 28;
+
+/// The k-occurrence chart: x = N_k, y = items with that N_k (log10), one
+/// series per method.
+pub(super) fn k_occurrence_chart(out: &mut String, page: &PageInput) {
+    let names: Vec<&str> = page.methods.iter().map(|m| m.name.as_str()).collect();
+    let frame = Frame::with_legend(900.0, 420.0, names.len());
+    let all_points: Vec<Vec<(f64, f64)>> = page.methods.iter().map(histogram_points).collect();
+    let (max_nk, max_items) = all_points
+        .iter()
+        .flatten()
+        .fold((0.0, 1.0), |(nk, items): (f64, f64), &(x, y)| {
+            (nk.max(x), items.max(y))
+        });
+    // N_k starts at 0 (never retrieved); at least [0, 1] so an empty chart has an axis.
+    let x = Scale::linear(0.0, max_nk.max(1.0), frame.left, frame.plot_right()).nice();
+    let y = Scale::log10(1.0, max_items, frame.plot_bottom(), frame.top).nice();
+
+    svg_open(
+        out,
+        "k-occurrence",
+        "plot-k-occurrence",
+        &frame,
+        "k-occurrence distribution",
+    );
+    y_axis(out, &frame, &y, "gallery items (log scale)", &|v| {
+        tick_label(v, v)
+    });
+    x_axis(out, &frame, &x, "N_k (times retrieved)");
+    let mut drawn = 0;
+    for (i, (method, pts)) in page.methods.iter().zip(&all_points).enumerate() {
+        let tips: Vec<String> = pts
+            .iter()
+            .map(|&(nk, items)| format!("{}: N_k = {nk}, {items} items", method.name))
+            .collect();
+        drawn += series(out, i, &method.name, pts, &tips, &x, &y);
+    }
+    if drawn == 0 {
+        empty_note(out, &frame, "no k-occurrence data");
+    }
+    legend(out, &frame, &names);
+    out.push_str("</svg>\n");
+}
+
+/// A method's histogram as plot points, without zero counts (which cannot
+/// sit on a log axis, and are not in the data anyway).
+fn histogram_points(method: &MethodPage) -> Vec<(f64, f64)> {
+    method
+        .histogram
+        .iter()
+        .filter(|&&(_, items)| items > 0)
+        .map(|&(nk, items)| (f64::from(nk), items as f64))
+        .collect()
+}
+
+/// R@K as grouped bars (groups by K, one bar per method) with 95% intervals.
+pub(super) fn recall_chart(out: &mut String, page: &PageInput, ks: &[usize]) {
+    let names: Vec<&str> = page.methods.iter().map(|m| m.name.as_str()).collect();
+    let frame = Frame::with_legend(900.0, 380.0, names.len());
+    let y = Scale::linear(0.0, 1.0, frame.plot_bottom(), frame.top);
+    svg_open(out, "recall", "plot-recall", &frame, "recall at K");
+    y_axis(out, &frame, &y, "recall", &|v| format!("{:.0}%", v * 100.0));
+
+    // Categorical x: one slot per K, bars fill 80% of it.
+    let slot = (frame.plot_right() - frame.left) / ks.len() as f64;
+    let bar_w = slot * 0.8 / page.methods.len() as f64;
+    let base = frame.plot_bottom();
+    w!(
+        out,
+        "<line class=\"axis\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\"/>\n",
+        num(frame.left),
+        num(base),
+        num(frame.plot_right()),
+        num(base)
+    );
+    for (g, &k) in ks.iter().enumerate() {
+        let slot_x = frame.left + slot * g as f64;
+        w!(
+            out,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">R@{k}</text>\n",
+            num(slot_x + slot / 2.0),
+            num(base + 16.0)
+        );
+        for (i, method) in page.methods.iter().enumerate() {
+            let Some(bar) = method.recall.iter().find(|r| r.k == k) else {
+                continue;
+            };
+            let bx = slot_x + slot * 0.1 + bar_w * i as f64;
+            recall_bar(out, i, &method.name, bar, bx, bar_w, &y);
+        }
+    }
+    axis_title_x(out, &frame, "K");
+    legend(out, &frame, &names);
+    out.push_str("</svg>\n");
+}
+
+/// One bar with its whisker; a non-finite value draws nothing, a
+/// non-finite bound drops only the whisker.
+fn recall_bar(
+    out: &mut String,
+    series: usize,
+    name: &str,
+    bar: &RecallBar,
+    x: f64,
+    width: f64,
+    y: &Scale,
+) {
+    let clamp = |v: f64| v.clamp(0.0, 1.0);
+    let (Some(top), Some(zero)) = (y.map(clamp(bar.value)), y.map(0.0)) else {
+        return;
+    };
+    w!(
+        out,
+        "<rect class=\"bar\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\">\
+         <title>{}: R@{} = {}</title></rect>\n",
+        num(x),
+        num(top),
+        num((width - 1.0).max(1.0)),
+        num((zero - top).max(0.0)),
+        colour(series),
+        escape(name),
+        bar.k,
+        recall_text(bar)
+    );
+    if let (Some(lo), Some(hi)) = (y.map(clamp(bar.low)), y.map(clamp(bar.high))) {
+        let cx = x + width / 2.0;
+        let cap = (width * 0.25).min(6.0);
+        w!(
+            out,
+            "<path class=\"whisker\" d=\"M{} {}V{}M{} {}H{}M{} {}H{}\" stroke=\"#222\" \
+             stroke-width=\"1.2\" fill=\"none\"/>\n",
+            num(cx),
+            num(lo),
+            num(hi),
+            num(cx - cap),
+            num(lo),
+            num(cx + cap),
+            num(cx - cap),
+            num(hi),
+            num(cx + cap)
+        );
+    }
+}
+
+pub(super) fn tuning_chart(out: &mut String, index: usize, curve: &TuningCurve) {
+    let title = format!("{}: {}", curve.method, curve.parameter);
+    let pts = &curve.points;
+    let finite: Vec<(f64, f64)> = pts
+        .iter()
+        .copied()
+        .filter(|(x, y)| x.is_finite() && y.is_finite())
+        .collect();
+    let (x_min, x_max) = min_max(finite.iter().map(|p| p.0));
+    let (y_min, y_max) = min_max(finite.iter().map(|p| p.1));
+    // A log axis when the values span decades (e.g. beta 1…1000), as a
+    // grid search over such a parameter is usually geometric.
+    let log_x = !finite.is_empty() && x_min > 0.0 && x_max / x_min >= 20.0;
+    let chosen = curve.chosen;
+    let chosen_ok = chosen.is_finite() && (!log_x || chosen > 0.0);
+    let (x_lo, x_hi) = if chosen_ok && !finite.is_empty() {
+        (x_min.min(chosen), x_max.max(chosen))
+    } else if chosen_ok {
+        (chosen, chosen)
+    } else {
+        (x_min, x_max)
+    };
+
+    let frame = Frame {
+        width: 380.0,
+        height: 260.0,
+        left: 66.0,
+        right: 14.0,
+        top: 14.0,
+        bottom: 42.0,
+    };
+    let x = if log_x {
+        // Not widened to whole decades: a grid of 1…300 would waste a third
+        // of a small chart on 300…1000.
+        Scale::log10(x_lo, x_hi, frame.left, frame.plot_right())
+    } else {
+        Scale::linear(x_lo, x_hi, frame.left, frame.plot_right()).nice()
+    };
+    let pad = (y_max - y_min) * 0.05;
+    let y = Scale::linear(y_min - pad, y_max + pad, frame.plot_bottom(), frame.top).nice();
+
+    w!(
+        out,
+        "<figure>\n<figcaption>{}</figcaption>\n",
+        escape(&title)
+    );
+    svg_open(
+        out,
+        "tuning",
+        &format!("plot-tuning-{index}"),
+        &frame,
+        &title,
+    );
+    y_axis(out, &frame, &y, &curve.metric, &|v| tick_label(v, y.step()));
+    let x_title = if log_x {
+        format!("{} (log scale)", curve.parameter)
+    } else {
+        curve.parameter.clone()
+    };
+    x_axis(out, &frame, &x, &x_title);
+    if chosen_ok {
+        chosen_marker(out, &frame, &x, &y, curve);
+    }
+    let tips: Vec<String> = pts
+        .iter()
+        .map(|&(px, py)| {
+            format!(
+                "{} = {}: {} = {}",
+                curve.parameter,
+                fmt_short(px),
+                curve.metric,
+                fmt_short(py)
+            )
+        })
+        .collect();
+    if series(out, 0, &title, pts, &tips, &x, &y) == 0 {
+        empty_note(out, &frame, "no finite points");
+    }
+    out.push_str("</svg>\n</figure>\n");
+}
+
+/// Dashed vertical line at the chosen value, with its label.
+fn chosen_marker(out: &mut String, frame: &Frame, x: &Scale, y: &Scale, curve: &TuningCurve) {
+    let Some(cx) = x.map(curve.chosen) else {
+        return;
+    };
+    w!(
+        out,
+        "<line class=\"chosen\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#c62828\" \
+         stroke-width=\"1.2\" stroke-dasharray=\"4 3\"/>\n",
+        num(cx),
+        num(frame.plot_bottom()),
+        num(frame.top)
+    );
+    // Keep the label inside the plot: anchor it left of the line near the right edge.
+    let anchor = if cx > frame.plot_right() - 70.0 {
+        "end"
+    } else {
+        "start"
+    };
+    let dx = if anchor == "end" { -4.0 } else { 4.0 };
+    w!(
+        out,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"{anchor}\" fill=\"#c62828\">chosen {}</text>\n",
+        num(cx + dx),
+        num(frame.top + 11.0),
+        escape(&fmt_short(curve.chosen))
+    );
+    // Ring the measured point at the chosen value, if there is one.
+    let at = curve.points.iter().find(|(px, py)| {
+        py.is_finite() && (*px - curve.chosen).abs() <= 1e-9 * curve.chosen.abs().max(1.0)
+    });
+    if let Some(&(px, py)) = at {
+        if let (Some(mx), Some(my)) = (x.map(px), y.map(py)) {
+            w!(
+                out,
+                "<circle class=\"chosen-point\" cx=\"{}\" cy=\"{}\" r=\"6\" fill=\"none\" \
+                 stroke=\"#c62828\" stroke-width=\"1.5\"/>\n",
+                num(mx),
+                num(my)
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Plot building blocks.
+
+/// A chart's size and the margins around its plot area, in pixels.
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    width: f64,
+    height: f64,
+    left: f64,
+    right: f64,
+    top: f64,
+    bottom: f64,
+}
+
+impl Frame {
+    /// A chart with a legend column on the right, tall enough for every entry.
+    fn with_legend(width: f64, height: f64, entries: usize) -> Frame {
+        let top = 16.0;
+        let needed = top + 18.0 * entries as f64 + 50.0;
+        Frame {
+            width,
+            height: height.max(needed),
+            left: 64.0,
+            right: 200.0,
+            top,
+            bottom: 46.0,
+        }
+    }
+
+    fn plot_right(&self) -> f64 {
+        self.width - self.right
+    }
+
+    fn plot_bottom(&self) -> f64 {
+        self.height - self.bottom
+    }
+}
+
+/// Maps data values to pixels, linearly or by log10. The pixel range may
+/// run backwards (y grows downwards in SVG).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Scale {
+    log: bool,
+    d0: f64,
+    d1: f64,
+    r0: f64,
+    r1: f64,
+}
+
+impl Scale {
+    /// A linear scale; a degenerate or non-finite domain is widened so that
+    /// mapping never divides by zero (a single point sits in the middle).
+    fn linear(d0: f64, d1: f64, r0: f64, r1: f64) -> Scale {
+        let (d0, d1) = if d0.is_finite() && d1.is_finite() {
+            (d0.min(d1), d0.max(d1))
+        } else {
+            (0.0, 1.0)
+        };
+        let (d0, d1) = if d1 - d0 > f64::EPSILON * d0.abs().max(1.0) {
+            (d0, d1)
+        } else {
+            let half = (d0.abs() * 0.1).max(0.5);
+            (d0 - half, d1 + half)
+        };
+        Scale {
+            log: false,
+            d0,
+            d1,
+            r0,
+            r1,
+        }
+    }
+
+    /// A log10 scale over a positive domain (non-positive bounds fall back
+    /// to 1; a single value gets a decade around it).
+    fn log10(d0: f64, d1: f64, r0: f64, r1: f64) -> Scale {
+        let ok = |v: f64| v.is_finite() && v > 0.0;
+        let (d0, d1) = match (ok(d0), ok(d1)) {
+            (true, true) => (d0.min(d1), d0.max(d1)),
+            (true, false) => (d0, d0),
+            (false, true) => (d1, d1),
+            (false, false) => (1.0, 1.0),
+        };
+        let (d0, d1) = if d1 / d0 > 1.0 + 1e-12 {
+            (d0, d1)
+        } else {
+            (d0 / 10f64.sqrt(), d1 * 10f64.sqrt())
+        };
+        Scale {
+            log: true,
+            d0,
+            d1,
+            r0,
+            r1,
+        }
+    }
+
+    /// Widens the domain to round tick values (whole decades for log).
+    fn nice(self) -> Scale {
+        if self.log {
+            let d0 = 10f64.powf(self.d0.log10().floor());
+            let d1 = 10f64.powf(self.d1.log10().ceil());
+            let d1 = if d1 > d0 { d1 } else { d0 * 10.0 };
+            Scale { d0, d1, ..self }
+        } else {
+            let step = nice_step(self.d1 - self.d0);
+            let d0 = (self.d0 / step).floor() * step;
+            let d1 = (self.d1 / step).ceil() * step;
+            Scale { d0, d1, ..self }
+        }
+    }
+
+    /// The pixel of `v`; `None` for non-finite values and, on a log scale,
+    /// non-positive ones, so callers skip them instead of printing NaN.
+    fn map(&self, v: f64) -> Option<f64> {
+        if !v.is_finite() || (self.log && v <= 0.0) {
+            return None;
+        }
+        let t = if self.log {
+            (v.log10() - self.d0.log10()) / (self.d1.log10() - self.d0.log10())
+        } else {
+            (v - self.d0) / (self.d1 - self.d0)
+        };
+        let px = self.r0 + t * (self.r1 - self.r0);
+        px.is_finite().then_some(px)
+    }
+
+    /// The linear tick step (for labels' decimals); 1 on a log scale.
+    fn step(&self) -> f64 {
+        if self.log {
+            1.0
+        } else {
+            nice_step(self.d1 - self.d0)
+        }
+    }
+
+    /// Tick values inside the domain: round steps, or on a log scale whole
+    /// decades (with 2 and 5 in between when the domain spans few decades).
+    fn ticks(&self) -> Vec<f64> {
+        let inside =
+            |v: f64| v >= self.d0 * (1.0 - 1e-9) - 1e-12 && v <= self.d1 * (1.0 + 1e-9) + 1e-12;
+        if self.log {
+            let lo = self.d0.log10().floor() as i32;
+            let hi = self.d1.log10().ceil() as i32;
+            let decades = (hi - lo).max(1);
+            // Thin out labels so at most ~8 decades are labelled.
+            let every = (decades + 7) / 8;
+            let multiples: &[f64] = if decades <= 2 {
+                &[1.0, 2.0, 5.0]
+            } else {
+                &[1.0]
+            };
+            let mut ticks = Vec::new();
+            for e in (lo..=hi).step_by(every as usize) {
+                for m in multiples {
+                    let v = m * 10f64.powi(e);
+                    if inside(v) {
+                        ticks.push(v);
+                    }
+                }
+            }
+            ticks
+        } else {
+            let step = nice_step(self.d1 - self.d0);
+            let first = (self.d0 / step).ceil() as i64;
+            let last = (self.d1 / step).floor() as i64;
+            // Bounded: nice_step gives ~6 ticks over the domain.
+            (first..=last.min(first + 50))
+                .map(|i| i as f64 * step)
+                .collect()
+        }
+    }
+}
+
+/// A round step (1, 2 or 5 × 10^n) giving about six ticks over `span`.
+fn nice_step(span: f64) -> f64 {
+    if !(span.is_finite() && span > 0.0) {
+        return 1.0;
+    }
+    let raw = span / 6.0;
+    let magnitude = 10f64.powf(raw.log10().floor());
+    let norm = raw / magnitude;
+    let nice = if norm <= 1.0 {
+        1.0
+    } else if norm <= 2.0 {
+        2.0
+    } else if norm <= 5.0 {
+        5.0
+    } else {
+        10.0
+    };
+    nice * magnitude
+}
+
+/// A tick label with as many decimals as `step` needs ("0.05", "20", "1e6").
+fn tick_label(v: f64, step: f64) -> String {
+    if v.abs() >= 1e6 {
+        return format!("{v:e}");
+    }
+    let decimals = if step > 0.0 && step.is_finite() {
+        (-step.log10().floor()).clamp(0.0, 8.0) as usize
+    } else {
+        0
+    };
+    // "-0" looks like a bug; print 0.
+    let v = if v.abs() < step * 1e-9 { 0.0 } else { v };
+    format!("{v:.decimals$}")
+}
+
+/// An SVG coordinate; only called with mapped (finite) values.
+fn num(v: f64) -> String {
+    debug_assert!(v.is_finite());
+    format!("{v:.1}")
+}
+
+pub(super) fn colour(series: usize) -> &'static str {
+    PALETTE[series % PALETTE.len()]
+}
+
+/// Methods past the palette reuse a colour, so their lines get dashes.
+pub(super) fn dash_attr(series: usize) -> &'static str {
+    if series >= PALETTE.len() {
+        " stroke-dasharray=\"6 3\""
+    } else {
+        ""
+    }
+}
+
+/// Opens a chart's `<svg>` with its `data-plot` kind and `id`.
+fn svg_open(out: &mut String, plot: &str, id: &str, frame: &Frame, label: &str) {
+    w!(
+        out,
+        "<svg id=\"{}\" data-plot=\"{}\" viewBox=\"0 0 {} {}\" width=\"{}\" height=\"{}\" \
+         role=\"img\" aria-label=\"{}\">\n",
+        escape(id),
+        escape(plot),
+        num(frame.width),
+        num(frame.height),
+        num(frame.width),
+        num(frame.height),
+        escape(label)
+    );
+}
+
+/// Left axis: grid lines across the plot, tick labels, and the title.
+fn y_axis(out: &mut String, frame: &Frame, y: &Scale, title: &str, label: &dyn Fn(f64) -> String) {
+    out.push_str("<g class=\"y-axis\">\n");
+    for v in y.ticks() {
+        let Some(py) = y.map(v) else { continue };
+        let (x0, x1, y) = (num(frame.left), num(frame.plot_right()), num(py));
+        w!(
+            out,
+            "<line class=\"grid\" x1=\"{x0}\" y1=\"{y}\" x2=\"{x1}\" y2=\"{y}\"/>\
+             <text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>\n",
+            num(frame.left - 6.0),
+            num(py + 4.0),
+            escape(&label(v))
+        );
+    }
+    w!(
+        out,
+        "<line class=\"axis\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\"/>\n",
+        num(frame.left),
+        num(frame.top),
+        num(frame.plot_bottom())
+    );
+    let cy = (frame.top + frame.plot_bottom()) / 2.0;
+    w!(
+        out,
+        "<text class=\"axis-title\" transform=\"translate({} {}) rotate(-90)\" \
+         text-anchor=\"middle\">{}</text>\n</g>\n",
+        num(16.0),
+        num(cy),
+        escape(title)
+    );
+}
+
+/// Bottom axis: the line, tick marks with labels, and the title.
+fn x_axis(out: &mut String, frame: &Frame, x: &Scale, title: &str) {
+    let base = frame.plot_bottom();
+    out.push_str("<g class=\"x-axis\">\n");
+    let (x0, x1, y) = (num(frame.left), num(frame.plot_right()), num(base));
+    w!(
+        out,
+        "<line class=\"axis\" x1=\"{x0}\" y1=\"{y}\" x2=\"{x1}\" y2=\"{y}\"/>\n"
+    );
+    let step = x.step();
+    for v in x.ticks() {
+        let Some(px) = x.map(v) else { continue };
+        let label = if x.log {
+            tick_label(v, v)
+        } else {
+            tick_label(v, step)
+        };
+        w!(
+            out,
+            "<line class=\"axis\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\"/>\
+             <text x=\"{0}\" y=\"{3}\" text-anchor=\"middle\">{4}</text>\n",
+            num(px),
+            num(base),
+            num(base + 5.0),
+            num(base + 17.0),
+            escape(&label)
+        );
+    }
+    out.push_str("</g>\n");
+    axis_title_x(out, frame, title);
+}
+
+fn axis_title_x(out: &mut String, frame: &Frame, title: &str) {
+    w!(
+        out,
+        "<text class=\"axis-title\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+        num((frame.left + frame.plot_right()) / 2.0),
+        num(frame.height - 8.0),
+        escape(title)
+    );
+}
+
+/// One series as a line through markers. Non-finite or unmappable points
+/// are skipped and break the line. Returns the number of markers drawn.
+fn series(
+    out: &mut String,
+    index: usize,
+    name: &str,
+    points: &[(f64, f64)],
+    tips: &[String],
+    x: &Scale,
+    y: &Scale,
+) -> usize {
+    let mut path = String::new();
+    let mut markers = String::new();
+    let mut pen_down = false;
+    let mut drawn = 0;
+    for (i, &(vx, vy)) in points.iter().enumerate() {
+        let (Some(px), Some(py)) = (x.map(vx), y.map(vy)) else {
+            pen_down = false;
+            continue;
+        };
+        w!(
+            path,
+            "{}{} {}",
+            if pen_down { "L" } else { "M" },
+            num(px),
+            num(py)
+        );
+        pen_down = true;
+        drawn += 1;
+        let tip = tips.get(i).map(String::as_str).unwrap_or("");
+        w!(
+            markers,
+            "<circle class=\"pt\" cx=\"{}\" cy=\"{}\" r=\"2.5\"><title>{}</title></circle>",
+            num(px),
+            num(py),
+            escape(tip)
+        );
+    }
+    let c = colour(index);
+    w!(
+        out,
+        "<g class=\"series\" data-series=\"{}\" fill=\"{c}\">\n",
+        escape(name)
+    );
+    if !path.is_empty() {
+        w!(
+            out,
+            "<path class=\"line\" d=\"{path}\" fill=\"none\" stroke=\"{c}\" stroke-width=\"1.5\"{}/>\n",
+            dash_attr(index)
+        );
+    }
+    out.push_str(&markers);
+    out.push_str("\n</g>\n");
+    drawn
+}
+
+/// Legend in the right margin: a swatch and the (shortened) name per series.
+fn legend(out: &mut String, frame: &Frame, names: &[&str]) {
+    let x = frame.plot_right() + 16.0;
+    out.push_str("<g class=\"legend\">\n");
+    for (i, name) in names.iter().enumerate() {
+        let y = frame.top + 18.0 * i as f64;
+        let (c, dash, mid) = (colour(i), dash_attr(i), num(y + 6.0));
+        w!(
+            out,
+            "<g><title>{}</title><line x1=\"{}\" y1=\"{mid}\" x2=\"{}\" y2=\"{mid}\" \
+             stroke=\"{c}\" stroke-width=\"3\"{dash}/>\
+             <circle cx=\"{}\" cy=\"{mid}\" r=\"3\" fill=\"{c}\"/>\
+             <text x=\"{}\" y=\"{}\">{}</text></g>\n",
+            escape(name),
+            num(x),
+            num(x + 20.0),
+            num(x + 10.0),
+            num(x + 26.0),
+            num(y + 10.0),
+            escape(&truncate(name, LEGEND_CHARS))
+        );
+    }
+    out.push_str("</g>\n");
+}
+
+/// A grey note in the middle of an empty plot.
+fn empty_note(out: &mut String, frame: &Frame, text: &str) {
+    w!(
+        out,
+        "<text class=\"empty\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+        num((frame.left + frame.plot_right()) / 2.0),
+        num((frame.top + frame.plot_bottom()) / 2.0),
+        escape(text)
+    );
+}
+
+/// The smallest and largest of the values (1, 1 when there are none, a
+/// harmless domain the scales widen).
+fn min_max(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
+    if lo <= hi {
+        (lo, hi)
+    } else {
+        (1.0, 1.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_scale_maps_counts_monotonically() {
+        // y grows downwards: larger counts get smaller pixel values.
+        let y = Scale::log10(1.0, 5000.0, 400.0, 10.0).nice();
+        let pixels: Vec<f64> = (1..=10_000u32)
+            .map(|c| y.map(f64::from(c)).expect("positive count maps"))
+            .collect();
+        assert!(pixels.windows(2).all(|w| w[1] < w[0]));
+        assert_eq!(y.map(1.0), Some(400.0));
+        assert_eq!(y.map(10_000.0), Some(10.0));
+        assert_eq!(y.map(0.0), None);
+        assert_eq!(y.map(f64::NAN), None);
+        assert_eq!(y.ticks(), vec![1.0, 10.0, 100.0, 1000.0, 10_000.0]);
+    }
+
+    #[test]
+    fn degenerate_domains_do_not_divide_by_zero() {
+        for scale in [
+            Scale::linear(3.0, 3.0, 0.0, 100.0).nice(),
+            Scale::linear(f64::NAN, f64::INFINITY, 0.0, 100.0).nice(),
+            Scale::log10(7.0, 7.0, 0.0, 100.0).nice(),
+            Scale::log10(0.0, -1.0, 0.0, 100.0).nice(),
+        ] {
+            assert!(scale.d1 > scale.d0, "{scale:?}");
+            let mid = if scale.log {
+                (scale.d0 * scale.d1).sqrt()
+            } else {
+                (scale.d0 + scale.d1) / 2.0
+            };
+            assert!(scale.map(mid).is_some_and(f64::is_finite), "{scale:?}");
+            assert!(!scale.ticks().is_empty(), "{scale:?}");
+        }
+    }
+
+    #[test]
+    fn linear_ticks_are_round() {
+        let x = Scale::linear(0.0, 287.0, 0.0, 1.0).nice();
+        assert_eq!(
+            x.ticks(),
+            vec![0.0, 50.0, 100.0, 150.0, 200.0, 250.0, 300.0]
+        );
+        assert_eq!(tick_label(0.15, 0.05), "0.15");
+        assert_eq!(tick_label(200.0, 50.0), "200");
+    }
+}
