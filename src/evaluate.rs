@@ -11,8 +11,7 @@ use parquet::arrow::ProjectionMask;
 
 use crate::error::{HubnormError, Result};
 use crate::ids::{id_at, IdIndex, IdValue};
-use crate::inputs::open_table;
-use crate::method::InputSizes;
+use crate::inputs::{input_sizes, open_table};
 use crate::options::{MethodKind, MethodSpec, PassOptions};
 use crate::pipeline::{commit_all, run_uncommitted, MethodOutcome, RunJob, RunSummary};
 use crate::progress::Progress;
@@ -74,13 +73,7 @@ fn default_methods(job: &RunJob) -> Result<(Vec<MethodSpec>, Vec<String>)> {
         None => bank,
     };
     let queries = open_table("queries", &job.queries, &job.options, false)?;
-    let sizes = InputSizes {
-        bank_rows: bank.rows,
-        gallery_rows: gallery.rows,
-        queries_rows: queries.rows,
-        memory_bytes: job.options.memory.bytes(),
-        normalized: job.options.read.normalize,
-    };
+    let sizes = input_sizes(&bank, &gallery, Some(&queries), &job.options);
     let (mut methods, mut left_out) = (Vec::new(), Vec::new());
     for kind in MethodKind::all() {
         let spec = MethodSpec::default_for(kind);

@@ -132,13 +132,7 @@ pub(crate) fn check_bank_sizes(
     gallery: &EmbeddingTable,
     options: &PassOptions,
 ) -> Result<()> {
-    let sizes = InputSizes {
-        bank_rows: bank.rows,
-        gallery_rows: gallery.rows,
-        queries_rows: 0,
-        memory_bytes: options.memory.bytes(),
-        normalized: options.read.normalize,
-    };
+    let sizes = input_sizes(bank, gallery, None, options);
     for m in methods {
         m.method().check_inputs(m, &sizes)?;
     }
@@ -179,4 +173,20 @@ pub(crate) fn table_metadata(role: &str, table: &EmbeddingTable) -> Vec<(String,
         (format!("hubnorm.{key}.rows"), table.rows.to_string()),
         (format!("hubnorm.{key}.parts"), PartRecord::list_json(table)),
     ]
+}
+
+/// The sizes methods check their inputs against ([`crate::method::Method::check_inputs`]).
+pub(crate) fn input_sizes(
+    bank: &EmbeddingTable,
+    gallery: &EmbeddingTable,
+    queries: Option<&EmbeddingTable>,
+    options: &PassOptions,
+) -> InputSizes {
+    InputSizes {
+        bank_rows: bank.rows,
+        gallery_rows: gallery.rows,
+        queries_rows: queries.map_or(0, |q| q.rows),
+        memory_bytes: options.memory.bytes(),
+        normalized: options.read.normalize,
+    }
 }

@@ -16,8 +16,7 @@ use serde::Serialize;
 
 use crate::error::{HubnormError, Result};
 use crate::evaluate::figures_of;
-use crate::inputs::open_table;
-use crate::method::InputSizes;
+use crate::inputs::{input_sizes, open_table};
 use crate::options::{MethodKind, MethodSpec, PassOptions};
 use crate::pipeline::{commit_all, evaluate_methods};
 use crate::progress::Progress;
@@ -335,13 +334,7 @@ pub fn tune(job: &TuneJob, progress: &dyn Progress) -> Result<TuneOutcome> {
         .transpose()?;
     let none = MethodKind::baseline();
     let mut specs = vec![MethodSpec::default_for(none)];
-    let sizes = InputSizes {
-        bank_rows: bank.rows,
-        gallery_rows: gallery.rows,
-        queries_rows: queries.rows,
-        memory_bytes: job.options.memory.bytes(),
-        normalized: job.options.read.normalize,
-    };
+    let sizes = input_sizes(&bank, &gallery, Some(&queries), &job.options);
     for kind in kinds.iter().filter(|k| **k != none) {
         for spec in grid_of(*kind, &job.grid)? {
             // Points the bank cannot serve (k above its size) are skipped.

@@ -464,7 +464,10 @@ fn every_method_stats_then_search_equals_run() {
         ]
     );
     let registered: Vec<&str> = methods.iter().map(|m| m.kind().name()).collect();
-    assert_eq!(names, registered, "every method with a statistic runs, in registry order");
+    assert_eq!(
+        names, registered,
+        "every method with a statistic runs, in registry order"
+    );
     let stats_path = dir.path().join("stats.parquet");
     pipeline::run_stats(
         &StatsJob {

@@ -109,36 +109,26 @@ fn specs(method: &MethodArgs, default: MethodKind) -> Result<Vec<MethodSpec>> {
     Ok(specs)
 }
 
-/// src/bin/hubnorm/run.rs `methods_for_stats` with a stats file that holds
+/// The binary's `MethodArgs::specs_for_stats` with a stats file that holds
 /// no method (reading one is the file system's business).
 fn methods_without_stats(method: &MethodArgs) -> Result<Vec<MethodSpec>> {
-    if method.config.is_some() {
-        return specs(method, MethodKind::default());
-    }
-    let params = method.params();
-    let specs: Vec<MethodSpec> = method
-        .kinds(MethodKind::default())?
-        .into_iter()
-        .map(|k| MethodSpec::from_kind(k, &params))
-        .collect();
+    let mut method = method.clone();
+    method.config = method.config.as_deref().map(path);
+    let specs = method.specs_for_stats(&[])?;
     exercise_specs(&specs);
     Ok(specs)
 }
 
+/// The binary's `RunArgs::job`, every path under [`nowhere`], one thread.
 fn run_job(args: &cli::RunArgs, methods: Vec<MethodSpec>) -> Result<hubnorm::pipeline::RunJob> {
-    Ok(hubnorm::pipeline::RunJob {
-        queries: spec(&args.queries),
-        gallery: spec(&args.gallery),
-        bank: spec(&args.bank.clone().unwrap_or_default()),
-        gallery_bank: args.banks.gallery_bank.as_deref().map(spec),
-        bank_sample: args.banks.sample(),
-        transductive: args.transductive,
-        methods,
-        k: args.k,
-        out_dir: path(&args.out),
-        overwrite: args.overwrite,
-        options: one_thread(args.quality.apply(args.method.pass_options(&args.common))?),
-    })
+    let mut job = args.job(methods)?;
+    job.queries = spec(&job.queries);
+    job.gallery = spec(&job.gallery);
+    job.bank = spec(&job.bank);
+    job.gallery_bank = job.gallery_bank.as_deref().map(spec);
+    job.out_dir = path(&job.out_dir);
+    job.options = one_thread(job.options);
+    Ok(job)
 }
 
 fn exercise(command: Command) -> Result<()> {
@@ -149,39 +139,15 @@ fn exercise(command: Command) -> Result<()> {
             must_fail("run", hubnorm::pipeline::run(&job, &Silent));
         }
         Command::Stats(args) => {
-            let method_named = args.method.method.is_some()
-                || !args.method.methods.is_empty()
-                || args.method.config.is_some()
-                || args.method.any_parameter();
-            if args.update && method_named {
-                return Err(HubnormError::Usage("--update with method flags".into()));
-            }
-            let methods = if args.update {
-                vec![]
-            } else {
-                specs(&args.method, MethodKind::default())?
-            };
-            // src/bin/hubnorm/run.rs `checkpoint_options`.
-            let seconds = args.checkpoint_interval;
-            if !seconds.is_finite() || seconds < 0.0 {
-                return Err(HubnormError::Usage("--checkpoint-interval".into()));
-            }
-            let checkpoint = hubnorm::checkpoint::CheckpointOptions {
-                interval: (!args.no_checkpoint && !args.update)
-                    .then(|| std::time::Duration::from_secs_f64(seconds)),
-                resume: args.resume,
-            };
-            let job = hubnorm::pipeline::StatsJob {
-                gallery: spec(&args.gallery),
-                bank: spec(&args.bank),
-                gallery_bank: args.banks.gallery_bank.as_deref().map(spec),
-                bank_sample: args.banks.sample(),
-                methods,
-                out: path(&args.out),
-                overwrite: args.overwrite,
-                options: one_thread(args.method.pass_options(&args.common)),
-                checkpoint,
-            };
+            let mut args = args;
+            args.method.config = args.method.config.as_deref().map(path);
+            let mut job = args.job()?;
+            exercise_specs(&job.methods);
+            job.gallery = spec(&job.gallery);
+            job.bank = spec(&job.bank);
+            job.gallery_bank = job.gallery_bank.as_deref().map(spec);
+            job.out = path(&job.out);
+            job.options = one_thread(job.options);
             if args.update {
                 must_fail(
                     "stats --update",

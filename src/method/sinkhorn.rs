@@ -33,68 +33,54 @@ pub const ITERATIONS: Parameter = Parameter::new(
 )
 .flag("iterations");
 
-fn setup(spec: &MethodSpec, with_gallery_bank: bool) -> SinkhornSetup {
-    SinkhornSetup {
-        tau: spec.get("tau"),
-        iterations: spec.count("t"),
-        with_gallery_bank,
-    }
+/// Sinkhorn normalisation: `sn` when the targets are the gallery, `dbsn`
+/// when they are the gallery and the gallery bank.
+pub struct Sinkhorn {
+    dual_bank: bool,
 }
 
-/// Sinkhorn normalisation over the query bank.
-pub struct Sinkhorn;
+/// `sn`: over the query bank and the gallery.
+pub const SN: Sinkhorn = Sinkhorn { dual_bank: false };
+/// `dbsn`: targets are the gallery and the gallery bank.
+pub const DBSN: Sinkhorn = Sinkhorn { dual_bank: true };
 
 impl Method for Sinkhorn {
     fn name(&self) -> &'static str {
-        "sn"
+        if self.dual_bank {
+            "dbsn"
+        } else {
+            "sn"
+        }
     }
     fn summary(&self) -> &'static str {
-        "Sinkhorn normalisation: the target potential of an entropic transport from the bank (Pan et al. 2025)"
-    }
-    fn parameters(&self) -> &'static [Parameter] {
-        &[TAU, ITERATIONS]
-    }
-    fn transductive(&self) -> bool {
-        true
-    }
-    fn columns(&self, _spec: &MethodSpec) -> Vec<StatColumn> {
-        vec![StatColumn::late_f64("correction")]
-    }
-    fn sinkhorn(&self, spec: &MethodSpec) -> Option<SinkhornSetup> {
-        Some(setup(spec, false))
-    }
-    fn late_columns(&self, _spec: &MethodSpec, late: &LateContext<'_>) -> Vec<ArrayRef> {
-        vec![late.potential()]
-    }
-    fn rule(&self, spec: &MethodSpec, ctx: &mut PlanContext<'_>) -> Result<MethodRule> {
-        Ok(ctx.subtract_column(spec, 0))
-    }
-    fn export(&self) -> Export {
-        Export::Additive
-    }
-}
-
-/// Dual-bank Sinkhorn: targets are the gallery and the gallery bank.
-pub struct DualBankSinkhorn;
-
-impl Method for DualBankSinkhorn {
-    fn name(&self) -> &'static str {
-        "dbsn"
-    }
-    fn summary(&self) -> &'static str {
-        "dual-bank Sinkhorn: targets are the gallery and the gallery bank (Pan et al. 2025)"
+        if self.dual_bank {
+            "dual-bank Sinkhorn: targets are the gallery and the gallery bank (Pan et al. 2025)"
+        } else {
+            "Sinkhorn normalisation: the target potential of an entropic transport from the bank (Pan et al. 2025)"
+        }
     }
     fn parameters(&self) -> &'static [Parameter] {
         &[TAU, ITERATIONS]
     }
     fn gallery_bank(&self) -> GalleryBankUse {
-        GalleryBankUse::Required
+        if self.dual_bank {
+            GalleryBankUse::Required
+        } else {
+            GalleryBankUse::Unused
+        }
+    }
+    fn transductive(&self) -> bool {
+        !self.dual_bank
     }
     fn columns(&self, _spec: &MethodSpec) -> Vec<StatColumn> {
         vec![StatColumn::late_f64("correction")]
     }
     fn sinkhorn(&self, spec: &MethodSpec) -> Option<SinkhornSetup> {
-        Some(setup(spec, true))
+        Some(SinkhornSetup {
+            tau: spec.get("tau"),
+            iterations: spec.count("t"),
+            with_gallery_bank: self.dual_bank,
+        })
     }
     fn late_columns(&self, _spec: &MethodSpec, late: &LateContext<'_>) -> Vec<ArrayRef> {
         vec![late.potential()]

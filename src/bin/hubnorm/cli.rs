@@ -510,6 +510,105 @@ impl MethodArgs {
     }
 }
 
+// ------------------------------------------------ arguments -> library jobs
+// Here rather than beside each command, so that the fuzz target (which
+// includes this file) converts exactly as the binary does.
+
+impl RunArgs {
+    /// The run these arguments describe, with `methods`.
+    pub fn job(&self, methods: Vec<MethodSpec>) -> hubnorm::Result<hubnorm::pipeline::RunJob> {
+        Ok(hubnorm::pipeline::RunJob {
+            queries: self.queries.clone(),
+            gallery: self.gallery.clone(),
+            bank: self.bank.clone().unwrap_or_default(),
+            gallery_bank: self.banks.gallery_bank.clone(),
+            bank_sample: self.banks.sample(),
+            transductive: self.transductive,
+            methods,
+            k: self.k,
+            out_dir: self.out.clone(),
+            overwrite: self.overwrite,
+            options: self.quality.apply(self.method.pass_options(&self.common))?,
+        })
+    }
+}
+
+impl StatsArgs {
+    /// The stats job these arguments describe (`--update` keeps the stored
+    /// file's methods, so it takes no method flag).
+    pub fn job(&self) -> hubnorm::Result<hubnorm::pipeline::StatsJob> {
+        let method_named = self.method.method.is_some()
+            || !self.method.methods.is_empty()
+            || self.method.config.is_some()
+            || self.method.any_parameter();
+        if self.update && method_named {
+            return Err(hubnorm::HubnormError::Usage(
+                "--update keeps the stored file's methods and parameters; drop the method flags"
+                    .into(),
+            ));
+        }
+        let methods = if self.update {
+            vec![]
+        } else {
+            self.method.specs(MethodKind::default())?
+        };
+        let seconds = self.checkpoint_interval;
+        if !seconds.is_finite() || seconds < 0.0 {
+            return Err(hubnorm::HubnormError::Usage(format!(
+                "--checkpoint-interval must be a number of seconds ≥ 0, not {seconds}"
+            )));
+        }
+        let checkpoint = hubnorm::checkpoint::CheckpointOptions {
+            interval: (!self.no_checkpoint && !self.update)
+                .then(|| std::time::Duration::from_secs_f64(seconds)),
+            resume: self.resume,
+        };
+        Ok(hubnorm::pipeline::StatsJob {
+            gallery: self.gallery.clone(),
+            bank: self.bank.clone(),
+            gallery_bank: self.banks.gallery_bank.clone(),
+            bank_sample: self.banks.sample(),
+            methods,
+            out: self.out.clone(),
+            overwrite: self.overwrite,
+            options: self.method.pass_options(&self.common),
+            checkpoint,
+        })
+    }
+}
+
+impl MethodArgs {
+    /// The methods named for a command that reads a stats file recording
+    /// `from_file`: without parameter flags, each takes the statistic the
+    /// file holds for it (when it holds exactly one).
+    pub fn specs_for_stats(&self, from_file: &[MethodSpec]) -> hubnorm::Result<Vec<MethodSpec>> {
+        if self.config.is_some() {
+            return self.specs(MethodKind::default());
+        }
+        let params = self.params();
+        let mut methods = Vec::new();
+        for kind in self.kinds(MethodKind::default())? {
+            let explicit = MethodSpec::from_kind(kind, &params);
+            let candidates: Vec<MethodSpec> = from_file
+                .iter()
+                .filter(|m| m.kind() == kind)
+                .copied()
+                .collect();
+            methods.push(
+                match (
+                    kind.needs_bank(),
+                    self.any_parameter(),
+                    candidates.as_slice(),
+                ) {
+                    (true, false, [only]) => *only,
+                    _ => explicit,
+                },
+            );
+        }
+        Ok(methods)
+    }
+}
+
 /// The parameter flags of the registry's methods, one per distinct flag
 /// (methods that share a flag, like `--beta`, share its value). Built from
 /// [`MethodParams::flags`], so a new method's flags appear without an edit here.

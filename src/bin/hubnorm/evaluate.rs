@@ -23,7 +23,7 @@ pub fn compare(args: CompareArgs) -> Result<()> {
             "--hubness-k must be at least 1".into(),
         ));
     }
-    let mut run = crate::run::run_job(&args.run, methods)?;
+    let mut run = args.run.job(methods)?;
     run.options.report.hubness_k = args.hubness_k;
     let job = CompareJob {
         run,

@@ -1,18 +1,15 @@
 //! `hubnorm run`, `hubnorm stats`, `hubnorm search`: arguments in, library call, summary out.
 
-use std::time::Duration;
-
-use hubnorm::checkpoint::CheckpointOptions;
 use hubnorm::export::ExportJob;
 use hubnorm::options::{MethodKind, MethodSpec};
-use hubnorm::pipeline::{self, MethodSummary, RunJob, RunSummary, SearchJob, StatsJob};
+use hubnorm::pipeline::{self, MethodSummary, RunSummary, SearchJob};
 use hubnorm::{HubnormError, Result};
 
 use crate::cli::{ExportArgs, RunArgs, SearchArgs, StatsArgs};
 use crate::progress::reporter;
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let job = run_job(&args, args.method.specs(MethodKind::default())?)?;
+    let job = args.job(args.method.specs(MethodKind::default())?)?;
     let progress = reporter(args.common.quiet);
     let summary = pipeline::run(&job, progress.as_ref())?;
     print_summary(&summary);
@@ -24,50 +21,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// The run `args` describe, with these methods.
-pub fn run_job(args: &RunArgs, methods: Vec<MethodSpec>) -> Result<RunJob> {
-    Ok(RunJob {
-        queries: args.queries.clone(),
-        gallery: args.gallery.clone(),
-        bank: args.bank.clone().unwrap_or_default(),
-        gallery_bank: args.banks.gallery_bank.clone(),
-        bank_sample: args.banks.sample(),
-        transductive: args.transductive,
-        methods,
-        k: args.k,
-        out_dir: args.out.clone(),
-        overwrite: args.overwrite,
-        options: args.quality.apply(args.method.pass_options(&args.common))?,
-    })
-}
-
 pub fn stats(args: StatsArgs) -> Result<()> {
-    let method_named = args.method.method.is_some()
-        || !args.method.methods.is_empty()
-        || args.method.config.is_some()
-        || args.method.any_parameter();
-    if args.update && method_named {
-        return Err(HubnormError::Usage(
-            "--update keeps the stored file's methods and parameters; drop the method flags".into(),
-        ));
-    }
-    let methods = if args.update {
-        vec![]
-    } else {
-        args.method.specs(MethodKind::default())?
-    };
-    let checkpoint = checkpoint_options(&args)?;
-    let job = StatsJob {
-        gallery: args.gallery,
-        bank: args.bank,
-        gallery_bank: args.banks.gallery_bank.clone(),
-        bank_sample: args.banks.sample(),
-        methods,
-        out: args.out,
-        overwrite: args.overwrite,
-        options: args.method.pass_options(&args.common),
-        checkpoint,
-    };
+    let job = args.job()?;
     let progress = reporter(args.common.quiet);
     if args.update {
         let summary = hubnorm::update::update_stats(&job, progress.as_ref())?;
@@ -111,60 +66,21 @@ pub fn stats(args: StatsArgs) -> Result<()> {
     Ok(())
 }
 
-/// `--resume`, `--checkpoint-interval`, `--no-checkpoint`.
-fn checkpoint_options(args: &StatsArgs) -> Result<CheckpointOptions> {
-    let seconds = args.checkpoint_interval;
-    if !seconds.is_finite() || seconds < 0.0 {
-        return Err(HubnormError::Usage(format!(
-            "--checkpoint-interval must be a number of seconds ≥ 0, not {seconds}"
-        )));
-    }
-    Ok(CheckpointOptions {
-        interval: (!args.no_checkpoint && !args.update).then(|| Duration::from_secs_f64(seconds)),
-        resume: args.resume,
-    })
-}
-
 pub fn search(args: SearchArgs) -> Result<()> {
     let methods = methods_for_stats(&args.method, args.stats.as_deref())?;
     search_with(args, methods)
 }
 
-/// The methods `args` name; without parameter flags, each with the
-/// statistic the stats file holds for it (when it holds exactly one).
+/// The methods `args` name, with the statistics the stats file records.
 fn methods_for_stats(
     args: &crate::cli::MethodArgs,
     stats: Option<&std::path::Path>,
 ) -> Result<Vec<MethodSpec>> {
-    if args.config.is_some() {
-        return args.specs(MethodKind::default());
-    }
-    let kinds = args.kinds(MethodKind::default())?;
     let from_file = match stats {
-        Some(path) => pipeline::stats_file_methods(path)?,
-        None => vec![],
+        Some(path) if args.config.is_none() => pipeline::stats_file_methods(path)?,
+        _ => vec![],
     };
-    let params = args.params();
-    let mut methods = Vec::new();
-    for kind in kinds {
-        let explicit = MethodSpec::from_kind(kind, &params);
-        let candidates: Vec<_> = from_file
-            .iter()
-            .filter(|m| m.kind() == kind)
-            .copied()
-            .collect();
-        let spec = match (
-            kind.needs_bank(),
-            args.any_parameter(),
-            candidates.as_slice(),
-        ) {
-            (false, _, _) | (_, true, _) => explicit,
-            (_, false, [only]) => *only,
-            _ => explicit,
-        };
-        methods.push(spec);
-    }
-    Ok(methods)
+    args.specs_for_stats(&from_file)
 }
 
 pub fn export(args: ExportArgs) -> Result<()> {

@@ -1,0 +1,508 @@
+//! Reading a table block by block: each part's record batches validated
+//! (ids, finite values, dimension), converted to f32, normalised when asked,
+//! and copied into contiguous row-major blocks.
+
+use std::path::PathBuf;
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, FixedSizeListArray, GenericListArray, OffsetSizeTrait,
+};
+use arrow::datatypes::{DataType, Float16Type, Float32Type, Float64Type};
+use arrow::record_batch::RecordBatch;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReader;
+
+use super::*;
+use crate::error::{HubnormError, Result};
+
+/// Reads a table block by block. Rows are validated, converted to f32 and
+/// (optionally) normalised as they are copied into the block's buffer.
+pub struct BlockReader<'a> {
+    table: &'a EmbeddingTable,
+    block_rows: usize,
+    ids_only: bool,
+    /// Stop after learning the dimension of a List column (used by `open`).
+    pub(super) peek_dimension: bool,
+    pub(super) next_part: usize,
+    /// Rows of the next part to skip (a reader started mid-table).
+    pub(super) skip_in_next_part: u64,
+    current: Option<PartReader>,
+    pub(super) next_global_row: u64,
+}
+
+struct PartReader {
+    path: PathBuf,
+    /// Table row of the part's first row.
+    table_first_row: u64,
+    reader: ParquetRecordBatchReader,
+    columns: Columns,
+    /// Batch being consumed and how far.
+    pending: Option<(RecordBatch, usize)>,
+    /// Row within the part of the pending batch's first row.
+    batch_first_row: u64,
+}
+
+impl<'a> BlockReader<'a> {
+    pub(super) fn new(table: &'a EmbeddingTable, block_rows: usize, ids_only: bool) -> Self {
+        BlockReader {
+            table,
+            block_rows,
+            ids_only,
+            peek_dimension: false,
+            next_part: 0,
+            skip_in_next_part: 0,
+            current: None,
+            next_global_row: 0,
+        }
+    }
+
+    fn open_part(&mut self) -> Result<bool> {
+        let table = self.table;
+        let Some(part) = table.parts.get(self.next_part) else {
+            return Ok(false);
+        };
+        self.next_part += 1;
+        let builder = open_parquet(&part.path)?;
+        let columns = locate_columns(
+            &part.path,
+            builder.schema(),
+            &table.options,
+            table.has_targets,
+        )?;
+        let mut roots = vec![columns.id];
+        if !self.ids_only {
+            roots.push(columns.embedding);
+            roots.extend(columns.target);
+        }
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
+        // The projected batch keeps the file's column order.
+        roots.sort_unstable();
+        let position = |c: usize| roots.iter().position(|&r| r == c).expect("projected");
+        let projected = Columns {
+            id: position(columns.id),
+            embedding: if self.ids_only {
+                usize::MAX
+            } else {
+                position(columns.embedding)
+            },
+            target: if self.ids_only {
+                None
+            } else {
+                columns.target.map(position)
+            },
+        };
+        let batch_rows = if self.peek_dimension {
+            1
+        } else {
+            table.options.batch_rows.min(self.block_rows).max(1)
+        };
+        let skip = std::mem::take(&mut self.skip_in_next_part);
+        let mut builder = builder.with_projection(mask).with_batch_size(batch_rows);
+        // Row groups that end before `skip` are not read at all. The rows of
+        // the next one before `skip` are decoded and dropped: the parquet
+        // crate's record skipping (a RowSelection) panics on some damaged
+        // page headers (tests/fixtures/fuzz/damaged_page_header.parquet).
+        let mut batch_first_row = 0u64;
+        if skip > 0 {
+            let mut kept = Vec::new();
+            for (i, group) in builder.metadata().row_groups().iter().enumerate() {
+                let group_rows = group.num_rows() as u64;
+                if kept.is_empty() && batch_first_row + group_rows <= skip {
+                    batch_first_row += group_rows;
+                } else {
+                    kept.push(i);
+                }
+            }
+            builder = builder.with_row_groups(kept);
+        }
+        let mut reader = builder.build().map_err(|e| {
+            HubnormError::input(&part.path, None, None, format!("cannot read: {e}"))
+        })?;
+        let mut pending = None;
+        while batch_first_row < skip {
+            match next_batch(&mut reader) {
+                Some(Ok(batch)) if batch_first_row + batch.num_rows() as u64 <= skip => {
+                    batch_first_row += batch.num_rows() as u64;
+                }
+                Some(Ok(batch)) => {
+                    pending = Some((batch, (skip - batch_first_row) as usize));
+                    break;
+                }
+                Some(Err(e)) => {
+                    self.next_part = table.parts.len();
+                    return Err(HubnormError::input(
+                        &part.path,
+                        Some(batch_first_row),
+                        None,
+                        format!("cannot decode Parquet data: {e}"),
+                    ));
+                }
+                None => break,
+            }
+        }
+        self.current = Some(PartReader {
+            path: part.path.clone(),
+            table_first_row: part.first_row,
+            reader,
+            columns: projected,
+            pending,
+            batch_first_row,
+        });
+        Ok(true)
+    }
+
+    /// The next block, or `None` at the end of the table.
+    pub fn next_block(&mut self) -> Result<Option<EmbeddingBlock>> {
+        crate::cancel::check()?;
+        let dim = self.table.dim;
+        let mut data = Vec::with_capacity(if self.ids_only {
+            0
+        } else {
+            self.block_rows * dim
+        });
+        let mut ids: Vec<ArrayRef> = Vec::new();
+        let mut targets: Vec<ArrayRef> = Vec::new();
+        let mut rows = 0usize;
+        let first_row = self.next_global_row;
+        let mut block_dim = if self.peek_dimension { None } else { Some(dim) };
+        while rows < self.block_rows {
+            if self.current.is_none() && !self.open_part()? {
+                break;
+            }
+            let part = self.current.as_mut().expect("opened above");
+            if part.pending.is_none() {
+                match next_batch(&mut part.reader) {
+                    Some(Ok(batch)) => part.pending = Some((batch, 0)),
+                    Some(Err(e)) => {
+                        let err = HubnormError::input(
+                            &part.path,
+                            Some(part.batch_first_row),
+                            None,
+                            format!("cannot decode Parquet data: {e}"),
+                        );
+                        // The decoder may be left inconsistent: read no further.
+                        self.current = None;
+                        self.next_part = self.table.parts.len();
+                        return Err(err);
+                    }
+                    None => {
+                        self.current = None;
+                        continue;
+                    }
+                }
+            }
+            let (batch, offset) = part.pending.as_ref().expect("set above");
+            let take = (batch.num_rows() - offset).min(self.block_rows - rows);
+            let slice = batch.slice(*offset, take);
+            let slice_first_row = part.batch_first_row + *offset as u64;
+            let opts = &self.table.options;
+            // Rows of a sampled table that are kept (all rows otherwise).
+            let keep = self.table.sample.as_ref().map(|sample| {
+                let first = part.table_first_row + slice_first_row;
+                arrow::array::BooleanArray::from_iter(
+                    (0..take as u64).map(|i| Some(sample.contains(first + i))),
+                )
+            });
+            let kept = keep.as_ref().map_or(take, |k| k.true_count());
+            let id = slice.column(part.columns.id);
+            check_ids(id, &part.path, slice_first_row, &opts.id_column)?;
+            let id = normalise_ids(id)?;
+            ids.push(match &keep {
+                Some(k) => arrow::compute::filter(&id, k)?,
+                None => id,
+            });
+            if !self.ids_only {
+                let embedding = slice.column(part.columns.embedding);
+                let start = data.len();
+                append_embeddings(
+                    embedding,
+                    &part.path,
+                    slice_first_row,
+                    &opts.embedding_column,
+                    &mut block_dim,
+                    opts.normalize,
+                    &mut data,
+                )?;
+                if let (Some(k), Some(d)) = (&keep, block_dim) {
+                    // Compact the kept rows in place (every row was validated).
+                    let mut write = start;
+                    for (i, keep_row) in k.values().iter().enumerate() {
+                        if keep_row {
+                            let read = start + i * d;
+                            data.copy_within(read..read + d, write);
+                            write += d;
+                        }
+                    }
+                    data.truncate(write);
+                }
+                if let Some(t) = part.columns.target {
+                    let column = slice.column(t).clone();
+                    targets.push(match &keep {
+                        Some(k) => arrow::compute::filter(&column, k)?,
+                        None => column,
+                    });
+                }
+            }
+            rows += kept;
+            let new_offset = offset + take;
+            if new_offset == batch.num_rows() {
+                part.batch_first_row += batch.num_rows() as u64;
+                part.pending = None;
+            } else {
+                part.pending.as_mut().expect("pending").1 = new_offset;
+            }
+            if self.peek_dimension {
+                break;
+            }
+        }
+        if rows == 0 {
+            return Ok(None);
+        }
+        self.next_global_row += rows as u64;
+        let concat = |pieces: &[ArrayRef]| -> Result<ArrayRef> {
+            if pieces.len() == 1 {
+                return Ok(pieces[0].clone());
+            }
+            let refs: Vec<&dyn Array> = pieces.iter().map(|a| a.as_ref()).collect();
+            Ok(arrow::compute::concat(&refs)?)
+        };
+        Ok(Some(EmbeddingBlock {
+            first_row,
+            rows,
+            dim: block_dim.unwrap_or(dim),
+            data,
+            ids: concat(&ids)?,
+            targets: if targets.is_empty() {
+                None
+            } else {
+                Some(concat(&targets)?)
+            },
+        }))
+    }
+}
+
+/// The next record batch of `reader`. The parquet crate (59) panics on
+/// some damaged pages instead of failing, e.g. on a dictionary index bit
+/// width over 32 (`BitReader::get_batch`,
+/// tests/fixtures/fuzz/dictionary_bit_width.parquet); such a panic is
+/// caught here and is a decoding error like the others. The reader must not
+/// be used after an error.
+fn next_batch(
+    reader: &mut ParquetRecordBatchReader,
+) -> Option<std::result::Result<RecordBatch, String>> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.next())) {
+        Ok(next) => next.map(|batch| batch.map_err(|e| e.to_string())),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Some(Err(format!("the decoder failed on damaged data ({what})")))
+        }
+    }
+}
+
+impl Iterator for BlockReader<'_> {
+    type Item = Result<EmbeddingBlock>;
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_block().transpose()
+    }
+}
+
+fn check_ids(ids: &ArrayRef, path: &Path, first_row: u64, column: &str) -> Result<()> {
+    if ids.null_count() > 0 {
+        let i = (0..ids.len())
+            .find(|&i| ids.is_null(i))
+            .expect("a null exists");
+        return Err(HubnormError::input(
+            path,
+            Some(first_row + i as u64),
+            Some(column),
+            "null id",
+        ));
+    }
+    Ok(())
+}
+
+/// Ids as Utf8 or Int64, whatever string or integer type the file used.
+pub fn normalise_ids(ids: &ArrayRef) -> Result<ArrayRef> {
+    let target = IdKind::of(ids.data_type())
+        .ok_or_else(|| HubnormError::Internal(format!("unexpected id type {}", ids.data_type())))?
+        .data_type();
+    if ids.data_type() == &target {
+        Ok(ids.clone())
+    } else {
+        Ok(arrow::compute::cast(ids, &target)?)
+    }
+}
+
+/// Validates an embedding column slice and appends it, converted to f32, to
+/// `out`; normalises each appended row when asked.
+fn append_embeddings(
+    column: &ArrayRef,
+    path: &Path,
+    first_row: u64,
+    name: &str,
+    dim: &mut Option<usize>,
+    normalize: bool,
+    out: &mut Vec<f32>,
+) -> Result<()> {
+    let err = |row: usize, message: String| {
+        HubnormError::input(path, Some(first_row + row as u64), Some(name), message)
+    };
+    if column.null_count() > 0 {
+        let i = (0..column.len())
+            .find(|&i| column.is_null(i))
+            .expect("a null exists");
+        return Err(err(i, "null embedding".into()));
+    }
+    let start = out.len();
+    let values: &ArrayRef = match column.data_type() {
+        DataType::FixedSizeList(_, n) => {
+            let n = *n as usize;
+            if let Some(d) = *dim {
+                if d != n {
+                    return Err(err(0, format!("embedding has dimension {n}, expected {d}")));
+                }
+            }
+            *dim = Some(n);
+            let fsl: &FixedSizeListArray = column.as_fixed_size_list();
+            fsl.values()
+        }
+        DataType::List(_) => {
+            return append_list(
+                column.as_list::<i32>(),
+                path,
+                first_row,
+                name,
+                dim,
+                normalize,
+                out,
+            )
+        }
+        DataType::LargeList(_) => {
+            return append_list(
+                column.as_list::<i64>(),
+                path,
+                first_row,
+                name,
+                dim,
+                normalize,
+                out,
+            )
+        }
+        other => return Err(err(0, format!("unsupported embedding type {other}"))),
+    };
+    let d = dim.expect("set above");
+    append_values(values, 0, values.len(), out)
+        .map_err(|i| err(i / d.max(1), "null value inside the embedding".into()))?;
+    finish_rows(&mut out[start..], d, normalize).map_err(|(row, msg)| err(row, msg))
+}
+
+fn append_list<O: OffsetSizeTrait>(
+    list: &GenericListArray<O>,
+    path: &Path,
+    first_row: u64,
+    name: &str,
+    dim: &mut Option<usize>,
+    normalize: bool,
+    out: &mut Vec<f32>,
+) -> Result<()> {
+    let err = |row: usize, message: String| {
+        HubnormError::input(path, Some(first_row + row as u64), Some(name), message)
+    };
+    let offsets = list.value_offsets();
+    for i in 0..list.len() {
+        let len = (offsets[i + 1] - offsets[i]).as_usize();
+        match *dim {
+            None if len == 0 || len > MAX_DIMENSION => {
+                return Err(err(
+                    i,
+                    format!("embedding has dimension {len}; supported dimensions are 1 to {MAX_DIMENSION}"),
+                ));
+            }
+            None => *dim = Some(len),
+            Some(d) if d != len => {
+                return Err(err(
+                    i,
+                    format!("ragged embedding: {len} values, expected {d}"),
+                ));
+            }
+            _ => {}
+        }
+    }
+    let d = dim.unwrap_or(0);
+    let start = out.len();
+    let (lo, hi) = (offsets[0].as_usize(), offsets[list.len()].as_usize());
+    append_values(list.values(), lo, hi, out)
+        .map_err(|i| err(i / d.max(1), "null value inside the embedding".into()))?;
+    finish_rows(&mut out[start..], d, normalize).map_err(|(row, msg)| err(row, msg))
+}
+
+/// Appends `values[lo..hi]` as f32. On a null value, returns its index relative to `lo`.
+fn append_values(
+    values: &ArrayRef,
+    lo: usize,
+    hi: usize,
+    out: &mut Vec<f32>,
+) -> std::result::Result<(), usize> {
+    if values.null_count() > 0 {
+        if let Some(i) = (lo..hi).find(|&i| values.is_null(i)) {
+            return Err(i - lo);
+        }
+    }
+    match values.data_type() {
+        DataType::Float32 => {
+            out.extend_from_slice(&values.as_primitive::<Float32Type>().values()[lo..hi])
+        }
+        DataType::Float64 => out.extend(
+            values.as_primitive::<Float64Type>().values()[lo..hi]
+                .iter()
+                .map(|&v| v as f32),
+        ),
+        DataType::Float16 => out.extend(
+            values.as_primitive::<Float16Type>().values()[lo..hi]
+                .iter()
+                .map(|v| v.to_f32()),
+        ),
+        other => unreachable!("element type {other} was checked when the table was opened"),
+    }
+    Ok(())
+}
+
+/// Checks that every value is finite and, when asked, L2-normalises each row
+/// (norm accumulated in f64). Errors carry the row within `rows`.
+fn finish_rows(
+    rows: &mut [f32],
+    dim: usize,
+    normalize: bool,
+) -> std::result::Result<(), (usize, String)> {
+    if dim == 0 {
+        return Ok(());
+    }
+    for (r, row) in rows.chunks_exact_mut(dim).enumerate() {
+        if !row.iter().all(|v| v.is_finite()) {
+            let j = row
+                .iter()
+                .position(|v| !v.is_finite())
+                .expect("non-finite exists");
+            return Err((
+                r,
+                format!("value {} at position {j} is not finite (as f32)", row[j]),
+            ));
+        }
+        if normalize {
+            let norm = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
+            if norm == 0.0 {
+                return Err((
+                    r,
+                    "zero vector cannot be L2-normalised (use --no-normalize for raw dot products)"
+                        .into(),
+                ));
+            }
+            let inv = (1.0 / norm) as f32;
+            row.iter_mut().for_each(|v| *v *= inv);
+        }
+    }
+    Ok(())
+}
