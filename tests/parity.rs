@@ -60,7 +60,7 @@ fn run_job(dir: &Path, out: &str, k: usize, memory: MemoryBudget, threads: usize
         gallery_bank: None,
         bank_sample: None,
         transductive: false,
-        methods: vec![MethodSpec::new("is", &[("beta", BETA as f64)]).unwrap()],
+        methods: vec![MethodSpec::new("is", &[("beta", BETA)]).unwrap()],
         k,
         out_dir: dir.join(out),
         overwrite: false,
@@ -359,7 +359,7 @@ fn stats_then_search_equals_run_and_records_metadata() {
     .unwrap();
     let path = |n: &str| dir.path().join(n).display().to_string();
     let stats_path: PathBuf = dir.path().join("stats.parquet");
-    let methods = vec![MethodSpec::new("is", &[("beta", BETA as f64)]).unwrap()];
+    let methods = vec![MethodSpec::new("is", &[("beta", BETA)]).unwrap()];
     pipeline::run_stats(
         &StatsJob {
             gallery: path("gallery.parquet"),

@@ -155,8 +155,8 @@ fn sn_and_dbsn_match_the_dense_reference_cached_and_streamed() {
     write_case(dir.path(), &c);
     let tau = 0.05;
     let methods = vec![
-        MethodSpec::new("sn", &[("tau", tau as f64), ("t", 10.0)]).unwrap(),
-        MethodSpec::new("dbsn", &[("tau", tau as f64), ("t", 10.0)]).unwrap(),
+        MethodSpec::new("sn", &[("tau", tau), ("t", 10.0)]).unwrap(),
+        MethodSpec::new("dbsn", &[("tau", tau), ("t", 10.0)]).unwrap(),
     ];
     let g = to_f64(&c.gallery, true);
     let b = to_f64(&c.bank, true);
@@ -353,7 +353,7 @@ fn one_target_update_without_the_source_update_is_inverted_softmax() {
     let mut j = job(
         dir.path(),
         "is",
-        vec![MethodSpec::new("is", &[("beta", (1.0 / tau) as f64)]).unwrap()],
+        vec![MethodSpec::new("is", &[("beta", 1.0 / tau)]).unwrap()],
         "2GiB",
         2,
     );
@@ -419,7 +419,7 @@ fn transductive_uses_the_queries_as_the_bank() {
         "tr",
         vec![
             MethodSpec::new("is", &[("beta", 20.0)]).unwrap(),
-            MethodSpec::new("sn", &[("tau", tau as f64), ("t", 10.0)]).unwrap(),
+            MethodSpec::new("sn", &[("tau", tau), ("t", 10.0)]).unwrap(),
         ],
         "2GiB",
         2,
@@ -497,7 +497,7 @@ fn dual_softmax_matches_the_dense_reference_with_a_bank_and_transductive() {
         let mut j = job(
             dir.path(),
             out,
-            vec![MethodSpec::new("dsl", &[("theta", theta as f64)]).unwrap()],
+            vec![MethodSpec::new("dsl", &[("theta", theta)]).unwrap()],
             memory,
             threads,
         );
@@ -548,7 +548,7 @@ fn single_query_sinkhorn_matches_the_dense_reference_and_refuses_large_jobs() {
     let spec = MethodSpec::new(
         "sinkhorn-pp",
         &[
-            ("tau", tau as f64),
+            ("tau", tau),
             ("t", iterations as f64),
             ("m", (31) as f64 + 1.0),
         ],
@@ -578,7 +578,7 @@ fn single_query_sinkhorn_matches_the_dense_reference_and_refuses_large_jobs() {
     j.methods = vec![MethodSpec::new(
         "sinkhorn-pp",
         &[
-            ("tau", tau as f64),
+            ("tau", tau),
             ("t", (1_000_000_000) as f64),
             ("m", (31) as f64 + 1.0),
         ],

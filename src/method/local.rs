@@ -29,7 +29,7 @@ use crate::query::{MethodRule, QueryTerm, Scoring, Selection};
 /// k of the local methods: the bank neighbourhood of each gallery item.
 pub const LOCAL_K: Parameter = Parameter::new(
     "k",
-    "k of ls, nicdm and dissim-local: the bank neighbourhood of each gallery item",
+    "k of the local scaling methods: the bank neighbourhood of each gallery item",
     5.0,
     Domain::Count { min: 1 },
 )
@@ -103,7 +103,7 @@ fn merge(
 /// with the gallery row named.
 fn rule(spec: &MethodSpec, ctx: &mut PlanContext<'_>) -> Result<MethodRule> {
     let scale = ctx.take(0).into_f64();
-    if let Some(g) = scale.iter().position(|&s| !(s >= MIN_SCALE)) {
+    if let Some(g) = scale.iter().position(|&s| s.is_nan() || s < MIN_SCALE) {
         return Err(HubnormError::Usage(format!(
             "method {}: gallery row {g} has a bank neighbourhood of scale {} (its {} nearest bank queries coincide with it), which it cannot divide by",
             spec.kind(),
