@@ -81,6 +81,7 @@ macro_rules! w {
 }
 
 // After the macro, so that the charts and the text helpers can use it.
+mod scale;
 mod svg;
 mod text;
 
