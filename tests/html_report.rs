@@ -65,6 +65,27 @@ fn measures(skewness: f64, gini: f64, antihubs: f64) -> Vec<(String, f64)> {
     ]
 }
 
+/// The method names of a comparison of every method, and more (17).
+const MANY_METHODS: [&str; 17] = [
+    "none",
+    "is",
+    "dis",
+    "nnn",
+    "csls",
+    "gc",
+    "dn",
+    "dual-is",
+    "dual-dis",
+    "sn",
+    "dbsn",
+    "dsl",
+    "sinkhorn-pp",
+    "is (beta=50)",
+    "nnn (alpha=0.5, k=64)",
+    "a method with a much longer name than the others",
+    "dis (beta=20, activation_k=3)",
+];
+
 /// Three methods, 20 hubs (with hostile text), R@1/5/10 and two tuning curves.
 fn realistic_page() -> PageInput {
     let methods = vec![
@@ -141,6 +162,35 @@ fn realistic_page() -> PageInput {
             },
         ],
     }
+}
+
+/// [`realistic_page`] with the 17 methods of [`MANY_METHODS`], and long
+/// gallery ids.
+fn many_methods_page() -> PageInput {
+    let mut page = realistic_page();
+    page.methods = MANY_METHODS
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let i = i as u32;
+            let r1 = 0.40 + 0.003 * f64::from(i);
+            MethodPage {
+                name: name.to_string(),
+                histogram: histogram(300 - 15 * i, 4200 - 200 * u64::from(i), 6.0 + f64::from(i)),
+                recall: recall([r1, r1 + 0.27, r1 + 0.37]),
+                measures: measures(7.84 - 0.4 * f64::from(i), 0.61, 0.31),
+            }
+        })
+        .collect();
+    for (rank, hub) in page.top_hubs.iter_mut().enumerate() {
+        if rank % 5 == 1 {
+            hub.gallery_id = format!("urn:gallery:item:{:020}", rank * 7919);
+        }
+        hub.counts = (0..MANY_METHODS.len() as u32)
+            .map(|m| 300u32.saturating_sub(11 * rank as u32 + 13 * m))
+            .collect();
+    }
+    page
 }
 
 /// The first of `chromium`, `chromium-browser`, `google-chrome` on PATH.
@@ -236,10 +286,54 @@ fn run_chromium(browser: &Path, dir: &Path, page: &Path, extra: &[String]) -> Ru
 
 /// Writes the rendered page into `dir`.
 fn write_page(dir: &Path) -> PathBuf {
-    let html = render(&realistic_page());
+    write_page_of(dir, &realistic_page())
+}
+
+/// Writes `page`, rendered, into `dir`.
+fn write_page_of(dir: &Path, page: &PageInput) -> PathBuf {
+    let html = render(page);
     let path = dir.join("report.html");
     std::fs::write(&path, html).expect("write page");
     path
+}
+
+/// The `<body …>` tag of the dumped DOM.
+fn body_tag(dom: &str) -> &str {
+    let body = &dom[dom.find("<body").expect("body")..];
+    &body[..body.find('>').expect("tag end")]
+}
+
+/// The number in attribute `name` of `tag`.
+fn attribute(tag: &str, name: &str) -> u32 {
+    let start = tag
+        .find(&format!("{name}=\""))
+        .unwrap_or_else(|| panic!("no {name} in {tag}"))
+        + name.len()
+        + 2;
+    let end = tag[start..].find('"').expect("closed attribute") + start;
+    tag[start..end]
+        .parse()
+        .unwrap_or_else(|e| panic!("{name} in {tag}: {e}"))
+}
+
+/// Nothing on the page sticks out to the right: its layout is no wider
+/// than the viewport (as the check script measured them), so the page never
+/// scrolls sideways; wide tables scroll inside their own boxes.
+fn assert_fits_the_viewport(dom: &str, window_width: u32) {
+    let body = body_tag(dom);
+    let (page, viewport) = (
+        attribute(body, "data-scroll-width"),
+        attribute(body, "data-viewport-width"),
+    );
+    // The viewport is the window less a scroll bar, if any.
+    assert!(
+        viewport <= window_width && viewport + 30 >= window_width,
+        "viewport {viewport} px in a window of {window_width} px"
+    );
+    assert!(
+        page <= viewport,
+        "the page is {page} px wide in a viewport of {viewport} px"
+    );
 }
 
 /// The `<svg …>…</svg>` elements of one plot kind in the dumped DOM.
@@ -269,7 +363,15 @@ fn report_renders_in_headless_chromium() {
     };
     let dir = tempfile::tempdir().expect("temp dir");
     let page = write_page(dir.path());
-    let run = run_chromium(&browser, dir.path(), &page, &["--dump-dom".to_string()]);
+    let run = run_chromium(
+        &browser,
+        dir.path(),
+        &page,
+        &[
+            "--dump-dom".to_string(),
+            "--window-size=1200,900".to_string(),
+        ],
+    );
     assert!(
         run.status.success(),
         "chromium failed ({}); stderr:\n{}",
@@ -278,8 +380,7 @@ fn report_renders_in_headless_chromium() {
     );
     let dom = &run.stdout;
 
-    let body_tag = &dom[dom.find("<body").expect("body")..];
-    let body_tag = &body_tag[..body_tag.find('>').unwrap()];
+    let body_tag = body_tag(dom);
     assert!(
         body_tag.contains("data-rendered=\"ok\""),
         "check script did not finish: {body_tag}; errors: {}",
@@ -287,11 +388,29 @@ fn report_renders_in_headless_chromium() {
     );
     assert_eq!(errors_text(dom), "", "JS errors on the page");
 
-    // Each plot is there, with its marks, as parsed by the browser.
+    // Each plot is there, with its marks, as parsed by the browser: one
+    // k-occurrence chart per method, each with its line, and the baseline's
+    // grey line behind the others'.
     let k_occ = plots(dom, "k-occurrence");
-    assert_eq!(k_occ.len(), 1);
-    assert_eq!(k_occ[0].matches("<path class=\"line\"").count(), 3);
-    assert!(k_occ[0].matches("<circle class=\"pt\"").count() > 100);
+    assert_eq!(k_occ.len(), 3);
+    for (i, chart) in k_occ.iter().enumerate() {
+        assert_eq!(
+            chart.matches("<path class=\"line\"").count(),
+            1,
+            "chart {i}"
+        );
+        let reference = usize::from(i > 0);
+        assert_eq!(
+            chart.matches("<path class=\"reference\"").count(),
+            reference,
+            "chart {i}"
+        );
+    }
+    let points: usize = k_occ
+        .iter()
+        .map(|chart| chart.matches("<circle class=\"pt\"").count())
+        .sum();
+    assert!(points > 100, "{points} points");
     let recall = plots(dom, "recall");
     assert_eq!(recall.len(), 1);
     assert_eq!(recall[0].matches("<rect class=\"bar\"").count(), 9);
@@ -308,6 +427,7 @@ fn report_renders_in_headless_chromium() {
     assert!(dom.contains("&lt;b&gt;bold&lt;/b&gt; &amp;"));
     assert!(!dom.contains("<img"), "gallery id parsed as HTML");
     assert_eq!(dom.matches("<tbody>").count(), 3, "hubs, recall, measures");
+    assert_fits_the_viewport(dom, 1200);
 
     // No console output at all (the page logs nothing, so any line is an
     // error, a CSP violation or an uncaught exception).
@@ -347,4 +467,48 @@ fn report_screenshot_is_not_blank() {
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
     // A blank 1200×2400 page compresses to a few kB; plots and tables don't.
     assert!(png.len() > 10 * 1024, "screenshot only {} bytes", png.len());
+}
+
+/// With many methods (17, some with long names) and long gallery ids, the
+/// page still fits the window, wide or narrow: the k-occurrence charts wrap,
+/// the recall chart and the measures grow downwards, and the top-hubs table
+/// scrolls inside its own box.
+#[test]
+fn many_methods_fit_the_viewport() {
+    let Some(browser) = chromium_or_skip("many_methods_fit_the_viewport") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let page = write_page_of(dir.path(), &many_methods_page());
+    for width in [1280, 800] {
+        let run = run_chromium(
+            &browser,
+            dir.path(),
+            &page,
+            &[
+                "--dump-dom".to_string(),
+                format!("--window-size={width},900"),
+            ],
+        );
+        assert!(
+            run.status.success(),
+            "chromium failed ({}); stderr:\n{}",
+            run.status,
+            run.stderr
+        );
+        let dom = &run.stdout;
+        assert!(
+            body_tag(dom).contains("data-rendered=\"ok\""),
+            "check script did not finish; errors: {}",
+            errors_text(dom)
+        );
+        assert_eq!(plots(dom, "k-occurrence").len(), MANY_METHODS.len());
+        let recall = plots(dom, "recall");
+        assert_eq!(recall.len(), 1);
+        assert_eq!(
+            recall[0].matches("<rect class=\"bar\"").count(),
+            3 * MANY_METHODS.len()
+        );
+        assert_fits_the_viewport(dom, width);
+    }
 }

@@ -81,6 +81,7 @@ macro_rules! w {
 }
 
 // After the macro, so that the charts and the text helpers can use it.
+mod scale;
 mod svg;
 mod text;
 
@@ -88,6 +89,9 @@ use self::text::{escape, fmt_sig4, recall_text, truncate};
 
 /// Hub text longer than this (in characters) is cut, with an ellipsis.
 const TEXT_CHARS: usize = 120;
+/// Gallery ids up to this long (in characters) are kept on one line; longer
+/// ones may wrap anywhere.
+const ID_LINE_CHARS: usize = 24;
 
 /// Renders the report as one self-contained HTML5 page.
 ///
@@ -100,7 +104,16 @@ const TEXT_CHARS: usize = 120;
 /// Every plot is an `<svg>` with a `data-plot` attribute (`k-occurrence`,
 /// `recall`, `tuning`). On load the script checks that each plot the page
 /// should have is there and sets `document.body.dataset.rendered = "ok"`;
-/// script errors are written into the element with id `errors`.
+/// script errors are written into the element with id `errors`. It also
+/// records the page's layout width and the viewport's (`data-scroll-width`
+/// and `data-viewport-width` on the body), so a test can check that nothing
+/// sticks out to the right.
+///
+/// The page stays readable with many methods: the k-occurrence distribution
+/// is one small chart per method on shared axes, the recall chart one
+/// labelled row per method, the measures one row per method, and the
+/// top-hubs table (a column per method) scrolls sideways inside its own box
+/// when it is wider than the page.
 pub fn render(page: &PageInput) -> String {
     let mut expected: Vec<&str> = Vec::new();
     let mut body = String::new();
@@ -168,6 +181,10 @@ figcaption { font-weight: 600; font-size: 0.95rem; margin-bottom: 0.2rem; }
 .context { margin: 0; padding-left: 1.2rem; color: #555; font-size: 0.9rem; }
 .note { color: #666; font-style: italic; }
 .small-multiples { display: flex; flex-wrap: wrap; gap: 1rem 1.5rem; }
+.grid-multiples { display: grid; grid-template-columns: repeat(auto-fill, minmax(15rem, 1fr));
+  gap: 0.5rem 1.25rem; }
+.grid-multiples figcaption { overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }
+.table-scroll { max-width: 100%; overflow-x: auto; }
 svg { max-width: 100%; height: auto; display: block; }
 svg text { font-size: 11px; fill: #333; }
 svg .axis { stroke: #555; stroke-width: 1; }
@@ -178,8 +195,11 @@ table { border-collapse: collapse; font-size: 0.88rem; margin: 0.5rem 0; }
 th, td { border: 1px solid #ddd; padding: 0.25rem 0.5rem; vertical-align: top; }
 th { background: #f4f4f4; text-align: left; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.id { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; word-break: break-all; }
-td.text { max-width: 32rem; }
+td.id { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace;
+  white-space: nowrap; }
+td.id.long { white-space: normal; overflow-wrap: anywhere; min-width: 12ch; }
+td.text { max-width: 32rem; min-width: 12rem; }
+.delta { display: block; font-size: 0.8em; }
 tbody tr:nth-child(even) { background: #fafafa; }
 .dec { color: #1a7f37; }
 .inc { color: #c62828; }
@@ -188,7 +208,8 @@ tbody tr:nth-child(even) { background: #fafafa; }
 footer { margin-top: 3rem; color: #999; font-size: 0.8rem; }
 ";
 
-/// Installs the error trap first, then checks the plots once loaded.
+/// Installs the error trap first, then checks the plots and records the
+/// layout widths once loaded.
 const SCRIPT: &str = r#"(function () {
   "use strict";
   var pending = [];
@@ -207,6 +228,9 @@ const SCRIPT: &str = r#"(function () {
       return !document.querySelector('svg[data-plot="' + name + '"]');
     });
     if (missing.length) { report("missing plots: " + missing.join(", ")); }
+    var root = document.documentElement;
+    document.body.dataset.scrollWidth = String(root.scrollWidth);
+    document.body.dataset.viewportWidth = String(root.clientWidth);
     var box = document.getElementById("errors");
     document.body.dataset.rendered = (box && box.textContent) ? "error" : "ok";
   });
@@ -217,7 +241,8 @@ const SCRIPT: &str = r#"(function () {
 // Sections. Each returns whether it drew its plot, so the check script knows
 // which plots to expect.
 
-/// k-occurrence distribution: x = N_k, y = items with that N_k (log10).
+/// k-occurrence distribution: x = N_k, y = items with that N_k (log10), one
+/// small chart per method.
 fn k_occurrence_section(out: &mut String, page: &PageInput) -> bool {
     w!(
         out,
@@ -230,9 +255,10 @@ fn k_occurrence_section(out: &mut String, page: &PageInput) -> bool {
     }
     out.push_str(
         "<p class=\"note\">Number of gallery items retrieved exactly N<sub>k</sub> times \
-         (log scale). A long right tail means hubs; a flatter, shorter tail means less hubness.</p>\n",
+         (log scale), one chart per method on the same axes; the grey line is the baseline. \
+         A long right tail means hubs; a flatter, shorter tail means less hubness.</p>\n",
     );
-    svg::k_occurrence_chart(out, page);
+    svg::k_occurrence_charts(out, page);
     out.push_str("</section>\n");
     true
 }
@@ -249,7 +275,8 @@ fn top_hubs_section(out: &mut String, page: &PageInput) {
         "<p class=\"note\">The baseline's most retrieved gallery items, with N<sub>k</sub> \
          under each method and its change from the baseline.</p>\n",
     );
-    out.push_str("<table class=\"hubs\">\n<thead><tr><th>#</th><th>gallery id</th>");
+    out.push_str("<div class=\"table-scroll\">\n<table class=\"hubs\">\n");
+    out.push_str("<thead><tr><th>#</th><th>gallery id</th>");
     if with_text {
         out.push_str("<th>text</th>");
     }
@@ -258,9 +285,14 @@ fn top_hubs_section(out: &mut String, page: &PageInput) {
     }
     out.push_str("</tr></thead>\n<tbody>\n");
     for (rank, hub) in page.top_hubs.iter().enumerate() {
+        let id_class = if hub.gallery_id.chars().count() > ID_LINE_CHARS {
+            "id long"
+        } else {
+            "id"
+        };
         w!(
             out,
-            "<tr><td class=\"num\">{}</td><td class=\"id\">{}</td>",
+            "<tr><td class=\"num\">{}</td><td class=\"{id_class}\">{}</td>",
             rank + 1,
             escape(&hub.gallery_id)
         );
@@ -292,7 +324,7 @@ fn top_hubs_section(out: &mut String, page: &PageInput) {
         }
         out.push_str("</tr>\n");
     }
-    out.push_str("</tbody>\n</table>\n</section>\n");
+    out.push_str("</tbody>\n</table>\n</div>\n</section>\n");
 }
 
 /// "(−271)" in green, "(+5)" in red, "(±0)" plain. Fewer retrievals of a
@@ -322,7 +354,10 @@ fn recall_section(out: &mut String, page: &PageInput) -> bool {
         .collect();
     ks.sort_unstable();
     ks.dedup();
-    out.push_str("<p class=\"note\">Bars: R@K; whiskers: 95% bootstrap interval.</p>\n");
+    out.push_str(
+        "<p class=\"note\">Bars: R@K; whiskers: 95% bootstrap interval; dashed line: the \
+         baseline.</p>\n",
+    );
 
     svg::recall_chart(out, page, &ks);
     recall_table(out, page, &ks);
@@ -332,7 +367,8 @@ fn recall_section(out: &mut String, page: &PageInput) -> bool {
 
 /// The exact figures behind the bars, for reading off and copying.
 fn recall_table(out: &mut String, page: &PageInput, ks: &[usize]) {
-    out.push_str("<table class=\"recall\">\n<thead><tr><th>method</th>");
+    out.push_str("<div class=\"table-scroll\">\n<table class=\"recall\">\n");
+    out.push_str("<thead><tr><th>method</th>");
     for k in ks {
         w!(out, "<th>R@{k} (95% interval)</th>");
     }
@@ -347,7 +383,7 @@ fn recall_table(out: &mut String, page: &PageInput, ks: &[usize]) {
         }
         out.push_str("</tr>\n");
     }
-    out.push_str("</tbody>\n</table>\n");
+    out.push_str("</tbody>\n</table>\n</div>\n");
 }
 
 /// One small line chart per tuning curve, the chosen value marked.
@@ -368,40 +404,42 @@ fn tuning_section(out: &mut String, page: &PageInput) -> bool {
     true
 }
 
-/// Every method's hubness measures: rows = measures, columns = methods.
+/// Every method's hubness measures: rows = methods, columns = measures (so
+/// the table grows downwards with the methods).
 fn measures_section(out: &mut String, page: &PageInput) {
     out.push_str("<section id=\"measures\">\n<h2>Hubness measures</h2>\n");
-    // Rows in order of first appearance, so the REPORTS.md order survives.
-    let mut rows: Vec<&str> = Vec::new();
+    // Columns in order of first appearance, so the REPORTS.md order survives.
+    let mut columns: Vec<&str> = Vec::new();
     for method in &page.methods {
         for (name, _) in &method.measures {
-            if !rows.contains(&name.as_str()) {
-                rows.push(name);
+            if !columns.contains(&name.as_str()) {
+                columns.push(name);
             }
         }
     }
-    if rows.is_empty() {
+    if columns.is_empty() {
         out.push_str("<p class=\"note\">no measures</p>\n</section>\n");
         return;
     }
-    out.push_str("<table class=\"measures\">\n<thead><tr><th>measure</th>");
-    for method in &page.methods {
-        w!(out, "<th>{}</th>", escape(&method.name));
+    out.push_str("<div class=\"table-scroll\">\n<table class=\"measures\">\n");
+    out.push_str("<thead><tr><th>method</th>");
+    for column in &columns {
+        w!(out, "<th>{}</th>", escape(column));
     }
     out.push_str("</tr></thead>\n<tbody>\n");
-    for row in rows {
-        w!(out, "<tr><td>{}</td>", escape(row));
-        for method in &page.methods {
+    for method in &page.methods {
+        w!(out, "<tr><td>{}</td>", escape(&method.name));
+        for column in &columns {
             let value = method
                 .measures
                 .iter()
-                .find(|(name, _)| name == row)
+                .find(|(name, _)| name == column)
                 .map_or_else(|| "n/a".to_string(), |&(_, v)| fmt_sig4(v));
             w!(out, "<td class=\"num\">{}</td>", escape(&value));
         }
         out.push_str("</tr>\n");
     }
-    out.push_str("</tbody>\n</table>\n</section>\n");
+    out.push_str("</tbody>\n</table>\n</div>\n</section>\n");
 }
 
 #[cfg(test)]
@@ -469,6 +507,13 @@ mod tests {
             })
             .filter(|svg| svg.contains(&marker))
             .collect()
+    }
+
+    /// The `<g class="{class}">…</g>` element of a chart (no nested groups).
+    fn group<'a>(svg: &'a str, class: &str) -> &'a str {
+        let start = svg.find(&format!("<g class=\"{class}\">")).expect("group");
+        let end = svg[start..].find("</g>").expect("closed group") + start;
+        &svg[start..end]
     }
 
     fn assert_no_bad_numbers(html: &str) {
@@ -562,13 +607,28 @@ mod tests {
         });
         let html = render(&page);
         assert!(html.starts_with("<!DOCTYPE html>"));
+        // One small chart per method: the baseline's 4 points, then the
+        // method's 3 over the baseline's grey line, on the same axes.
         let k_occ = plots(&html, "k-occurrence");
-        assert_eq!(k_occ.len(), 1);
-        assert_eq!(k_occ[0].matches("class=\"line\"").count(), 2);
-        assert_eq!(k_occ[0].matches("class=\"pt\"").count(), 7);
+        assert_eq!(k_occ.len(), 2);
+        assert!(k_occ
+            .iter()
+            .all(|c| c.matches("class=\"line\"").count() == 1));
+        assert_eq!(k_occ[0].matches("class=\"pt\"").count(), 4);
+        assert_eq!(k_occ[1].matches("class=\"pt\"").count(), 3);
+        assert!(!k_occ[0].contains("class=\"reference\""));
+        assert_eq!(k_occ[1].matches("class=\"reference\"").count(), 1);
+        for axis in ["x-axis", "y-axis"] {
+            assert_eq!(group(k_occ[0], axis), group(k_occ[1], axis), "{axis}");
+        }
+        assert!(html.contains("<figcaption title=\"none\">none (baseline)</figcaption>"));
+        // One row of bars per method, in one panel per K, the baseline's
+        // value dashed in each panel.
         let recall = plots(&html, "recall");
         assert_eq!(recall.len(), 1);
         assert_eq!(recall[0].matches("class=\"bar\"").count(), 4);
+        assert_eq!(recall[0].matches("class=\"whisker\"").count(), 4);
+        assert_eq!(recall[0].matches("class=\"reference\"").count(), 2);
         let tuning = plots(&html, "tuning");
         assert_eq!(tuning.len(), 2);
         assert!(tuning.iter().all(|t| t.contains("class=\"chosen\"")));
@@ -579,8 +639,13 @@ mod tests {
         assert!(html.contains("var EXPECTED_PLOTS = [\"k-occurrence\", \"recall\", \"tuning\"];"));
         // Hub table: the decrease 250 → 20 is green.
         assert!(html.contains("20 <span class=\"delta dec\">(\u{2212}230)</span>"));
-        // Measures table.
-        assert!(html.contains("<td>skewness</td><td class=\"num\">3.250</td>"));
+        // Measures table: a row per method, a column per measure.
+        assert!(html.contains("<th>method</th><th>skewness</th><th>gini</th>"));
+        assert!(html.contains(
+            "<tr><td>none</td><td class=\"num\">3.250</td><td class=\"num\">0.5000</td></tr>"
+        ));
+        // The wide tables scroll inside their own boxes.
+        assert_eq!(html.matches("<div class=\"table-scroll\">").count(), 3);
         assert_no_bad_numbers(&html);
 
         let mut without = full_page();
@@ -597,17 +662,16 @@ mod tests {
         page.methods[1].histogram = vec![(4, 1)];
         let html = render(&page);
         assert_no_bad_numbers(&html);
-        assert_eq!(
-            plots(&html, "k-occurrence")[0]
-                .matches("class=\"pt\"")
-                .count(),
-            1
-        );
+        let k_occ = plots(&html, "k-occurrence");
+        assert_eq!(k_occ.len(), 2);
+        assert_eq!(k_occ[0].matches("class=\"pt\"").count(), 0);
+        assert!(k_occ[0].contains("no k-occurrence data"));
+        assert_eq!(k_occ[1].matches("class=\"pt\"").count(), 1);
 
         page.methods[1].histogram.clear();
         let html = render(&page);
         assert_no_bad_numbers(&html);
-        assert!(html.contains("no k-occurrence data"));
+        assert_eq!(html.matches("no k-occurrence data").count(), 2);
     }
 
     #[test]

@@ -1,9 +1,11 @@
-//! The SVG charts of the page: scales, axes, series, legends, and the
-//! k-occurrence, recall and tuning charts drawn with them. Every chart is an
-//! `<svg>` with a `data-plot` attribute naming its kind.
+//! The SVG charts of the page: frames, axes and series (on the scales of
+//! [`super::scale`]), and the k-occurrence small multiples, the recall panels
+//! and the tuning curves drawn with them. Every chart is an `<svg>` with a
+//! `data-plot` attribute naming its kind.
 
 use std::fmt::Write as _;
 
+use super::scale::{tick_label, Scale};
 use super::text::{escape, fmt_short, recall_text, truncate};
 use super::{MethodPage, PageInput, RecallBar, TuningCurve};
 
@@ -14,14 +16,26 @@ pub(super) const PALETTE: [&str; 10] = [
     "#9c755f", "#bab0ac",
 ];
 
-/// Legend labels longer than this are cut (the full name is in a tooltip).
-const LEGEND_CHARS: usize = 28;
+/// Method names longer than this are cut in chart labels and captions (the
+/// full name is in a tooltip).
+const LABEL_CHARS: usize = 24;
 
-/// The k-occurrence chart: x = N_k, y = items with that N_k (log10), one
-/// series per method.
-pub(super) fn k_occurrence_chart(out: &mut String, page: &PageInput) {
-    let names: Vec<&str> = page.methods.iter().map(|m| m.name.as_str()).collect();
-    let frame = Frame::with_legend(900.0, 420.0, names.len());
+/// One small multiple of the k-occurrence distribution.
+const SMALL_MULTIPLE: Frame = Frame {
+    width: 280.0,
+    height: 210.0,
+    left: 56.0,
+    right: 12.0,
+    top: 10.0,
+    bottom: 40.0,
+};
+
+/// The k-occurrence distribution as small multiples: one chart per method
+/// (x = N_k, y = gallery items with that N_k, log10) in a wrapping grid, all
+/// on the same axes, each but the first with the baseline (the first method)
+/// as a grey reference line behind its own.
+pub(super) fn k_occurrence_charts(out: &mut String, page: &PageInput) {
+    let frame = SMALL_MULTIPLE;
     let all_points: Vec<Vec<(f64, f64)>> = page.methods.iter().map(histogram_points).collect();
     let (max_nk, max_items) = all_points
         .iter()
@@ -33,30 +47,43 @@ pub(super) fn k_occurrence_chart(out: &mut String, page: &PageInput) {
     let x = Scale::linear(0.0, max_nk.max(1.0), frame.left, frame.plot_right()).nice();
     let y = Scale::log10(1.0, max_items, frame.plot_bottom(), frame.top).nice();
 
-    svg_open(
-        out,
-        "k-occurrence",
-        "plot-k-occurrence",
-        &frame,
-        "k-occurrence distribution",
-    );
-    y_axis(out, &frame, &y, "gallery items (log scale)", &|v| {
-        tick_label(v, v)
-    });
-    x_axis(out, &frame, &x, "N_k (times retrieved)");
-    let mut drawn = 0;
+    out.push_str("<div class=\"grid-multiples\">\n");
     for (i, (method, pts)) in page.methods.iter().zip(&all_points).enumerate() {
+        let caption = if i == 0 {
+            format!("{} (baseline)", truncate(&method.name, LABEL_CHARS))
+        } else {
+            truncate(&method.name, LABEL_CHARS).into_owned()
+        };
+        w!(
+            out,
+            "<figure>\n<figcaption title=\"{}\">{}</figcaption>\n",
+            escape(&method.name),
+            escape(&caption)
+        );
+        svg_open(
+            out,
+            "k-occurrence",
+            &format!("plot-k-occurrence-{i}"),
+            &frame,
+            &format!("k-occurrence distribution: {}", method.name),
+        );
+        y_axis(out, &frame, &y, "gallery items (log)", &|v| {
+            tick_label(v, v)
+        });
+        x_axis(out, &frame, &x, "N_k (times retrieved)");
+        if i > 0 {
+            reference_line(out, &page.methods[0].name, &all_points[0], &x, &y);
+        }
         let tips: Vec<String> = pts
             .iter()
             .map(|&(nk, items)| format!("{}: N_k = {nk}, {items} items", method.name))
             .collect();
-        drawn += series(out, i, &method.name, pts, &tips, &x, &y);
+        if series(out, i, &method.name, pts, &tips, &x, &y) == 0 {
+            empty_note(out, &frame, "no k-occurrence data");
+        }
+        out.push_str("</svg>\n</figure>\n");
     }
-    if drawn == 0 {
-        empty_note(out, &frame, "no k-occurrence data");
-    }
-    legend(out, &frame, &names);
-    out.push_str("</svg>\n");
+    out.push_str("</div>\n");
 }
 
 /// A method's histogram as plot points, without zero counts (which cannot
@@ -70,91 +97,157 @@ fn histogram_points(method: &MethodPage) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// R@K as grouped bars (groups by K, one bar per method) with 95% intervals.
-pub(super) fn recall_chart(out: &mut String, page: &PageInput, ks: &[usize]) {
-    let names: Vec<&str> = page.methods.iter().map(|m| m.name.as_str()).collect();
-    let frame = Frame::with_legend(900.0, 380.0, names.len());
-    let y = Scale::linear(0.0, 1.0, frame.plot_bottom(), frame.top);
-    svg_open(out, "recall", "plot-recall", &frame, "recall at K");
-    y_axis(out, &frame, &y, "recall", &|v| format!("{:.0}%", v * 100.0));
-
-    // Categorical x: one slot per K, bars fill 80% of it.
-    let slot = (frame.plot_right() - frame.left) / ks.len() as f64;
-    let bar_w = slot * 0.8 / page.methods.len() as f64;
-    let base = frame.plot_bottom();
-    w!(
-        out,
-        "<line class=\"axis\" x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\"/>\n",
-        num(frame.left),
-        num(base),
-        num(frame.plot_right()),
-        num(base)
-    );
-    for (g, &k) in ks.iter().enumerate() {
-        let slot_x = frame.left + slot * g as f64;
+/// The baseline's line, grey and without markers, behind a method's series.
+fn reference_line(out: &mut String, name: &str, points: &[(f64, f64)], x: &Scale, y: &Scale) {
+    let path = line_path(points, x, y);
+    if !path.is_empty() {
         w!(
             out,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">R@{k}</text>\n",
-            num(slot_x + slot / 2.0),
-            num(base + 16.0)
+            "<path class=\"reference\" d=\"{path}\" fill=\"none\" stroke=\"#b0b0b0\" \
+             stroke-width=\"1.5\"><title>{} (baseline)</title></path>\n",
+            escape(name)
+        );
+    }
+}
+
+/// Rows of the recall chart, one per method.
+const RECALL_ROW: f64 = 18.0;
+/// Width of the method labels left of the recall panels.
+const RECALL_LABELS: f64 = 150.0;
+/// Space between two recall panels.
+const RECALL_GAP: f64 = 44.0;
+
+/// R@K as horizontal bars with their 95% intervals: one panel per K side by
+/// side, one labelled row per method (so no legend, however many methods),
+/// and the baseline's (the first method's) value as a dashed line in each
+/// panel.
+pub(super) fn recall_chart(out: &mut String, page: &PageInput, ks: &[usize]) {
+    let width = 960.0;
+    let frame = Frame {
+        width,
+        height: 30.0 + RECALL_ROW * page.methods.len() as f64 + 36.0,
+        left: RECALL_LABELS,
+        right: 24.0,
+        top: 30.0,
+        bottom: 36.0,
+    };
+    svg_open(out, "recall", "plot-recall", &frame, "recall at K");
+    out.push_str("<g class=\"labels\">\n");
+    for (i, method) in page.methods.iter().enumerate() {
+        w!(
+            out,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\"><title>{}</title>{}</text>\n",
+            num(RECALL_LABELS - 8.0),
+            num(frame.top + RECALL_ROW * i as f64 + RECALL_ROW / 2.0 + 4.0),
+            escape(&method.name),
+            escape(&truncate(&method.name, LABEL_CHARS))
+        );
+    }
+    out.push_str("</g>\n");
+    let panels = ks.len() as f64;
+    let panel_width =
+        (frame.plot_right() - frame.left - RECALL_GAP * (panels - 1.0).max(0.0)) / panels;
+    for (p, &k) in ks.iter().enumerate() {
+        let x0 = frame.left + (panel_width + RECALL_GAP) * p as f64;
+        let panel = Frame {
+            left: x0,
+            right: width - x0 - panel_width,
+            ..frame
+        };
+        let x = Scale::linear(0.0, 1.0, x0, x0 + panel_width);
+        w!(
+            out,
+            "<text class=\"axis-title\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">R@{k}</text>\n",
+            num(x0 + panel_width / 2.0),
+            num(frame.top - 12.0)
+        );
+        x_grid(out, &panel, &x);
+        x_axis_with(out, &panel, &x, "", &|v| format!("{:.0}%", v * 100.0));
+        w!(
+            out,
+            "<line class=\"axis\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\"/>\n",
+            num(x0),
+            num(frame.top),
+            num(frame.plot_bottom())
         );
         for (i, method) in page.methods.iter().enumerate() {
             let Some(bar) = method.recall.iter().find(|r| r.k == k) else {
                 continue;
             };
-            let bx = slot_x + slot * 0.1 + bar_w * i as f64;
-            recall_bar(out, i, &method.name, bar, bx, bar_w, &y);
+            let row_top = frame.top + RECALL_ROW * i as f64;
+            recall_bar(
+                out,
+                i,
+                &method.name,
+                bar,
+                &x,
+                row_top + 3.0,
+                RECALL_ROW - 6.0,
+            );
+        }
+        let baseline = page
+            .methods
+            .first()
+            .and_then(|m| m.recall.iter().find(|r| r.k == k));
+        if let Some(bx) = baseline.and_then(|b| x.map(b.value.clamp(0.0, 1.0))) {
+            w!(
+                out,
+                "<line class=\"reference\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" \
+                 stroke=\"#444\" stroke-width=\"1\" stroke-dasharray=\"3 3\"/>\n",
+                num(bx),
+                num(frame.top),
+                num(frame.plot_bottom())
+            );
         }
     }
-    axis_title_x(out, &frame, "K");
-    legend(out, &frame, &names);
     out.push_str("</svg>\n");
 }
 
-/// One bar with its whisker; a non-finite value draws nothing, a
-/// non-finite bound drops only the whisker.
+/// One horizontal bar, from 0 at `x`'s origin, with its whisker, in the row
+/// band `top..top + height`; a non-finite value draws nothing, a non-finite
+/// bound drops only the whisker.
 fn recall_bar(
     out: &mut String,
     series: usize,
     name: &str,
     bar: &RecallBar,
-    x: f64,
-    width: f64,
-    y: &Scale,
+    x: &Scale,
+    top: f64,
+    height: f64,
 ) {
     let clamp = |v: f64| v.clamp(0.0, 1.0);
-    let (Some(top), Some(zero)) = (y.map(clamp(bar.value)), y.map(0.0)) else {
+    let (Some(end), Some(zero)) = (x.map(clamp(bar.value)), x.map(0.0)) else {
         return;
     };
     w!(
         out,
         "<rect class=\"bar\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\">\
          <title>{}: R@{} = {}</title></rect>\n",
-        num(x),
+        num(zero),
         num(top),
-        num((width - 1.0).max(1.0)),
-        num((zero - top).max(0.0)),
+        num((end - zero).max(0.0)),
+        num(height),
         colour(series),
         escape(name),
         bar.k,
         recall_text(bar)
     );
-    if let (Some(lo), Some(hi)) = (y.map(clamp(bar.low)), y.map(clamp(bar.high))) {
-        let cx = x + width / 2.0;
-        let cap = (width * 0.25).min(6.0);
+    if let (Some(lo), Some(hi)) = (x.map(clamp(bar.low)), x.map(clamp(bar.high))) {
+        let cy = top + height / 2.0;
+        let cap = (height * 0.4).min(6.0);
         w!(
             out,
-            "<path class=\"whisker\" d=\"M{} {}V{}M{} {}H{}M{} {}H{}\" stroke=\"#222\" \
+            "<path class=\"whisker\" d=\"M{} {}H{}M{} {}V{}M{} {}V{}\" stroke=\"#222\" \
              stroke-width=\"1.2\" fill=\"none\"/>\n",
-            num(cx),
             num(lo),
+            num(cy),
             num(hi),
-            num(cx - cap),
             num(lo),
-            num(cx + cap),
-            num(cx - cap),
+            num(cy - cap),
+            num(cy + cap),
             num(hi),
-            num(cx + cap)
+            num(cy - cap),
+            num(cy + cap)
         );
     }
 }
@@ -299,20 +392,6 @@ struct Frame {
 }
 
 impl Frame {
-    /// A chart with a legend column on the right, tall enough for every entry.
-    fn with_legend(width: f64, height: f64, entries: usize) -> Frame {
-        let top = 16.0;
-        let needed = top + 18.0 * entries as f64 + 50.0;
-        Frame {
-            width,
-            height: height.max(needed),
-            left: 64.0,
-            right: 200.0,
-            top,
-            bottom: 46.0,
-        }
-    }
-
     fn plot_right(&self) -> f64 {
         self.width - self.right
     }
@@ -320,177 +399,6 @@ impl Frame {
     fn plot_bottom(&self) -> f64 {
         self.height - self.bottom
     }
-}
-
-/// Maps data values to pixels, linearly or by log10. The pixel range may
-/// run backwards (y grows downwards in SVG).
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Scale {
-    log: bool,
-    d0: f64,
-    d1: f64,
-    r0: f64,
-    r1: f64,
-}
-
-impl Scale {
-    /// A linear scale; a degenerate or non-finite domain is widened so that
-    /// mapping never divides by zero (a single point sits in the middle).
-    fn linear(d0: f64, d1: f64, r0: f64, r1: f64) -> Scale {
-        let (d0, d1) = if d0.is_finite() && d1.is_finite() {
-            (d0.min(d1), d0.max(d1))
-        } else {
-            (0.0, 1.0)
-        };
-        let (d0, d1) = if d1 - d0 > f64::EPSILON * d0.abs().max(1.0) {
-            (d0, d1)
-        } else {
-            let half = (d0.abs() * 0.1).max(0.5);
-            (d0 - half, d1 + half)
-        };
-        Scale {
-            log: false,
-            d0,
-            d1,
-            r0,
-            r1,
-        }
-    }
-
-    /// A log10 scale over a positive domain (non-positive bounds fall back
-    /// to 1; a single value gets a decade around it).
-    fn log10(d0: f64, d1: f64, r0: f64, r1: f64) -> Scale {
-        let ok = |v: f64| v.is_finite() && v > 0.0;
-        let (d0, d1) = match (ok(d0), ok(d1)) {
-            (true, true) => (d0.min(d1), d0.max(d1)),
-            (true, false) => (d0, d0),
-            (false, true) => (d1, d1),
-            (false, false) => (1.0, 1.0),
-        };
-        let (d0, d1) = if d1 / d0 > 1.0 + 1e-12 {
-            (d0, d1)
-        } else {
-            (d0 / 10f64.sqrt(), d1 * 10f64.sqrt())
-        };
-        Scale {
-            log: true,
-            d0,
-            d1,
-            r0,
-            r1,
-        }
-    }
-
-    /// Widens the domain to round tick values (whole decades for log).
-    fn nice(self) -> Scale {
-        if self.log {
-            let d0 = 10f64.powf(self.d0.log10().floor());
-            let d1 = 10f64.powf(self.d1.log10().ceil());
-            let d1 = if d1 > d0 { d1 } else { d0 * 10.0 };
-            Scale { d0, d1, ..self }
-        } else {
-            let step = nice_step(self.d1 - self.d0);
-            let d0 = (self.d0 / step).floor() * step;
-            let d1 = (self.d1 / step).ceil() * step;
-            Scale { d0, d1, ..self }
-        }
-    }
-
-    /// The pixel of `v`; `None` for non-finite values and, on a log scale,
-    /// non-positive ones, so callers skip them instead of printing NaN.
-    fn map(&self, v: f64) -> Option<f64> {
-        if !v.is_finite() || (self.log && v <= 0.0) {
-            return None;
-        }
-        let t = if self.log {
-            (v.log10() - self.d0.log10()) / (self.d1.log10() - self.d0.log10())
-        } else {
-            (v - self.d0) / (self.d1 - self.d0)
-        };
-        let px = self.r0 + t * (self.r1 - self.r0);
-        px.is_finite().then_some(px)
-    }
-
-    /// The linear tick step (for labels' decimals); 1 on a log scale.
-    fn step(&self) -> f64 {
-        if self.log {
-            1.0
-        } else {
-            nice_step(self.d1 - self.d0)
-        }
-    }
-
-    /// Tick values inside the domain: round steps, or on a log scale whole
-    /// decades (with 2 and 5 in between when the domain spans few decades).
-    fn ticks(&self) -> Vec<f64> {
-        let inside =
-            |v: f64| v >= self.d0 * (1.0 - 1e-9) - 1e-12 && v <= self.d1 * (1.0 + 1e-9) + 1e-12;
-        if self.log {
-            let lo = self.d0.log10().floor() as i32;
-            let hi = self.d1.log10().ceil() as i32;
-            let decades = (hi - lo).max(1);
-            // Thin out labels so at most ~8 decades are labelled.
-            let every = (decades + 7) / 8;
-            let multiples: &[f64] = if decades <= 2 {
-                &[1.0, 2.0, 5.0]
-            } else {
-                &[1.0]
-            };
-            let mut ticks = Vec::new();
-            for e in (lo..=hi).step_by(every as usize) {
-                for m in multiples {
-                    let v = m * 10f64.powi(e);
-                    if inside(v) {
-                        ticks.push(v);
-                    }
-                }
-            }
-            ticks
-        } else {
-            let step = nice_step(self.d1 - self.d0);
-            let first = (self.d0 / step).ceil() as i64;
-            let last = (self.d1 / step).floor() as i64;
-            // Bounded: nice_step gives ~6 ticks over the domain.
-            (first..=last.min(first + 50))
-                .map(|i| i as f64 * step)
-                .collect()
-        }
-    }
-}
-
-/// A round step (1, 2 or 5 × 10^n) giving about six ticks over `span`.
-fn nice_step(span: f64) -> f64 {
-    if !(span.is_finite() && span > 0.0) {
-        return 1.0;
-    }
-    let raw = span / 6.0;
-    let magnitude = 10f64.powf(raw.log10().floor());
-    let norm = raw / magnitude;
-    let nice = if norm <= 1.0 {
-        1.0
-    } else if norm <= 2.0 {
-        2.0
-    } else if norm <= 5.0 {
-        5.0
-    } else {
-        10.0
-    };
-    nice * magnitude
-}
-
-/// A tick label with as many decimals as `step` needs ("0.05", "20", "1e6").
-fn tick_label(v: f64, step: f64) -> String {
-    if v.abs() >= 1e6 {
-        return format!("{v:e}");
-    }
-    let decimals = if step > 0.0 && step.is_finite() {
-        (-step.log10().floor()).clamp(0.0, 8.0) as usize
-    } else {
-        0
-    };
-    // "-0" looks like a bug; print 0.
-    let v = if v.abs() < step * 1e-9 { 0.0 } else { v };
-    format!("{v:.decimals$}")
 }
 
 /// An SVG coordinate; only called with mapped (finite) values.
@@ -563,6 +471,25 @@ fn y_axis(out: &mut String, frame: &Frame, y: &Scale, title: &str, label: &dyn F
 
 /// Bottom axis: the line, tick marks with labels, and the title.
 fn x_axis(out: &mut String, frame: &Frame, x: &Scale, title: &str) {
+    let (log, step) = (x.log, x.step());
+    let label = |v: f64| {
+        if log {
+            tick_label(v, v)
+        } else {
+            tick_label(v, step)
+        }
+    };
+    x_axis_with(out, frame, x, title, &label);
+}
+
+/// [`x_axis`] with tick labels from `label`.
+fn x_axis_with(
+    out: &mut String,
+    frame: &Frame,
+    x: &Scale,
+    title: &str,
+    label: &dyn Fn(f64) -> String,
+) {
     let base = frame.plot_bottom();
     out.push_str("<g class=\"x-axis\">\n");
     let (x0, x1, y) = (num(frame.left), num(frame.plot_right()), num(base));
@@ -570,14 +497,8 @@ fn x_axis(out: &mut String, frame: &Frame, x: &Scale, title: &str) {
         out,
         "<line class=\"axis\" x1=\"{x0}\" y1=\"{y}\" x2=\"{x1}\" y2=\"{y}\"/>\n"
     );
-    let step = x.step();
     for v in x.ticks() {
         let Some(px) = x.map(v) else { continue };
-        let label = if x.log {
-            tick_label(v, v)
-        } else {
-            tick_label(v, step)
-        };
         w!(
             out,
             "<line class=\"axis\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\"/>\
@@ -586,14 +507,33 @@ fn x_axis(out: &mut String, frame: &Frame, x: &Scale, title: &str) {
             num(base),
             num(base + 5.0),
             num(base + 17.0),
-            escape(&label)
+            escape(&label(v))
         );
     }
     out.push_str("</g>\n");
     axis_title_x(out, frame, title);
 }
 
+/// Vertical grid lines across the plot at `x`'s ticks.
+fn x_grid(out: &mut String, frame: &Frame, x: &Scale) {
+    out.push_str("<g class=\"x-grid\">\n");
+    for v in x.ticks() {
+        let Some(px) = x.map(v) else { continue };
+        w!(
+            out,
+            "<line class=\"grid\" x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\"/>\n",
+            num(px),
+            num(frame.top),
+            num(frame.plot_bottom())
+        );
+    }
+    out.push_str("</g>\n");
+}
+
 fn axis_title_x(out: &mut String, frame: &Frame, title: &str) {
+    if title.is_empty() {
+        return;
+    }
     w!(
         out,
         "<text class=\"axis-title\" x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
@@ -614,23 +554,13 @@ fn series(
     x: &Scale,
     y: &Scale,
 ) -> usize {
-    let mut path = String::new();
+    let path = line_path(points, x, y);
     let mut markers = String::new();
-    let mut pen_down = false;
     let mut drawn = 0;
     for (i, &(vx, vy)) in points.iter().enumerate() {
         let (Some(px), Some(py)) = (x.map(vx), y.map(vy)) else {
-            pen_down = false;
             continue;
         };
-        w!(
-            path,
-            "{}{} {}",
-            if pen_down { "L" } else { "M" },
-            num(px),
-            num(py)
-        );
-        pen_down = true;
         drawn += 1;
         let tip = tips.get(i).map(String::as_str).unwrap_or("");
         w!(
@@ -659,29 +589,26 @@ fn series(
     drawn
 }
 
-/// Legend in the right margin: a swatch and the (shortened) name per series.
-fn legend(out: &mut String, frame: &Frame, names: &[&str]) {
-    let x = frame.plot_right() + 16.0;
-    out.push_str("<g class=\"legend\">\n");
-    for (i, name) in names.iter().enumerate() {
-        let y = frame.top + 18.0 * i as f64;
-        let (c, dash, mid) = (colour(i), dash_attr(i), num(y + 6.0));
+/// The SVG path data of a line through `points`; non-finite or unmappable
+/// points are skipped and break the line.
+fn line_path(points: &[(f64, f64)], x: &Scale, y: &Scale) -> String {
+    let mut path = String::new();
+    let mut pen_down = false;
+    for &(vx, vy) in points {
+        let (Some(px), Some(py)) = (x.map(vx), y.map(vy)) else {
+            pen_down = false;
+            continue;
+        };
         w!(
-            out,
-            "<g><title>{}</title><line x1=\"{}\" y1=\"{mid}\" x2=\"{}\" y2=\"{mid}\" \
-             stroke=\"{c}\" stroke-width=\"3\"{dash}/>\
-             <circle cx=\"{}\" cy=\"{mid}\" r=\"3\" fill=\"{c}\"/>\
-             <text x=\"{}\" y=\"{}\">{}</text></g>\n",
-            escape(name),
-            num(x),
-            num(x + 20.0),
-            num(x + 10.0),
-            num(x + 26.0),
-            num(y + 10.0),
-            escape(&truncate(name, LEGEND_CHARS))
+            path,
+            "{}{} {}",
+            if pen_down { "L" } else { "M" },
+            num(px),
+            num(py)
         );
+        pen_down = true;
     }
-    out.push_str("</g>\n");
+    path
 }
 
 /// A grey note in the middle of an empty plot.
@@ -705,55 +632,5 @@ fn min_max(values: impl Iterator<Item = f64>) -> (f64, f64) {
         (lo, hi)
     } else {
         (1.0, 1.0)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn log_scale_maps_counts_monotonically() {
-        // y grows downwards: larger counts get smaller pixel values.
-        let y = Scale::log10(1.0, 5000.0, 400.0, 10.0).nice();
-        let pixels: Vec<f64> = (1..=10_000u32)
-            .map(|c| y.map(f64::from(c)).expect("positive count maps"))
-            .collect();
-        assert!(pixels.windows(2).all(|w| w[1] < w[0]));
-        assert_eq!(y.map(1.0), Some(400.0));
-        assert_eq!(y.map(10_000.0), Some(10.0));
-        assert_eq!(y.map(0.0), None);
-        assert_eq!(y.map(f64::NAN), None);
-        assert_eq!(y.ticks(), vec![1.0, 10.0, 100.0, 1000.0, 10_000.0]);
-    }
-
-    #[test]
-    fn degenerate_domains_do_not_divide_by_zero() {
-        for scale in [
-            Scale::linear(3.0, 3.0, 0.0, 100.0).nice(),
-            Scale::linear(f64::NAN, f64::INFINITY, 0.0, 100.0).nice(),
-            Scale::log10(7.0, 7.0, 0.0, 100.0).nice(),
-            Scale::log10(0.0, -1.0, 0.0, 100.0).nice(),
-        ] {
-            assert!(scale.d1 > scale.d0, "{scale:?}");
-            let mid = if scale.log {
-                (scale.d0 * scale.d1).sqrt()
-            } else {
-                (scale.d0 + scale.d1) / 2.0
-            };
-            assert!(scale.map(mid).is_some_and(f64::is_finite), "{scale:?}");
-            assert!(!scale.ticks().is_empty(), "{scale:?}");
-        }
-    }
-
-    #[test]
-    fn linear_ticks_are_round() {
-        let x = Scale::linear(0.0, 287.0, 0.0, 1.0).nice();
-        assert_eq!(
-            x.ticks(),
-            vec![0.0, 50.0, 100.0, 150.0, 200.0, 250.0, 300.0]
-        );
-        assert_eq!(tick_label(0.15, 0.05), "0.15");
-        assert_eq!(tick_label(200.0, 50.0), "200");
     }
 }
