@@ -29,21 +29,18 @@ fn check(direction: &str, queries: &str, gallery: &str, bank: &str, memory: Memo
     };
     options.read.target_column = "target_id".into();
     let job = RunJob {
-        queries: dir.join(queries).display().to_string(),
-        gallery: dir.join(gallery).display().to_string(),
-        bank: dir.join(bank).display().to_string(),
-        gallery_bank: None,
-        bank_sample: None,
-        transductive: false,
         methods: vec![MethodSpec::new(
             "is",
             &[("beta", (expected["beta"].as_f64().unwrap()) as f64)],
         )
         .unwrap()],
-        k: 10,
-        out_dir: out.path().join("run"),
-        overwrite: false,
         options,
+        ..RunJob::new(
+            dir.join(queries).display().to_string(),
+            dir.join(gallery).display().to_string(),
+            dir.join(bank).display().to_string(),
+            out.path().join("run"),
+        )
     };
     let summary = pipeline::run(&job, &Silent).unwrap();
     for (ours, key) in summary.methods.iter().zip(["baseline", "inverted_softmax"]) {
@@ -127,20 +124,18 @@ fn every_method_on_the_dev_data() {
         .map(MethodSpec::default_for)
         .collect();
     let job = RunJob {
-        queries: dir.join("queries.parquet").display().to_string(),
-        gallery: dir.join("gallery.parquet").display().to_string(),
-        bank: dir.join("bank.parquet").display().to_string(),
         gallery_bank: Some(dir.join("gallery_bank.parquet").display().to_string()),
-        bank_sample: None,
-        transductive: false,
         methods,
-        k: 10,
-        out_dir: out.path().join("run"),
-        overwrite: false,
         options: PassOptions {
             memory: "640MiB".parse().unwrap(),
             ..PassOptions::default()
         },
+        ..RunJob::new(
+            dir.join("queries.parquet").display().to_string(),
+            dir.join("gallery.parquet").display().to_string(),
+            dir.join("bank.parquet").display().to_string(),
+            out.path().join("run"),
+        )
     };
     // Through `hubnorm compare` (which runs exactly `hubnorm run`, then
     // reports): its table is the one the README quotes.
@@ -234,11 +229,6 @@ fn transductive_methods_on_the_dev_data() {
     let Some(dir) = dev_data() else { return };
     let out = tempfile::tempdir().unwrap();
     let job = RunJob {
-        queries: dir.join("queries.parquet").display().to_string(),
-        gallery: dir.join("gallery.parquet").display().to_string(),
-        bank: String::new(),
-        gallery_bank: None,
-        bank_sample: None,
         transductive: true,
         methods: [
             MethodKind::named("is").unwrap(),
@@ -248,10 +238,12 @@ fn transductive_methods_on_the_dev_data() {
         .into_iter()
         .map(MethodSpec::default_for)
         .collect(),
-        k: 10,
-        out_dir: out.path().join("run"),
-        overwrite: false,
-        options: PassOptions::default(),
+        ..RunJob::new(
+            dir.join("queries.parquet").display().to_string(),
+            dir.join("gallery.parquet").display().to_string(),
+            String::new(),
+            out.path().join("run"),
+        )
     };
     let summary = pipeline::run(&job, &Silent).unwrap();
     let table: [(&str, [f64; 5]); 4] = [

@@ -109,21 +109,18 @@ fn peak_heap_follows_the_memory_limit_not_the_input_size() {
     );
     drop((gallery, bank, queries));
     let job = RunJob {
-        queries: dir.path().join("queries.parquet").display().to_string(),
-        gallery: dir.path().join("gallery.parquet").display().to_string(),
-        bank: dir.path().join("bank.parquet").display().to_string(),
-        gallery_bank: None,
-        bank_sample: None,
-        transductive: false,
         methods: vec![MethodSpec::new("is", &[("beta", 20.0)]).unwrap()],
-        k: 10,
-        out_dir: dir.path().join("out"),
-        overwrite: false,
         options: PassOptions {
             memory: MemoryBudget(limit),
             threads: 2,
             ..PassOptions::default()
         },
+        ..RunJob::new(
+            dir.path().join("queries.parquet").display().to_string(),
+            dir.path().join("gallery.parquet").display().to_string(),
+            dir.path().join("bank.parquet").display().to_string(),
+            dir.path().join("out"),
+        )
     };
     let (summary, peak) = peak_heap_of(|| pipeline::run(&job, &Silent).unwrap());
     assert_eq!(summary.queries, 3_000);
@@ -167,19 +164,17 @@ fn stats_holds_one_gallery_chunk_at_a_time() {
     write_inputs(dir.path(), &[("gallery", &gallery), ("bank", &bank)]);
     drop((gallery, bank));
     let job = StatsJob {
-        gallery: dir.path().join("gallery.parquet").display().to_string(),
-        bank: dir.path().join("bank.parquet").display().to_string(),
-        gallery_bank: None,
-        bank_sample: None,
         methods: vec![MethodSpec::new("is", &[("beta", 20.0)]).unwrap()],
-        out: dir.path().join("gallery_stats.parquet"),
-        overwrite: false,
         options: PassOptions {
             memory: MemoryBudget(limit),
             threads: 2,
             ..PassOptions::default()
         },
-        checkpoint: Default::default(),
+        ..StatsJob::new(
+            dir.path().join("gallery.parquet").display().to_string(),
+            dir.path().join("bank.parquet").display().to_string(),
+            dir.path().join("gallery_stats.parquet"),
+        )
     };
     let (_, peak) = peak_heap_of(|| pipeline::run_stats(&job, &Silent).unwrap());
     assert_heap_within("stats", peak, limit);

@@ -362,28 +362,24 @@ fn stats_then_search_equals_run_and_records_metadata() {
     let methods = vec![MethodSpec::new("is", &[("beta", BETA)]).unwrap()];
     pipeline::run_stats(
         &StatsJob {
-            gallery: path("gallery.parquet"),
-            bank: path("bank.parquet"),
-            gallery_bank: None,
-            bank_sample: None,
             methods: methods.clone(),
-            out: stats_path.clone(),
-            overwrite: false,
-            options: PassOptions::default(),
-            checkpoint: Default::default(),
+            ..StatsJob::new(
+                path("gallery.parquet"),
+                path("bank.parquet"),
+                stats_path.clone(),
+            )
         },
         &Silent,
     )
     .unwrap();
     let search = |methods: Vec<MethodSpec>, out: &str| SearchJob {
-        queries: path("queries.parquet"),
-        gallery: path("gallery.parquet"),
-        stats: Some(stats_path.clone()),
         methods,
-        k: 10,
-        out: dir.path().join(out),
-        overwrite: false,
-        options: PassOptions::default(),
+        ..SearchJob::new(
+            path("queries.parquet"),
+            path("gallery.parquet"),
+            Some(stats_path.clone()),
+            dir.path().join(out),
+        )
     };
     pipeline::run_search(&search(methods.clone(), "is.parquet"), &Silent).unwrap();
     let from_run: Vec<ResultRow> = results_of(dir.path(), "run")
@@ -471,29 +467,26 @@ fn every_method_stats_then_search_equals_run() {
     let stats_path = dir.path().join("stats.parquet");
     pipeline::run_stats(
         &StatsJob {
-            gallery: path("gallery.parquet"),
-            bank: path("bank.parquet"),
             gallery_bank: Some(path("gallery_bank.parquet")),
-            bank_sample: None,
             methods: methods.clone(),
-            out: stats_path.clone(),
-            overwrite: false,
-            options: PassOptions::default(),
-            checkpoint: Default::default(),
+            ..StatsJob::new(
+                path("gallery.parquet"),
+                path("bank.parquet"),
+                stats_path.clone(),
+            )
         },
         &Silent,
     )
     .unwrap();
     pipeline::run_search(
         &SearchJob {
-            queries: path("queries.parquet"),
-            gallery: path("gallery.parquet"),
-            stats: Some(stats_path.clone()),
             methods: methods.clone(),
-            k: 10,
-            out: dir.path().join("search.parquet"),
-            overwrite: false,
-            options: PassOptions::default(),
+            ..SearchJob::new(
+                path("queries.parquet"),
+                path("gallery.parquet"),
+                Some(stats_path.clone()),
+                dir.path().join("search.parquet"),
+            )
         },
         &Silent,
     )
@@ -748,14 +741,14 @@ fn a_stats_column_of_the_wrong_type_is_refused() {
     let path = |n: &str| dir.path().join(n).display().to_string();
     let err = pipeline::run_search(
         &SearchJob {
-            queries: path("queries.parquet"),
-            gallery: path("gallery.parquet"),
-            stats: Some(stats),
             methods: vec![MethodSpec::new("is", &[("beta", 20.0)]).unwrap()],
             k: 5,
-            out: dir.path().join("out.parquet"),
-            overwrite: false,
-            options: PassOptions::default(),
+            ..SearchJob::new(
+                path("queries.parquet"),
+                path("gallery.parquet"),
+                Some(stats),
+                dir.path().join("out.parquet"),
+            )
         },
         &Silent,
     )

@@ -489,17 +489,14 @@ fn missing_targets_are_refused_unless_skipped() {
         false,
     );
     let mut job = RunJob {
-        queries: dir.path().join("q.parquet").display().to_string(),
-        gallery: dir.path().join("g.parquet").display().to_string(),
-        bank: dir.path().join("b.parquet").display().to_string(),
-        gallery_bank: None,
-        bank_sample: None,
-        transductive: false,
         methods: vec![MethodSpec::new("is", &[("beta", 20.0)]).unwrap()],
         k: 5,
-        out_dir: dir.path().join("out"),
-        overwrite: false,
-        options: PassOptions::default(),
+        ..RunJob::new(
+            dir.path().join("q.parquet").display().to_string(),
+            dir.path().join("g.parquet").display().to_string(),
+            dir.path().join("b.parquet").display().to_string(),
+            dir.path().join("out"),
+        )
     };
     let err = run(&job, &Silent).unwrap_err();
     let message = err.to_string();
@@ -656,22 +653,18 @@ fn tune_chooses_the_best_point_of_a_bank_split_and_its_config_runs() {
     write_rows(&rest, "rest.parquet");
     let check = run(
         &RunJob {
-            queries: p("validation.parquet"),
-            gallery: p("t.parquet"),
-            bank: p("rest.parquet"),
-            gallery_bank: None,
-            bank_sample: None,
-            transductive: false,
             methods: outcome
                 .grid
                 .iter()
                 .map(|g| g.spec)
                 .filter(|s| s.kind() == MethodKind::named("csls").unwrap())
                 .collect(),
-            k: 10,
-            out_dir: dir.path().join("check"),
-            overwrite: false,
-            options: PassOptions::default(),
+            ..RunJob::new(
+                p("validation.parquet"),
+                p("t.parquet"),
+                p("rest.parquet"),
+                dir.path().join("check"),
+            )
         },
         &Silent,
     )
