@@ -4,7 +4,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, FixedSizeListArray, Float32Array, ListArray, StringArray};
@@ -12,23 +11,12 @@ use arrow::buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Field};
 use common::*;
 
-fn hubnorm(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_hubnorm"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// Runs `hubnorm run` and checks the failure is reported as bad input at
 /// `file`, `row`, `column`, with `phrase` in the message, and that nothing was written.
 fn assert_refused(dir: &Path, file: &str, row: Option<u64>, column: Option<&str>, phrase: &str) {
     let p = |n: &str| dir.join(n).display().to_string();
     let out = dir.join("out");
-    let (code, stderr) = hubnorm(&[
+    let run = hubnorm(&[
         "run",
         "--queries",
         &p("queries.parquet"),
@@ -39,8 +27,10 @@ fn assert_refused(dir: &Path, file: &str, row: Option<u64>, column: Option<&str>
         "--out",
         &out.display().to_string(),
         "--quiet",
-    ]);
-    assert_eq!(code, 2, "exit code for {phrase}: {stderr}");
+    ])
+    .output();
+    let (code, stderr) = (run.code(), run.stderr());
+    assert_eq!(code, Some(2), "exit code for {phrase}: {stderr}");
     assert!(
         stderr.contains(file),
         "message names the file {file}: {stderr}"
@@ -347,8 +337,9 @@ fn existing_outputs_are_kept_without_overwrite() {
         &p("out"),
         "--quiet",
     ];
-    let (code, stderr) = hubnorm(&args);
-    assert_eq!(code, 2, "{stderr}");
+    let run = hubnorm(&args).output();
+    let (code, stderr) = (run.code(), run.stderr());
+    assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("--overwrite"), "{stderr}");
     assert_eq!(
         std::fs::read(out.join("results.parquet")).unwrap(),
@@ -356,8 +347,9 @@ fn existing_outputs_are_kept_without_overwrite() {
     );
     let mut with_overwrite = args.to_vec();
     with_overwrite.push("--overwrite");
-    let (code, stderr) = hubnorm(&with_overwrite);
-    assert_eq!(code, 0, "{stderr}");
+    let run = hubnorm(&with_overwrite).output();
+    let (code, stderr) = (run.code(), run.stderr());
+    assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(
         read_results(&out.join("results.parquet")).len(),
         2 * 10 * 10
@@ -369,7 +361,7 @@ fn missing_stats_file_is_bad_input() {
     let dir = tempfile::tempdir().unwrap();
     valid_case(dir.path());
     let p = |n: &str| dir.path().join(n).display().to_string();
-    let (code, stderr) = hubnorm(&[
+    let run = hubnorm(&[
         "search",
         "--queries",
         &p("queries.parquet"),
@@ -380,8 +372,10 @@ fn missing_stats_file_is_bad_input() {
         "--out",
         &p("results.parquet"),
         "--quiet",
-    ]);
-    assert_eq!(code, 2, "{stderr}");
+    ])
+    .output();
+    let (code, stderr) = (run.code(), run.stderr());
+    assert_eq!(code, Some(2), "{stderr}");
     assert!(
         stderr.contains("nowhere.parquet") && stderr.contains("no such file"),
         "{stderr}"
@@ -391,9 +385,9 @@ fn missing_stats_file_is_bad_input() {
 
 #[test]
 fn usage_errors_exit_with_2() {
-    let (code, _) = hubnorm(&["run", "--queries", "q.parquet"]);
-    assert_eq!(code, 2);
-    let (code, stderr) = hubnorm(&[
+    let code = hubnorm(["run", "--queries", "q.parquet"]).output().code();
+    assert_eq!(code, Some(2));
+    let run = hubnorm(&[
         "stats",
         "--gallery",
         "g",
@@ -403,7 +397,9 @@ fn usage_errors_exit_with_2() {
         "x",
         "--method",
         "bogus",
-    ]);
-    assert_eq!(code, 2, "{stderr}");
+    ])
+    .output();
+    let (code, stderr) = (run.code(), run.stderr());
+    assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("unknown method 'bogus'"), "{stderr}");
 }

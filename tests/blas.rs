@@ -10,7 +10,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use common::*;
@@ -124,16 +123,17 @@ fn blas_tiles_match_a_dense_reference_at_tile_edges() {
     assert!(again.contains("already in use"), "{again}");
 }
 
-fn hubnorm(dir: &Path, blas: Option<&Path>, extra: &[&str], out: &str) -> PathBuf {
+/// `hubnorm run` on the case in `dir` into `dir/out`, with the system BLAS
+/// `blas` (`HUBNORM_BLAS`) or the `gemm` crate (`HUBNORM_BLAS` unset).
+fn run_with_blas(dir: &Path, blas: Option<&Path>, extra: &[&str], out: &str) -> PathBuf {
     let p = |n: &str| dir.join(n).display().to_string();
     let out_dir = dir.join(out);
-    let mut command = Command::new(env!("CARGO_BIN_EXE_hubnorm"));
+    let mut command = hubnorm(["run", "--queries", &p("queries.parquet")]);
     command.env_remove("HUBNORM_BLAS");
     if let Some(path) = blas {
         command.env("HUBNORM_BLAS", path);
     }
-    let result = command
-        .args(["run", "--queries", &p("queries.parquet")])
+    command
         .args([
             "--gallery",
             &p("gallery.parquet"),
@@ -144,12 +144,7 @@ fn hubnorm(dir: &Path, blas: Option<&Path>, extra: &[&str], out: &str) -> PathBu
         .args(extra)
         .args(["--out", &out_dir.display().to_string()])
         .output()
-        .unwrap();
-    assert!(
-        result.status.success(),
-        "{}",
-        String::from_utf8_lossy(&result.stderr)
-    );
+        .assert_success();
     out_dir
 }
 
@@ -192,8 +187,8 @@ fn runs_with_a_blas_equal_the_gemm_crate_runs_except_in_the_last_bits() {
     let Some(path) = test_blas() else { return };
     let dir = tempfile::tempdir().unwrap();
     generated_case(dir.path());
-    let ours = hubnorm(dir.path(), None, &[], "gemm");
-    let theirs = hubnorm(dir.path(), Some(&path), &[], "blas");
+    let ours = run_with_blas(dir.path(), None, &[], "gemm");
+    let theirs = run_with_blas(dir.path(), Some(&path), &[], "blas");
 
     let gemm_of = |out: &Path| {
         parquet_metadata(&out.join("results.parquet"))
@@ -249,19 +244,29 @@ fn runs_with_a_blas_are_reproducible() {
         ["results.parquet", "gallery_stats.parquet"]
             .map(|name| std::fs::read(out.join(name)).unwrap())
     };
-    let reference = read(&hubnorm(dir.path(), Some(&path), &["--threads", "1"], "t1"));
-    let again = read(&hubnorm(
+    let reference = read(&run_with_blas(
+        dir.path(),
+        Some(&path),
+        &["--threads", "1"],
+        "t1",
+    ));
+    let again = read(&run_with_blas(
         dir.path(),
         Some(&path),
         &["--threads", "1"],
         "t1-again",
     ));
     assert!(again == reference, "two identical runs differ");
-    let threads = read(&hubnorm(dir.path(), Some(&path), &["--threads", "2"], "t2"));
+    let threads = read(&run_with_blas(
+        dir.path(),
+        Some(&path),
+        &["--threads", "2"],
+        "t2",
+    ));
     assert!(threads == reference, "1 and 2 threads differ");
     // A small limit changes the blocks, hence the tile edges: the bits stay
     // the same only where the library promises shape-independent products.
-    let small = read(&hubnorm(
+    let small = read(&run_with_blas(
         dir.path(),
         Some(&path),
         &["--threads", "2", "--memory-limit", "24MiB"],
@@ -292,9 +297,8 @@ fn an_unusable_blas_is_refused_with_exit_code_2() {
         ("libc.so.6", "no cblas_sgemm"),
     ] {
         let out = dir.path().join("out");
-        let result = Command::new(env!("CARGO_BIN_EXE_hubnorm"))
+        let result = hubnorm(["run", "--queries", &p("queries.parquet")])
             .env("HUBNORM_BLAS", library)
-            .args(["run", "--queries", &p("queries.parquet")])
             .args([
                 "--gallery",
                 &p("gallery.parquet"),
@@ -302,10 +306,9 @@ fn an_unusable_blas_is_refused_with_exit_code_2() {
                 &p("bank.parquet"),
             ])
             .args(["--out", &out.display().to_string()])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&result.stderr);
-        assert_eq!(result.status.code(), Some(2), "{stderr}");
+            .output();
+        let stderr = result.stderr();
+        assert_eq!(result.code(), Some(2), "{stderr}");
         assert!(
             stderr.contains("HUBNORM_BLAS") && stderr.contains(library),
             "{stderr}"

@@ -2,19 +2,11 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use common::*;
 
 fn samples() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data-samples")
-}
-
-fn hubnorm(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_hubnorm"))
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 /// The README's main command, on data-samples/: every method in one run, all
@@ -39,13 +31,10 @@ fn run_on_samples_writes_documented_outputs() {
         "is,dis,nnn,csls,gc,dn,dual-is,dual-dis",
         "--out",
         &dir.display().to_string(),
-    ]);
-    let stdout = String::from_utf8_lossy(&result.stdout);
-    assert!(
-        result.status.success(),
-        "{}",
-        String::from_utf8_lossy(&result.stderr)
-    );
+    ])
+    .output();
+    let stdout = result.stdout();
+    result.assert_success();
     assert!(
         stdout.contains("skew(N10)") && stdout.contains("R@1"),
         "printed summary: {stdout}"
@@ -139,8 +128,9 @@ fn stats_and_search_commands_compose() {
         "--out",
         &stats,
         "--quiet",
-    ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    ])
+    .output();
+    r.assert_success();
     // Without --beta, search takes the statistic the stats file holds (β = 30).
     let r = hubnorm(&[
         "search",
@@ -155,8 +145,9 @@ fn stats_and_search_commands_compose() {
         "--out",
         &results,
         "--quiet",
-    ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    ])
+    .output();
+    r.assert_success();
     let rows = read_results(std::path::Path::new(&results));
     assert_eq!(rows.len(), 600 * 5);
     assert!(rows
@@ -191,7 +182,7 @@ fn method_flags_gallery_bank_and_bank_sample() {
         args.extend(common);
         args.extend(extra);
         args.extend(["--out", &stats_arg, "--overwrite"]);
-        hubnorm(&args)
+        hubnorm(&args).output()
     };
     let r = stats_with(&[
         "--methods",
@@ -203,7 +194,7 @@ fn method_flags_gallery_bank_and_bank_sample() {
         "--csls-k",
         "4",
     ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    r.assert_success();
     let names: Vec<String> = {
         let f = std::fs::File::open(&stats).unwrap();
         let b = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).unwrap();
@@ -225,15 +216,15 @@ fn method_flags_gallery_bank_and_bank_sample() {
     );
     let before = std::fs::read(&stats).unwrap();
     let r = stats_with(&["--method", "dual-is"]);
-    assert_eq!(r.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&r.stderr).contains("--gallery-bank"));
+    assert_eq!(r.code(), Some(2));
+    assert!(r.stderr().contains("--gallery-bank"));
     let r = stats_with(&["--method", "nnn", "--nnn-k", "5000"]);
-    assert_eq!(r.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&r.stderr).contains("larger than the bank"));
+    assert_eq!(r.code(), Some(2));
+    assert!(r.stderr().contains("larger than the bank"));
     // gc: 1000 bank × 600 gallery × 4 bytes = 2.3 MiB, more than half of 4 MiB.
     let r = stats_with(&["--method", "gc", "--memory-limit", "4MiB"]);
-    assert_eq!(r.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.code(), Some(2));
+    let err = r.stderr();
     assert!(
         err.contains("2.3 MiB") && err.contains("--bank-sample"),
         "{err}"
@@ -250,7 +241,7 @@ fn method_flags_gallery_bank_and_bank_sample() {
         "--seed",
         "7",
     ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    r.assert_success();
     let meta = parquet_metadata(&stats);
     let get = |k: &str| {
         meta.iter()

@@ -7,7 +7,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use arrow::array::{
@@ -92,16 +91,9 @@ fn run_args(dir: &Path, extra: &[&str]) -> Vec<String> {
 /// in `dir` was created or changed.
 fn assert_refused(case: &str, dir: &Path, args: &[String], expected: Expected<'_>) {
     let before = snapshot(dir);
-    let out = Command::new(env!("CARGO_BIN_EXE_hubnorm"))
-        .args(args)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "{case}: exit code; stderr: {stderr}"
-    );
+    let out = hubnorm(args).output();
+    let stderr = out.stderr();
+    assert_eq!(out.code(), Some(2), "{case}: exit code; stderr: {stderr}");
     assert!(
         stderr.starts_with(expected.class.prefix()),
         "{case}: error class {:?}: {stderr}",
@@ -770,15 +762,9 @@ fn odd_but_valid_ids_round_trip() {
         Layout::FixedF32,
         false,
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_hubnorm"))
-        .args(run_args(dir.path(), &["--method", "none", "--k", "1"]))
+    hubnorm(run_args(dir.path(), &["--method", "none", "--k", "1"]))
         .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .assert_success();
     let results = read_results(&dir.path().join("out").join("results.parquet"));
     // Each query is its target's own vector: the top-1 is that odd id, byte for byte.
     for (i, row) in results.iter().enumerate() {

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float32Type, Float64Type};
-use common::{random_table, read_parquet, read_results, rng, write_table, Layout, Table};
+use common::{hubnorm, random_table, read_parquet, read_results, rng, write_table, Layout, Table};
 use hubnorm::export::{export, ExportJob};
 use hubnorm::options::{MemoryBudget, MethodSpec, PassOptions};
 use hubnorm::pipeline::{run_search, run_stats, SearchJob, StatsJob};
@@ -309,13 +309,6 @@ fn export_reproduces_search_with_a_plain_inner_product() {
     assert!(!d.join("dis.parquet").exists());
 }
 
-fn hubnorm(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_hubnorm"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
 /// The commands: `export` on the sample data writes 600 vectors of 385
 /// values; `stats --update` with nothing new says so, and refuses method
 /// flags (its methods are the stored file's).
@@ -337,12 +330,9 @@ fn export_and_update_commands_on_the_samples() {
         "--quiet",
         "--out",
         &stats_s,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ])
+    .output();
+    out.assert_success();
     let export_path = dir.path().join("gallery_nnn.parquet");
     let out = hubnorm(&[
         "export",
@@ -354,12 +344,9 @@ fn export_and_update_commands_on_the_samples() {
         "nnn",
         "--out",
         export_path.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ])
+    .output();
+    out.assert_success();
     let exported = read_parquet(&export_path);
     assert_eq!(exported.num_rows(), 600);
     assert_eq!(exported.column(1).as_fixed_size_list().value_length(), 385);
@@ -373,13 +360,10 @@ fn export_and_update_commands_on_the_samples() {
         &s("bank.parquet"),
         "--out",
         &stats_s,
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("up to date"));
+    ])
+    .output();
+    out.assert_success();
+    assert!(out.stdout().contains("up to date"));
     let out = hubnorm(&[
         "stats",
         "--update",
@@ -391,7 +375,8 @@ fn export_and_update_commands_on_the_samples() {
         &s("bank.parquet"),
         "--out",
         &stats_s,
-    ]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("stored file's methods"));
+    ])
+    .output();
+    assert_eq!(out.code(), Some(2));
+    assert!(out.stderr().contains("stored file's methods"));
 }

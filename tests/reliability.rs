@@ -154,15 +154,6 @@ fn large_case(dir: &Path) {
     );
 }
 
-fn spawn(args: &[String]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_hubnorm"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
 /// Sends signal `name` to `child` (which may have ended already).
 fn signal(child: &Child, name: &str) {
     Command::new("kill")
@@ -233,14 +224,9 @@ fn sigint_and_sigkill_never_damage_outputs() {
     // The outputs a user already has (k = 5), and what a complete k = 7 run
     // writes (the same bytes every time: outputs are deterministic).
     let finished = |out: &Path, k: &str| {
-        let status = spawn(&run_args(dir.path(), out, k))
-            .wait_with_output()
-            .unwrap();
-        assert!(
-            status.status.success(),
-            "{}",
-            String::from_utf8_lossy(&status.stderr)
-        );
+        hubnorm(&run_args(dir.path(), out, k))
+            .output()
+            .assert_success();
         files(out)
     };
     let old = finished(&out, "5");
@@ -248,7 +234,7 @@ fn sigint_and_sigkill_never_damage_outputs() {
     assert_eq!(old.len(), 3);
 
     // SIGINT while pass 1 runs: exit 130, a message, nothing changed or left.
-    let mut child = spawn(&run_args(dir.path(), &out, "7"));
+    let mut child = hubnorm(&run_args(dir.path(), &out, "7")).spawn();
     wait_for("pass 1 started writing", &mut child, || {
         !temporaries(&out).is_empty()
     });
@@ -306,7 +292,7 @@ fn sigint_and_sigkill_never_damage_outputs() {
         }
     };
     for (when, reached) in &points {
-        let mut child = spawn(&run_args(dir.path(), &out, "7"));
+        let mut child = hubnorm(&run_args(dir.path(), &out, "7")).spawn();
         let start = Instant::now();
         while !reached()
             && child.try_wait().unwrap().is_none()
@@ -323,7 +309,7 @@ fn sigint_and_sigkill_never_damage_outputs() {
         }
     }
     for delay_ms in [100u64, 300, 700] {
-        let mut child = spawn(&run_args(dir.path(), &out, "7"));
+        let mut child = hubnorm(&run_args(dir.path(), &out, "7")).spawn();
         std::thread::sleep(Duration::from_millis(delay_ms));
         signal(&child, "KILL");
         let _ = child.wait();
@@ -331,10 +317,9 @@ fn sigint_and_sigkill_never_damage_outputs() {
     }
     eprintln!("final names seen holding: {seen:?}");
     // A later run removes what the killed ones left behind, and completes.
-    let status = spawn(&run_args(dir.path(), &out, "7"))
-        .wait_with_output()
-        .unwrap();
-    assert!(status.status.success());
+    hubnorm(&run_args(dir.path(), &out, "7"))
+        .output()
+        .assert_success();
     assert_eq!(files(&out), new);
     assert_eq!(
         temporaries(&out),
@@ -386,14 +371,9 @@ fn resumed_stats_equal_an_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
     large_case(dir.path());
     let reference = dir.path().join("reference.parquet");
-    let output = spawn(&stats_args(dir.path(), &reference, &["--no-checkpoint"]))
-        .wait_with_output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    hubnorm(&stats_args(dir.path(), &reference, &["--no-checkpoint"]))
+        .output()
+        .assert_success();
     assert!(!dir.path().join("reference.parquet.checkpoint").exists());
 
     let out = dir.path().join("stats.parquet");
@@ -401,11 +381,12 @@ fn resumed_stats_equal_an_uninterrupted_run() {
     for (stop, resumes) in [("KILL", 1), ("INT", 2)] {
         // Stop the run once it has saved more chunks.
         let before = saved_end(&checkpoint);
-        let mut child = spawn(&stats_args(
+        let mut child = hubnorm(&stats_args(
             dir.path(),
             &out,
             &["--checkpoint-interval", "0", "--resume"],
-        ));
+        ))
+        .spawn();
         wait_for("a checkpoint", &mut child, || {
             saved_end(&checkpoint) > before
         });
@@ -422,11 +403,9 @@ fn resumed_stats_equal_an_uninterrupted_run() {
     }
 
     // Without --resume a fresh run refuses to discard the checkpoint.
-    let output = spawn(&stats_args(dir.path(), &out, &[]))
-        .wait_with_output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("--resume"));
+    let output = hubnorm(&stats_args(dir.path(), &out, &[])).output();
+    assert_eq!(output.code(), Some(2));
+    assert!(output.stderr().contains("--resume"));
 
     // Changed parameters: refused, naming what changed.
     let mut changed = stats_args(dir.path(), &out, &["--resume"]);
@@ -435,24 +414,18 @@ fn resumed_stats_equal_an_uninterrupted_run() {
         .position(|a| a == "is,dis,nnn,csls,sn")
         .unwrap();
     changed[methods] = "is,dis,nnn,csls".into();
-    let output = spawn(&changed).wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let output = hubnorm(&changed).output();
+    let stderr = output.stderr();
+    assert_eq!(output.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("cannot resume") && stderr.contains("methods differs"),
         "{stderr}"
     );
 
     // Resumed: skips the saved rows, and gives the uninterrupted run's bytes.
-    let output = spawn(&stats_args(dir.path(), &out, &["--resume"]))
-        .wait_with_output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let output = hubnorm(&stats_args(dir.path(), &out, &["--resume"])).output();
+    let stdout = output.stdout();
+    output.assert_success();
     assert!(stdout.contains("resumed after"), "{stdout}");
     assert_eq!(
         std::fs::read(&out).unwrap(),
@@ -470,11 +443,12 @@ fn resume_refuses_changed_inputs() {
     large_case(dir.path());
     let out = dir.path().join("stats.parquet");
     let checkpoint = dir.path().join("stats.parquet.checkpoint");
-    let mut child = spawn(&stats_args(
+    let mut child = hubnorm(&stats_args(
         dir.path(),
         &out,
         &["--checkpoint-interval", "0"],
-    ));
+    ))
+    .spawn();
     wait_for("a checkpoint", &mut child, || saved_end(&checkpoint) > 0);
     signal(&child, "KILL");
     let _ = child.wait();
@@ -488,11 +462,9 @@ fn resume_refuses_changed_inputs() {
         Layout::FixedF32,
         false,
     );
-    let output = spawn(&stats_args(dir.path(), &out, &["--resume"]))
-        .wait_with_output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let output = hubnorm(&stats_args(dir.path(), &out, &["--resume"])).output();
+    let stderr = output.stderr();
+    assert_eq!(output.code(), Some(2), "{stderr}");
     assert!(stderr.contains("the bank files changed"), "{stderr}");
     assert!(!out.exists());
     // Nothing of the user's was deleted: the checkpoint is still there.

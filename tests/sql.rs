@@ -7,7 +7,6 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use arrow::array::{
@@ -15,7 +14,9 @@ use arrow::array::{
     RecordBatch, StringArray,
 };
 use arrow::datatypes::{DataType, Field, Float64Type};
-use common::{random_table, read_parquet, rng, write_columns, write_table, Layout, Table};
+use common::{
+    hubnorm, random_table, read_parquet, rng, write_columns, write_table, Layout, Table, TestOutput,
+};
 use hubnorm::kernel::{LogSumExp, TopValues};
 use hubnorm::options::{MemoryBudget, MethodSpec, PassOptions};
 use hubnorm::pipeline::{run, run_search, run_stats, RunJob, SearchJob, StatsJob};
@@ -569,21 +570,10 @@ fn samples() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data-samples")
 }
 
-fn hubnorm(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_hubnorm"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
 /// CSV rows of `hubnorm sql` as maps from column to text.
-fn csv_rows(output: &std::process::Output) -> Vec<HashMap<String, String>> {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout.clone()).unwrap();
+fn csv_rows(output: &TestOutput) -> Vec<HashMap<String, String>> {
+    output.assert_success();
+    let text = String::from_utf8(output.stdout_bytes().to_vec()).unwrap();
     let mut lines = text.lines();
     let header: Vec<String> = lines
         .next()
@@ -635,12 +625,9 @@ fn every_query_file_runs_on_the_sample_run() {
         "--quiet",
         "--out",
         run_dir.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ])
+    .output();
+    out.assert_success();
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run_dir.join("summary.json")).unwrap())
             .unwrap();
@@ -675,7 +662,8 @@ fn every_query_file_runs_on_the_sample_run() {
             file.to_str().unwrap(),
             "--format",
             "csv",
-        ]);
+        ])
+        .output();
         let rows = csv_rows(&output);
         assert!(!rows.is_empty(), "{} returned no rows", file.display());
         let name = file.file_stem().unwrap().to_str().unwrap();
@@ -725,14 +713,14 @@ fn sql_command_refuses_clearly_and_writes_atomically() {
     let bad = dir.path().join("bad.sql");
     std::fs::write(&bad, "-- broken\nSELEC 1;").unwrap();
     let table = format!("g={}", samples().join("gallery.parquet").display());
-    let out = hubnorm(&["sql", "--file", bad.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let out = hubnorm(&["sql", "--file", bad.to_str().unwrap()]).output();
+    assert_eq!(out.code(), Some(2));
+    let err = out.stderr();
     assert!(err.contains("bad.sql"), "{err}");
 
-    let out = hubnorm(&["sql", "SELECT * FROM nowhere"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("nowhere"));
+    let out = hubnorm(&["sql", "SELECT * FROM nowhere"]).output();
+    assert_eq!(out.code(), Some(2));
+    assert!(out.stderr().contains("nowhere"));
 
     let out = hubnorm(&[
         "sql",
@@ -741,8 +729,9 @@ fn sql_command_refuses_clearly_and_writes_atomically() {
         "--format",
         "parquet",
         "SELECT id FROM g",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
+    ])
+    .output();
+    assert_eq!(out.code(), Some(2));
 
     let target = dir.path().join("ids.parquet");
     let out = hubnorm(&[
@@ -754,12 +743,9 @@ fn sql_command_refuses_clearly_and_writes_atomically() {
         "--out",
         target.to_str().unwrap(),
         "SELECT id, hub_l2_normalize(embedding) AS embedding FROM g ORDER BY id",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ])
+    .output();
+    out.assert_success();
     let written = read_parquet(&target);
     assert_eq!(written.num_rows(), 600);
     let before = std::fs::read(&target).unwrap();
@@ -772,8 +758,9 @@ fn sql_command_refuses_clearly_and_writes_atomically() {
         "--out",
         target.to_str().unwrap(),
         "SELECT id FROM g",
-    ]);
-    assert_eq!(out.status.code(), Some(2));
+    ])
+    .output();
+    assert_eq!(out.code(), Some(2));
     assert_eq!(std::fs::read(&target).unwrap(), before);
     let leftovers: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()

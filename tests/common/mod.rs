@@ -1,11 +1,13 @@
 //! Shared test helpers: Parquet tables in every accepted layout, reading
-//! results back, and a dense f64 reference implementation of the spec
-//! (METHODS.md `none` and `is`, REPORTS.md rank and skewness), written
-//! independently of the library.
+//! results back, running the `hubnorm` binary ([`hubnorm`]), and a dense f64
+//! reference implementation of the spec (METHODS.md `none` and `is`,
+//! REPORTS.md rank and skewness), written independently of the library.
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::fs::File;
 use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 
 use arrow::array::{
@@ -19,6 +21,125 @@ use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+/// The `hubnorm` binary under test with `args`, to add to (more arguments,
+/// environment, working directory) and then run: [`TestCommand::output`]
+/// to the end, or [`TestCommand::spawn`] for a test that signals it.
+pub fn hubnorm<I, S>(args: I) -> TestCommand
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hubnorm"));
+    command.args(args);
+    TestCommand { command }
+}
+
+/// A command line of the binary under test (see [`hubnorm`]).
+#[derive(Debug)]
+pub struct TestCommand {
+    command: Command,
+}
+
+impl TestCommand {
+    pub fn arg(&mut self, arg: impl AsRef<OsStr>) -> &mut Self {
+        self.command.arg(arg);
+        self
+    }
+
+    pub fn args<I, S>(&mut self, args: I) -> &mut Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.command.args(args);
+        self
+    }
+
+    pub fn env(&mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> &mut Self {
+        self.command.env(key, value);
+        self
+    }
+
+    pub fn env_remove(&mut self, key: impl AsRef<OsStr>) -> &mut Self {
+        self.command.env_remove(key);
+        self
+    }
+
+    pub fn current_dir(&mut self, dir: impl AsRef<Path>) -> &mut Self {
+        self.command.current_dir(dir);
+        self
+    }
+
+    /// Runs it to the end (no stdin), its output captured.
+    pub fn output(&mut self) -> TestOutput {
+        let output = self.command.output().expect("run hubnorm");
+        TestOutput {
+            status: output.status,
+            stdout: output.stdout,
+            stderr: output.stderr,
+        }
+    }
+
+    /// Starts it with stdout and stderr piped, for a test that waits on,
+    /// signals or kills the child itself.
+    pub fn spawn(&mut self) -> Child {
+        self.command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start hubnorm")
+    }
+}
+
+/// What a finished run of the binary left: its exit status and streams.
+#[derive(Debug)]
+pub struct TestOutput {
+    status: ExitStatus,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+impl TestOutput {
+    pub fn status(&self) -> ExitStatus {
+        self.status
+    }
+
+    /// The exit code (`None` when a signal ended it).
+    pub fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+
+    pub fn success(&self) -> bool {
+        self.status.success()
+    }
+
+    /// stdout as text (invalid UTF-8 replaced).
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    /// stdout as it was written.
+    pub fn stdout_bytes(&self) -> &[u8] {
+        &self.stdout
+    }
+
+    /// stderr as text (invalid UTF-8 replaced).
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+
+    /// Panics, with stderr, unless the run succeeded.
+    pub fn assert_success(&self) -> &Self {
+        assert!(
+            self.success(),
+            "hubnorm failed ({}): {}",
+            self.status,
+            self.stderr()
+        );
+        self
+    }
+}
 
 /// How the embedding column is stored.
 #[derive(Debug, Clone, Copy, PartialEq)]
