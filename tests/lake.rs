@@ -337,7 +337,7 @@ fn export_and_update_commands_on_the_samples() {
     let s = |n: &str| samples.join(n).display().to_string();
     let stats = dir.path().join("stats.parquet");
     let stats_s = stats.display().to_string();
-    let out = hubnorm(&[
+    let out = hubnorm([
         "stats",
         "--gallery",
         &s("gallery.parquet"),
@@ -352,7 +352,7 @@ fn export_and_update_commands_on_the_samples() {
     .output();
     out.assert_success();
     let export_path = dir.path().join("gallery_nnn.parquet");
-    let out = hubnorm(&[
+    let out = hubnorm([
         "export",
         "--gallery",
         &s("gallery.parquet"),
@@ -369,7 +369,7 @@ fn export_and_update_commands_on_the_samples() {
     assert_eq!(exported.num_rows(), 600);
     assert_eq!(exported.column(1).as_fixed_size_list().value_length(), 385);
 
-    let out = hubnorm(&[
+    let out = hubnorm([
         "stats",
         "--update",
         "--gallery",
@@ -382,7 +382,7 @@ fn export_and_update_commands_on_the_samples() {
     .output();
     out.assert_success();
     assert!(out.stdout().contains("up to date"));
-    let out = hubnorm(&[
+    let out = hubnorm([
         "stats",
         "--update",
         "--method",
