@@ -16,7 +16,7 @@ use common::*;
 fn assert_refused(dir: &Path, file: &str, row: Option<u64>, column: Option<&str>, phrase: &str) {
     let p = |n: &str| dir.join(n).display().to_string();
     let out = dir.join("out");
-    let run = hubnorm(&[
+    let run = hubnorm([
         "run",
         "--queries",
         &p("queries.parquet"),
@@ -337,7 +337,7 @@ fn existing_outputs_are_kept_without_overwrite() {
         &p("out"),
         "--quiet",
     ];
-    let run = hubnorm(&args).output();
+    let run = hubnorm(args).output();
     let (code, stderr) = (run.code(), run.stderr());
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("--overwrite"), "{stderr}");
@@ -361,7 +361,7 @@ fn missing_stats_file_is_bad_input() {
     let dir = tempfile::tempdir().unwrap();
     valid_case(dir.path());
     let p = |n: &str| dir.path().join(n).display().to_string();
-    let run = hubnorm(&[
+    let run = hubnorm([
         "search",
         "--queries",
         &p("queries.parquet"),
@@ -387,7 +387,7 @@ fn missing_stats_file_is_bad_input() {
 fn usage_errors_exit_with_2() {
     let code = hubnorm(["run", "--queries", "q.parquet"]).output().code();
     assert_eq!(code, Some(2));
-    let run = hubnorm(&[
+    let run = hubnorm([
         "stats",
         "--gallery",
         "g",

@@ -17,7 +17,7 @@ fn run_on_samples_writes_documented_outputs() {
     let out = tempfile::tempdir().unwrap();
     let s = |n: &str| samples().join(n).display().to_string();
     let dir = out.path().join("run");
-    let result = hubnorm(&[
+    let result = hubnorm([
         "run",
         "--queries",
         &s("queries.parquet"),
@@ -117,7 +117,7 @@ fn stats_and_search_commands_compose() {
     let s = |n: &str| samples().join(n).display().to_string();
     let stats = out.path().join("stats.parquet").display().to_string();
     let results = out.path().join("results.parquet").display().to_string();
-    let r = hubnorm(&[
+    let r = hubnorm([
         "stats",
         "--gallery",
         &s("gallery.parquet"),
@@ -132,7 +132,7 @@ fn stats_and_search_commands_compose() {
     .output();
     r.assert_success();
     // Without --beta, search takes the statistic the stats file holds (β = 30).
-    let r = hubnorm(&[
+    let r = hubnorm([
         "search",
         "--queries",
         &s("queries.parquet"),

@@ -356,6 +356,27 @@ fn errors_text(dom: &str) -> &str {
     &dom[start..end]
 }
 
+/// Loads `page` in a window `width` px wide and dumps the DOM once the
+/// check script has run; fails unless the browser succeeded and the script
+/// finished.
+fn dump_dom(browser: &Path, dir: &Path, page: &Path, width: u32) -> Run {
+    let window = format!("--window-size={width},900");
+    let run = run_chromium(browser, dir, page, &["--dump-dom".to_string(), window]);
+    assert!(
+        run.status.success(),
+        "chromium failed ({}); stderr:\n{}",
+        run.status,
+        run.stderr
+    );
+    let body_tag = body_tag(&run.stdout);
+    assert!(
+        body_tag.contains("data-rendered=\"ok\""),
+        "check script did not finish: {body_tag}; errors: {}",
+        errors_text(&run.stdout)
+    );
+    run
+}
+
 #[test]
 fn report_renders_in_headless_chromium() {
     let Some(browser) = chromium_or_skip("report_renders_in_headless_chromium") else {
@@ -363,29 +384,8 @@ fn report_renders_in_headless_chromium() {
     };
     let dir = tempfile::tempdir().expect("temp dir");
     let page = write_page(dir.path());
-    let run = run_chromium(
-        &browser,
-        dir.path(),
-        &page,
-        &[
-            "--dump-dom".to_string(),
-            "--window-size=1200,900".to_string(),
-        ],
-    );
-    assert!(
-        run.status.success(),
-        "chromium failed ({}); stderr:\n{}",
-        run.status,
-        run.stderr
-    );
+    let run = dump_dom(&browser, dir.path(), &page, 1200);
     let dom = &run.stdout;
-
-    let body_tag = body_tag(dom);
-    assert!(
-        body_tag.contains("data-rendered=\"ok\""),
-        "check script did not finish: {body_tag}; errors: {}",
-        errors_text(dom)
-    );
     assert_eq!(errors_text(dom), "", "JS errors on the page");
 
     // Each plot is there, with its marks, as parsed by the browser: one
@@ -481,27 +481,8 @@ fn many_methods_fit_the_viewport() {
     let dir = tempfile::tempdir().expect("temp dir");
     let page = write_page_of(dir.path(), &many_methods_page());
     for width in [1280, 800] {
-        let run = run_chromium(
-            &browser,
-            dir.path(),
-            &page,
-            &[
-                "--dump-dom".to_string(),
-                format!("--window-size={width},900"),
-            ],
-        );
-        assert!(
-            run.status.success(),
-            "chromium failed ({}); stderr:\n{}",
-            run.status,
-            run.stderr
-        );
+        let run = dump_dom(&browser, dir.path(), &page, width);
         let dom = &run.stdout;
-        assert!(
-            body_tag(dom).contains("data-rendered=\"ok\""),
-            "check script did not finish; errors: {}",
-            errors_text(dom)
-        );
         assert_eq!(plots(dom, "k-occurrence").len(), MANY_METHODS.len());
         let recall = plots(dom, "recall");
         assert_eq!(recall.len(), 1);

@@ -319,7 +319,7 @@ fn export_and_update_commands_on_the_samples() {
     let s = |n: &str| samples.join(n).display().to_string();
     let stats = dir.path().join("stats.parquet");
     let stats_s = stats.display().to_string();
-    let out = hubnorm(&[
+    let out = hubnorm([
         "stats",
         "--gallery",
         &s("gallery.parquet"),
@@ -334,7 +334,7 @@ fn export_and_update_commands_on_the_samples() {
     .output();
     out.assert_success();
     let export_path = dir.path().join("gallery_nnn.parquet");
-    let out = hubnorm(&[
+    let out = hubnorm([
         "export",
         "--gallery",
         &s("gallery.parquet"),
@@ -351,7 +351,7 @@ fn export_and_update_commands_on_the_samples() {
     assert_eq!(exported.num_rows(), 600);
     assert_eq!(exported.column(1).as_fixed_size_list().value_length(), 385);
 
-    let out = hubnorm(&[
+    let out = hubnorm([
         "stats",
         "--update",
         "--gallery",
@@ -364,7 +364,7 @@ fn export_and_update_commands_on_the_samples() {
     .output();
     out.assert_success();
     assert!(out.stdout().contains("up to date"));
-    let out = hubnorm(&[
+    let out = hubnorm([
         "stats",
         "--update",
         "--method",

@@ -224,7 +224,7 @@ fn sigint_and_sigkill_never_damage_outputs() {
     // The outputs a user already has (k = 5), and what a complete k = 7 run
     // writes (the same bytes every time: outputs are deterministic).
     let finished = |out: &Path, k: &str| {
-        hubnorm(&run_args(dir.path(), out, k))
+        hubnorm(run_args(dir.path(), out, k))
             .output()
             .assert_success();
         files(out)
@@ -234,7 +234,7 @@ fn sigint_and_sigkill_never_damage_outputs() {
     assert_eq!(old.len(), 3);
 
     // SIGINT while pass 1 runs: exit 130, a message, nothing changed or left.
-    let mut child = hubnorm(&run_args(dir.path(), &out, "7")).spawn();
+    let mut child = hubnorm(run_args(dir.path(), &out, "7")).spawn();
     wait_for("pass 1 started writing", &mut child, || {
         !temporaries(&out).is_empty()
     });
@@ -292,7 +292,7 @@ fn sigint_and_sigkill_never_damage_outputs() {
         }
     };
     for (when, reached) in &points {
-        let mut child = hubnorm(&run_args(dir.path(), &out, "7")).spawn();
+        let mut child = hubnorm(run_args(dir.path(), &out, "7")).spawn();
         let start = Instant::now();
         while !reached()
             && child.try_wait().unwrap().is_none()
@@ -309,7 +309,7 @@ fn sigint_and_sigkill_never_damage_outputs() {
         }
     }
     for delay_ms in [100u64, 300, 700] {
-        let mut child = hubnorm(&run_args(dir.path(), &out, "7")).spawn();
+        let mut child = hubnorm(run_args(dir.path(), &out, "7")).spawn();
         std::thread::sleep(Duration::from_millis(delay_ms));
         signal(&child, "KILL");
         let _ = child.wait();
@@ -317,7 +317,7 @@ fn sigint_and_sigkill_never_damage_outputs() {
     }
     eprintln!("final names seen holding: {seen:?}");
     // A later run removes what the killed ones left behind, and completes.
-    hubnorm(&run_args(dir.path(), &out, "7"))
+    hubnorm(run_args(dir.path(), &out, "7"))
         .output()
         .assert_success();
     assert_eq!(files(&out), new);
@@ -371,7 +371,7 @@ fn resumed_stats_equal_an_uninterrupted_run() {
     let dir = tempfile::tempdir().unwrap();
     large_case(dir.path());
     let reference = dir.path().join("reference.parquet");
-    hubnorm(&stats_args(dir.path(), &reference, &["--no-checkpoint"]))
+    hubnorm(stats_args(dir.path(), &reference, &["--no-checkpoint"]))
         .output()
         .assert_success();
     assert!(!dir.path().join("reference.parquet.checkpoint").exists());
@@ -381,7 +381,7 @@ fn resumed_stats_equal_an_uninterrupted_run() {
     for (stop, resumes) in [("KILL", 1), ("INT", 2)] {
         // Stop the run once it has saved more chunks.
         let before = saved_end(&checkpoint);
-        let mut child = hubnorm(&stats_args(
+        let mut child = hubnorm(stats_args(
             dir.path(),
             &out,
             &["--checkpoint-interval", "0", "--resume"],
@@ -403,7 +403,7 @@ fn resumed_stats_equal_an_uninterrupted_run() {
     }
 
     // Without --resume a fresh run refuses to discard the checkpoint.
-    let output = hubnorm(&stats_args(dir.path(), &out, &[])).output();
+    let output = hubnorm(stats_args(dir.path(), &out, &[])).output();
     assert_eq!(output.code(), Some(2));
     assert!(output.stderr().contains("--resume"));
 
@@ -423,7 +423,7 @@ fn resumed_stats_equal_an_uninterrupted_run() {
     );
 
     // Resumed: skips the saved rows, and gives the uninterrupted run's bytes.
-    let output = hubnorm(&stats_args(dir.path(), &out, &["--resume"])).output();
+    let output = hubnorm(stats_args(dir.path(), &out, &["--resume"])).output();
     let stdout = output.stdout();
     output.assert_success();
     assert!(stdout.contains("resumed after"), "{stdout}");
@@ -443,7 +443,7 @@ fn resume_refuses_changed_inputs() {
     large_case(dir.path());
     let out = dir.path().join("stats.parquet");
     let checkpoint = dir.path().join("stats.parquet.checkpoint");
-    let mut child = hubnorm(&stats_args(
+    let mut child = hubnorm(stats_args(
         dir.path(),
         &out,
         &["--checkpoint-interval", "0"],
@@ -462,7 +462,7 @@ fn resume_refuses_changed_inputs() {
         Layout::FixedF32,
         false,
     );
-    let output = hubnorm(&stats_args(dir.path(), &out, &["--resume"])).output();
+    let output = hubnorm(stats_args(dir.path(), &out, &["--resume"])).output();
     let stderr = output.stderr();
     assert_eq!(output.code(), Some(2), "{stderr}");
     assert!(stderr.contains("the bank files changed"), "{stderr}");

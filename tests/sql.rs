@@ -612,7 +612,7 @@ fn every_query_file_runs_on_the_sample_run() {
     let dir = tempfile::tempdir().unwrap();
     let run_dir = dir.path().join("run");
     let s = |n: &str| samples().join(n).display().to_string();
-    let out = hubnorm(&[
+    let out = hubnorm([
         "run",
         "--queries",
         &s("queries.parquet"),
@@ -654,7 +654,7 @@ fn every_query_file_runs_on_the_sample_run() {
             "{}: the header comment must say what it answers and which tables it reads",
             file.display()
         );
-        let output = hubnorm(&[
+        let output = hubnorm([
             "sql",
             "--run",
             run_dir.to_str().unwrap(),
@@ -713,16 +713,16 @@ fn sql_command_refuses_clearly_and_writes_atomically() {
     let bad = dir.path().join("bad.sql");
     std::fs::write(&bad, "-- broken\nSELEC 1;").unwrap();
     let table = format!("g={}", samples().join("gallery.parquet").display());
-    let out = hubnorm(&["sql", "--file", bad.to_str().unwrap()]).output();
+    let out = hubnorm(["sql", "--file", bad.to_str().unwrap()]).output();
     assert_eq!(out.code(), Some(2));
     let err = out.stderr();
     assert!(err.contains("bad.sql"), "{err}");
 
-    let out = hubnorm(&["sql", "SELECT * FROM nowhere"]).output();
+    let out = hubnorm(["sql", "SELECT * FROM nowhere"]).output();
     assert_eq!(out.code(), Some(2));
     assert!(out.stderr().contains("nowhere"));
 
-    let out = hubnorm(&[
+    let out = hubnorm([
         "sql",
         "--table",
         &table,
@@ -734,7 +734,7 @@ fn sql_command_refuses_clearly_and_writes_atomically() {
     assert_eq!(out.code(), Some(2));
 
     let target = dir.path().join("ids.parquet");
-    let out = hubnorm(&[
+    let out = hubnorm([
         "sql",
         "--table",
         &table,
@@ -749,7 +749,7 @@ fn sql_command_refuses_clearly_and_writes_atomically() {
     let written = read_parquet(&target);
     assert_eq!(written.num_rows(), 600);
     let before = std::fs::read(&target).unwrap();
-    let out = hubnorm(&[
+    let out = hubnorm([
         "sql",
         "--table",
         &table,
