@@ -81,15 +81,6 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
-/// Inverse temperature that multiplies similarities: exp(β·s). β = 1/τ.
-#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
-pub struct Beta(pub f64);
-
-impl Beta {
-    /// β = 20, the QB-Norm default for inverted softmax.
-    pub const DEFAULT: Beta = Beta(20.0);
-}
-
 /// A seeded uniform subsample of each bank (`--bank-sample N`); the seed
 /// also draws `sinkhorn-pp`'s pseudo-test set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
