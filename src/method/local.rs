@@ -17,7 +17,7 @@
 
 use arrow::array::ArrayRef;
 
-use super::columns::{f64_array, list_array, merge_top_lists, top_lists};
+use super::columns::{f64_array, list_array, merge_top_lists};
 use super::{
     BankNeeds, ChunkContext, Domain, Export, InputSizes, Method, MethodSpec, Parameter,
     PlanContext, StatColumn, StoredRows,
@@ -59,136 +59,120 @@ fn mean_distance(top: &[f32], k: usize) -> f64 {
     top[..take].iter().map(|&s| distance(s)).sum::<f64>() / take.max(1) as f64
 }
 
-fn check(spec: &MethodSpec, sizes: &InputSizes) -> Result<()> {
-    if !sizes.normalized {
-        return Err(HubnormError::Usage(format!(
-            "method {} measures distances between unit rows and cannot run with --no-normalize",
-            spec.kind()
-        )));
+/// The two local methods: which scale they divide by.
+pub struct Local {
+    /// `nicdm` (mean distance, square-rooted) rather than `ls` (k-th distance).
+    nicdm: bool,
+}
+
+/// `ls`: −d(q, g)² / the distance to g's k-th nearest bank query.
+pub const LS: Local = Local { nicdm: false };
+/// `nicdm`: −d(q, g) / sqrt(the mean distance to g's k nearest bank queries).
+pub const NICDM: Local = Local { nicdm: true };
+
+impl Local {
+    /// The scale column from descending top lists.
+    fn scales<'a>(&self, k: usize, tops: impl Iterator<Item = &'a [f32]>) -> Vec<f64> {
+        let scale = if self.nicdm {
+            mean_distance
+        } else {
+            kth_distance
+        };
+        tops.map(|top| scale(top, k)).collect()
     }
-    super::nnn::check_k_within_bank(spec, "ls-k", sizes)
-}
 
-/// The scale column of `spec` from descending top lists.
-fn scales<'a>(spec: &MethodSpec, tops: impl Iterator<Item = &'a [f32]>) -> Vec<f64> {
-    let k = spec.count("k");
-    let scale = if spec.kind().name() == "ls" {
-        kth_distance
-    } else {
-        mean_distance
-    };
-    tops.map(|top| scale(top, k)).collect()
-}
-
-fn chunk_columns(spec: &MethodSpec, chunk: &ChunkContext<'_>) -> Vec<ArrayRef> {
-    let k = spec.count("k");
-    let sorted: Vec<Vec<f32>> = chunk.bank_top().iter().map(TopValues::sorted).collect();
-    vec![
-        f64_array(scales(spec, sorted.iter().map(Vec::as_slice))),
-        top_lists(chunk.bank_top(), k),
-    ]
-}
-
-fn merge(
-    spec: &MethodSpec,
-    a: &StoredRows<'_>,
-    b: Option<&StoredRows<'_>>,
-) -> Result<Vec<ArrayRef>> {
-    let rows = merge_top_lists(&spec.column("topk"), spec.count("k"), a, b)?;
-    let scale = scales(spec, rows.iter().map(Vec::as_slice));
-    Ok(vec![f64_array(scale), list_array(rows)])
-}
-
-/// The scoring of `spec` from its stored scales; a scale of zero is refused
-/// with the gallery row named.
-fn rule(spec: &MethodSpec, ctx: &mut PlanContext<'_>) -> Result<MethodRule> {
-    let scale = ctx.take(0).into_f64();
-    if let Some(g) = scale.iter().position(|&s| s.is_nan() || s < MIN_SCALE) {
-        return Err(HubnormError::Usage(format!(
-            "method {}: gallery row {g} has a bank neighbourhood of scale {} (its {} nearest bank queries coincide with it), which it cannot divide by",
-            spec.kind(),
-            scale[g],
-            spec.count("k")
-        )));
+    /// The scale column and the k largest similarities, from descending lists.
+    fn state_columns(&self, k: usize, mut rows: Vec<Vec<f32>>) -> Vec<ArrayRef> {
+        rows.iter_mut().for_each(|row| row.truncate(k));
+        let scale = self.scales(k, rows.iter().map(Vec::as_slice));
+        vec![f64_array(scale), list_array(rows)]
     }
-    let scoring = if spec.kind().name() == "ls" {
-        Scoring::LocalScaling {
-            inv_scale: scale.iter().map(|s| 1.0 / s).collect(),
-        }
-    } else {
-        Scoring::Nicdm {
-            inv_scale: scale.iter().map(|r| 1.0 / r.sqrt()).collect(),
-        }
-    };
-    let s = ctx.add_scoring(scoring);
-    Ok(MethodRule {
-        spec: *spec,
-        selection: Selection::Fixed(s),
-        query_term: QueryTerm::None,
-    })
 }
 
-macro_rules! local_method {
-    ($type:ident, $name:literal, $summary:literal) => {
-        #[doc = $summary]
-        pub struct $type;
-
-        impl Method for $type {
-            fn name(&self) -> &'static str {
-                $name
-            }
-            fn summary(&self) -> &'static str {
-                $summary
-            }
-            fn parameters(&self) -> &'static [Parameter] {
-                &[LOCAL_K]
-            }
-            fn check_inputs(&self, spec: &MethodSpec, sizes: &InputSizes) -> Result<()> {
-                check(spec, sizes)
-            }
-            fn request(&self, spec: &MethodSpec, needs: &mut BankNeeds) {
-                needs.bank_top_k(spec.count("k"));
-            }
-            fn columns(&self, _spec: &MethodSpec) -> Vec<StatColumn> {
-                COLUMNS.to_vec()
-            }
-            fn chunk_columns(&self, spec: &MethodSpec, chunk: &ChunkContext<'_>) -> Vec<ArrayRef> {
-                chunk_columns(spec, chunk)
-            }
-            fn mergeable(&self) -> bool {
-                true
-            }
-            fn merge(
-                &self,
-                spec: &MethodSpec,
-                a: &StoredRows<'_>,
-                b: Option<&StoredRows<'_>>,
-            ) -> Result<Vec<ArrayRef>> {
-                merge(spec, a, b)
-            }
-            fn search_columns(&self, _spec: &MethodSpec) -> Vec<&'static str> {
-                vec!["scale"]
-            }
-            fn rule(&self, spec: &MethodSpec, ctx: &mut PlanContext<'_>) -> Result<MethodRule> {
-                rule(spec, ctx)
-            }
-            fn export(&self) -> Export {
-                Export::Refused("a per-item scale, not an additive correction")
-            }
+impl Method for Local {
+    fn name(&self) -> &'static str {
+        if self.nicdm {
+            "nicdm"
+        } else {
+            "ls"
         }
-    };
+    }
+    fn summary(&self) -> &'static str {
+        if self.nicdm {
+            "NICDM: −d(q, g) / sqrt(the mean distance to g's k nearest bank queries) (Jégou et al. 2010)"
+        } else {
+            "local scaling: −d(q, g)² / the distance to g's k-th nearest bank query (Zelnik-Manor & Perona 2005)"
+        }
+    }
+    fn parameters(&self) -> &'static [Parameter] {
+        &[LOCAL_K]
+    }
+    fn check_inputs(&self, spec: &MethodSpec, sizes: &InputSizes) -> Result<()> {
+        if !sizes.normalized {
+            return Err(HubnormError::Usage(format!(
+                "method {} measures distances between unit rows and cannot run with --no-normalize",
+                spec.kind()
+            )));
+        }
+        super::nnn::check_k_within_bank(spec, "ls-k", sizes)
+    }
+    fn request(&self, spec: &MethodSpec, needs: &mut BankNeeds) {
+        needs.bank_top_k(spec.count("k"));
+    }
+    fn columns(&self, _spec: &MethodSpec) -> Vec<StatColumn> {
+        COLUMNS.to_vec()
+    }
+    fn chunk_columns(&self, spec: &MethodSpec, chunk: &ChunkContext<'_>) -> Vec<ArrayRef> {
+        let sorted = chunk.bank_top().iter().map(TopValues::sorted).collect();
+        self.state_columns(spec.count("k"), sorted)
+    }
+    fn mergeable(&self) -> bool {
+        true
+    }
+    fn merge(
+        &self,
+        spec: &MethodSpec,
+        a: &StoredRows<'_>,
+        b: Option<&StoredRows<'_>>,
+    ) -> Result<Vec<ArrayRef>> {
+        let k = spec.count("k");
+        Ok(self.state_columns(k, merge_top_lists(&spec.column("topk"), k, a, b)?))
+    }
+    fn search_columns(&self, _spec: &MethodSpec) -> Vec<&'static str> {
+        vec!["scale"]
+    }
+    /// The scoring from the stored scales; a scale of zero is refused with
+    /// the gallery row named.
+    fn rule(&self, spec: &MethodSpec, ctx: &mut PlanContext<'_>) -> Result<MethodRule> {
+        let scale = ctx.take(0).into_f64();
+        if let Some(g) = scale.iter().position(|&s| s.is_nan() || s < MIN_SCALE) {
+            return Err(HubnormError::Usage(format!(
+                "method {}: gallery row {g} has a bank neighbourhood of scale {} (its {} nearest bank queries coincide with it), which it cannot divide by",
+                spec.kind(),
+                scale[g],
+                spec.count("k")
+            )));
+        }
+        let scoring = if self.nicdm {
+            Scoring::Nicdm {
+                inv_scale: scale.iter().map(|r| 1.0 / r.sqrt()).collect(),
+            }
+        } else {
+            Scoring::LocalScaling {
+                inv_scale: scale.iter().map(|s| 1.0 / s).collect(),
+            }
+        };
+        let s = ctx.add_scoring(scoring);
+        Ok(MethodRule {
+            spec: *spec,
+            selection: Selection::Fixed(s),
+            query_term: QueryTerm::None,
+        })
+    }
+    fn export(&self) -> Export {
+        Export::Refused("a per-item scale, not an additive correction")
+    }
 }
-
-local_method!(
-    LocalScaling,
-    "ls",
-    "local scaling: −d(q, g)² / the distance to g's k-th nearest bank query (Zelnik-Manor & Perona 2005)"
-);
-local_method!(
-    Nicdm,
-    "nicdm",
-    "NICDM: −d(q, g) / sqrt(the mean distance to g's k nearest bank queries) (Jégou et al. 2010)"
-);
 
 #[cfg(test)]
 mod tests {

@@ -55,8 +55,8 @@ pub static REGISTRY: &[&dyn Method] = &[
     &sinkhorn::DBSN,
     &dsl::DualSoftmax,
     &sinkhorn_pp::SinkhornPp,
-    &local::LocalScaling,
-    &local::Nicdm,
+    &local::LS,
+    &local::NICDM,
 ];
 
 /// The most parameters one method has.
