@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use arrow::array::{Array, ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
 
+use crate::bank::driver::bank_moments;
 use crate::bank::StatsLayout;
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
@@ -340,6 +341,17 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
             // dn's means and Sinkhorn's reports come with the recomputed methods.
             for (key, value) in file_metadata(full.temporary_path())? {
                 if key.starts_with("hubnorm.dn.") || key.starts_with("hubnorm.sinkhorn.") {
+                    out_metadata.push((key, value));
+                }
+            }
+        }
+        // The merged methods' moments (`mp`'s gallery side) are of the
+        // current inputs: computed again, a pass over rows, not pairs.
+        let merged_layout = StatsLayout::new(&merged);
+        let gallery_side = banks.gallery_bank.as_ref().unwrap_or(&gallery);
+        if let Some(moments) = bank_moments(&merged_layout, &banks.bank, gallery_side)? {
+            for (key, value) in merged_layout.file_metadata(&moments) {
+                if !out_metadata.iter().any(|(k, _)| *k == key) {
                     out_metadata.push((key, value));
                 }
             }

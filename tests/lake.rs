@@ -8,7 +8,10 @@ use std::path::Path;
 
 use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float32Type, Float64Type};
-use common::{hubnorm, random_table, read_parquet, read_results, rng, write_table, Layout, Table};
+use common::{
+    hubnorm, parquet_metadata, random_table, read_parquet, read_results, rng, write_table, Layout,
+    Table,
+};
 use hubnorm::export::{export, ExportJob};
 use hubnorm::options::{MemoryBudget, MethodSpec, PassOptions};
 use hubnorm::pipeline::{run_search, run_stats, SearchJob, StatsJob};
@@ -93,11 +96,16 @@ fn update_then_finish_equals_a_full_recomputation() {
         MethodSpec::new("csls", &[("k", 4.0)]).unwrap(),
         MethodSpec::new("gc", &[]).unwrap(),
         MethodSpec::new("dsl", &[("theta", 0.05)]).unwrap(),
+        MethodSpec::new("mp", &[]).unwrap(),
+        MethodSpec::new("ls", &[("k", 4.0)]).unwrap(),
+        MethodSpec::new("nicdm", &[("k", 6.0)]).unwrap(),
         MethodSpec::new("dis", &[("beta", 20.0), ("ka", 1.0)]).unwrap(),
         MethodSpec::new("sn", &[("tau", 0.05), ("t", 5.0)]).unwrap(),
+        MethodSpec::new("dissim-local", &[("k", 3.0)]).unwrap(),
     ];
-    assert!(methods[..5].iter().all(|m| is_mergeable(m.kind())));
-    assert!(methods[5..].iter().all(|m| !is_mergeable(m.kind())));
+    let mergeable = methods.len() - 3;
+    assert!(methods[..mergeable].iter().all(|m| is_mergeable(m.kind())));
+    assert!(methods[mergeable..].iter().all(|m| !is_mergeable(m.kind())));
     let stored = d.join("out/gallery_stats.parquet");
     let full = d.join("full.parquet");
 
@@ -115,14 +123,26 @@ fn update_then_finish_equals_a_full_recomputation() {
     let summary = update_stats(&stats_job(d, &[], &stored), &Silent).unwrap();
     assert_eq!((summary.new_bank_parts, summary.new_gallery_parts), (1, 1));
     assert_eq!(summary.new_gallery_rows, 50);
-    assert_eq!(summary.merged.len(), 5);
-    assert_eq!(summary.recomputed.len(), 2);
+    assert_eq!(summary.merged.len(), mergeable);
+    assert_eq!(summary.recomputed.len(), 3);
     run_stats(&stats_job(d, &methods, &full), &Silent).unwrap();
     assert_same_stats(
         &read_parquet(&stored),
         &read_parquet(&full),
         "bank + gallery",
     );
+    // mp's gallery-side moments are of the grown gallery.
+    let moments = |path: &Path| {
+        let text = parquet_metadata(path)
+            .into_iter()
+            .find(|(k, _)| k == "hubnorm.mp.query_side_moments")
+            .expect("mp's moments in the metadata")
+            .1;
+        hubnorm::bank::Moments::from_metadata(&text).unwrap()
+    };
+    let (updated, whole) = (moments(&stored), moments(&full));
+    assert_eq!(updated.rows, 130);
+    assert_eq!(updated, whole);
 
     // Only new bank rows.
     write_part(&d.join("bank"), "part-2.parquet", &bank.slice(230, 260));
@@ -195,6 +215,7 @@ fn export_reproduces_search_with_a_plain_inner_product() {
         MethodSpec::new("dn", &[("lambda", 0.5)]).unwrap(),
         MethodSpec::new("dual-is", &[("beta1", 20.0), ("beta2", 1.0)]).unwrap(),
         MethodSpec::new("sn", &[("tau", 0.05), ("t", 10.0)]).unwrap(),
+        MethodSpec::new("dissim-local", &[("k", 5.0)]).unwrap(),
     ];
     let dis = MethodSpec::new("dis", &[("beta", 20.0), ("ka", 1.0)]).unwrap();
     let stats = d.join("stats.parquet");
@@ -307,6 +328,28 @@ fn export_reproduces_search_with_a_plain_inner_product() {
     assert_eq!(err.exit_code(), 2);
     assert!(err.to_string().contains("does not rank by"), "{err}");
     assert!(!d.join("dis.parquet").exists());
+    // The toolkit methods that are not additive say why.
+    for (name, reason) in [
+        ("mp", "log-probability"),
+        ("ls", "per-item scale"),
+        ("nicdm", "per-item scale"),
+    ] {
+        let err = export(
+            &ExportJob {
+                gallery: s("gallery.parquet"),
+                stats: stats.clone(),
+                method: MethodSpec::new(name, &[]).unwrap(),
+                out: d.join("refused.parquet"),
+                overwrite: false,
+                options: PassOptions::default(),
+            },
+            &Silent,
+        )
+        .unwrap_err();
+        assert_eq!(err.exit_code(), 2, "{name}");
+        assert!(err.to_string().contains(reason), "{name}: {err}");
+        assert!(!d.join("refused.parquet").exists());
+    }
 }
 
 /// The commands: `export` on the sample data writes 600 vectors of 385

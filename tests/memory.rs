@@ -180,6 +180,52 @@ fn stats_holds_one_gallery_chunk_at_a_time() {
     assert_heap_within("stats", peak, limit);
 }
 
+/// The toolkit methods' own states (`mp`'s covariances and per-query
+/// Gaussians, `dissim-local`'s neighbour rows and centroids, `ls`'s top
+/// lists) are counted in the plan: a run of all three over a gallery and a
+/// bank each larger than the limit stays within it.
+#[test]
+fn toolkit_methods_stay_within_the_limit() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let limit: usize = 48 << 20;
+    let dim = 384;
+    let mut r = rng(39);
+    // 40,000 × 384 f32 = 61 MB (1.3 × the limit); the bank 20,000 rows (31 MB).
+    let gallery = random_table(&mut r, "g", 40_000, dim);
+    let bank = random_table(&mut r, "b", 20_000, dim);
+    let queries = queries_near(&mut r, &gallery, 600, 0.5);
+    write_inputs(
+        dir.path(),
+        &[
+            ("gallery", &gallery),
+            ("bank", &bank),
+            ("queries", &queries),
+        ],
+    );
+    drop((gallery, bank, queries));
+    let job = RunJob {
+        methods: ["mp", "dissim-local", "ls"]
+            .iter()
+            .map(|m| MethodSpec::new(m, &[]).unwrap())
+            .collect(),
+        options: PassOptions {
+            memory: MemoryBudget(limit),
+            threads: 2,
+            ..PassOptions::default()
+        },
+        ..RunJob::new(
+            dir.path().join("queries.parquet").display().to_string(),
+            dir.path().join("gallery.parquet").display().to_string(),
+            dir.path().join("bank.parquet").display().to_string(),
+            dir.path().join("out"),
+        )
+    };
+    let (summary, peak) = peak_heap_of(|| pipeline::run(&job, &Silent).unwrap());
+    assert_eq!(summary.methods.len(), 4);
+    assert_heap_within("run of mp, dissim-local, ls", peak, limit);
+}
+
 /// The plan counts `tile_workspace_bytes(dim)` per thread; the GEMM's own
 /// allocations (packing buffers, its per-thread slab) must fit inside it.
 #[test]

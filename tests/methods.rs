@@ -25,8 +25,19 @@ use hubnorm::HubnormError;
 const TOL: f64 = 1e-5;
 
 /// The methods this file covers, in registry order.
-const KINDS: [&str; 10] = [
-    "is", "dis", "nnn", "csls", "gc", "dn", "dual-is", "dual-dis", "ls", "nicdm",
+const KINDS: [&str; 12] = [
+    "is",
+    "dis",
+    "nnn",
+    "csls",
+    "gc",
+    "dn",
+    "dual-is",
+    "dual-dis",
+    "mp",
+    "ls",
+    "nicdm",
+    "dissim-local",
 ];
 
 // ------------------------------------------------------------------ helpers
@@ -59,8 +70,10 @@ fn reference_of(spec: &MethodSpec) -> Method {
             beta2: get("beta2"),
             activation_k: count("ka"),
         },
+        "mp" => Method::Mp,
         "ls" => Method::Ls { k: count("k") },
         "nicdm" => Method::Nicdm { k: count("k") },
+        "dissim-local" => Method::DissimLocal { k: count("k") },
         other => panic!("no reference for {other}"),
     }
 }
@@ -96,8 +109,10 @@ fn non_default_methods() -> Vec<MethodSpec> {
         MethodSpec::new("dn", &[("lambda", 0.3)]).unwrap(),
         MethodSpec::new("dual-is", &[("beta1", 10.0), ("beta2", 2.0)]).unwrap(),
         MethodSpec::new("dual-dis", &[("beta1", 10.0), ("beta2", 2.0), ("ka", 3.0)]).unwrap(),
+        MethodSpec::new("mp", &[]).unwrap(),
         MethodSpec::new("ls", &[("k", 7.0)]).unwrap(),
         MethodSpec::new("nicdm", &[("k", 3.0)]).unwrap(),
+        MethodSpec::new("dissim-local", &[("k", 2.0)]).unwrap(),
     ]
 }
 
@@ -485,8 +500,10 @@ fn defaults_and_names_follow_the_spec() {
             beta2: 1.0,
             activation_k: 1,
         },
+        Method::Mp,
         Method::Ls { k: 5 },
         Method::Nicdm { k: 5 },
+        Method::DissimLocal { k: 5 },
     ];
     assert_eq!(defaults().len(), expected.len());
     for (spec, want) in defaults().iter().zip(expected) {
@@ -1213,4 +1230,49 @@ fn local_scaling_methods_refuse_raw_dot_products() {
             "{name}: no output after a refusal"
         );
     }
+}
+
+/// `mp` divides by standard deviations: a gallery item whose bank
+/// similarities are all equal (a bank of one row) is refused naming the
+/// gallery row, a query whose similarities to the gallery bank are all
+/// equal (a gallery bank of copies of one row) naming the query file and
+/// row; neither leaves an output behind.
+#[test]
+fn mutual_proximity_refuses_a_zero_deviation() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut case = Case::random(107, 5, 30, 12, 0, 8);
+    case.bank = case.bank.slice(0, 1);
+    case.write(dir.path());
+    let job = case.job(
+        dir.path(),
+        vec![MethodSpec::new("mp", &[]).unwrap()],
+        5,
+        "one-row-bank",
+    );
+    let err = pipeline::run(&job, &Silent).unwrap_err().to_string();
+    assert!(
+        err.contains("gallery row 0") && err.contains("standard deviation"),
+        "{err}"
+    );
+    assert!(!dir.path().join("one-row-bank").exists());
+
+    let mut case = Case::random(108, 5, 30, 12, 3, 8);
+    let h = case.gallery_bank.as_mut().unwrap();
+    let first = h.data[..h.dim].to_vec();
+    h.data = first.repeat(3);
+    case.write(dir.path());
+    let job = case.job(
+        dir.path(),
+        vec![MethodSpec::new("mp", &[]).unwrap()],
+        5,
+        "one-point-gallery-bank",
+    );
+    let err = pipeline::run(&job, &Silent).unwrap_err().to_string();
+    assert!(
+        err.contains("queries.parquet")
+            && err.contains("row 0")
+            && err.contains("standard deviation"),
+        "{err}"
+    );
+    assert!(!dir.path().join("one-point-gallery-bank").exists());
 }

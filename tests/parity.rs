@@ -7,9 +7,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use hubnorm::bank::{ActivationState, SortedSimilarities, VectorMean};
+use hubnorm::bank::{ActivationState, RowMoments, SortedSimilarities};
 use hubnorm::kernel::{
-    column_log_sum_exp, column_statistics, ColumnStates, ColumnStatsRequest, LogSumExp, Rows,
+    column_log_sum_exp, column_statistics, ColumnStates, ColumnStatsRequest, LogSumExp, Rows, TopK,
     TopValues, TILE_COLS, TILE_ROWS,
 };
 use hubnorm::options::{MemoryBudget, MethodKind, MethodSpec, PassOptions};
@@ -519,8 +519,10 @@ fn every_method_stats_then_search_equals_run() {
         "sn_tau0.01_t10_correction",
         "dbsn_tau0.01_t10_correction",
         "dsl_theta0.01_log_normaliser",
+        "mp_bank_std",
         "ls_k5_scale",
         "nicdm_k5_topk",
+        "dissim_local_k5_correction",
     ] {
         assert!(
             columns.iter().any(|c| c == expected),
@@ -628,6 +630,8 @@ fn every_bank_state_merges_like_one_pass() {
     let request = ColumnStatsRequest {
         betas: &[20.0],
         column_top_k: 16,
+        column_top_rows: 5,
+        neighbour_means: &[],
         keep_all: true,
         row_top_k: 2,
     };
@@ -637,6 +641,7 @@ fn every_bank_state_merges_like_one_pass() {
         let row_tops = column_statistics(
             Rows::new(&b[rows.start * dim..rows.end * dim], dim),
             Rows::new(&g[cols.start * dim..cols.end * dim], dim),
+            rows.start as u32,
             cols.start as u32,
             &request,
             &mut states,
@@ -648,17 +653,19 @@ fn every_bank_state_merges_like_one_pass() {
     let parts: Vec<ColumnStates> = cuts.windows(2).map(|w| pass(w[0]..w[1], 0..ng).0).collect();
     for order in [[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [2, 0, 4, 1, 3]] {
         let mut top = vec![TopValues::default(); ng];
+        let mut neighbours = vec![TopK::new(5); ng];
         let mut sims = vec![SortedSimilarities::default(); ng];
-        let mut mean = VectorMean::default();
+        let mut moments = RowMoments::with_covariance();
         for &p in &order {
             for j in 0..ng {
                 top[j].merge(&parts[p].top[j]);
+                neighbours[j].merge(&parts[p].top_rows[j]);
                 sims[j].merge(&SortedSimilarities::from_unsorted(parts[p].all[j].clone()));
             }
             let (r0, r1) = (cuts[p], cuts[p + 1]);
-            let mut part_mean = VectorMean::default();
-            part_mean.add_rows(&b[r0 * dim..r1 * dim], dim);
-            mean.merge(&part_mean);
+            let mut part = RowMoments::with_covariance();
+            part.add_rows(&b[r0 * dim..r1 * dim], dim);
+            moments.merge(&part);
         }
         // The GEMM may round a similarity differently (by an ulp) when the
         // bank rows are cut off the tile grid, as here: equal within 1e-6.
@@ -671,17 +678,28 @@ fn every_bank_state_merges_like_one_pass() {
                 close(&top[j].sorted(), &whole.top[j].sorted()),
                 "order {order:?} column {j}: top-k differs"
             );
+            let rows = |t: &TopK| t.sorted().iter().map(|c| c.row).collect::<Vec<_>>();
+            assert_eq!(
+                rows(&neighbours[j]),
+                rows(&whole.top_rows[j]),
+                "order {order:?} column {j}: neighbour rows differ"
+            );
             let one = SortedSimilarities::from_unsorted(whole.all[j].clone());
             assert!(
                 close(sims[j].values(), one.values()),
                 "order {order:?} column {j}: sorted similarities differ"
             );
         }
-        let mut one_mean = VectorMean::default();
-        one_mean.add_rows(&b, dim);
-        for (x, y) in mean.mean().iter().zip(one_mean.mean()) {
+        let mut one = RowMoments::with_covariance();
+        one.add_rows(&b, dim);
+        let (merged, one) = (moments.finish(), one.finish());
+        assert_eq!(merged.rows, one.rows);
+        for (x, y) in merged.mean.iter().zip(&one.mean) {
             assert!((x - y).abs() < 1e-12);
         }
+        let (c, c1) = (merged.covariance.unwrap(), one.covariance.unwrap());
+        assert_eq!(c.dim(), (dim, dim));
+        assert!(c.iter().zip(&c1).all(|(x, y)| (x - y).abs() < 1e-12));
     }
     // Activation: the bank against gallery chunks [0, 1000), [1000, ng) and back to front.
     let mut one = ActivationState::new(nb, 2);

@@ -769,3 +769,90 @@ fn sql_command_refuses_clearly_and_writes_atomically() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// `hub_moments` over a table in uneven parts, on 1 and 4 partitions,
+/// gives the moments `mp` keeps of the same rows (its stats file's
+/// gallery side), and its second moment is C = Σ + m mᵀ of the pairs.
+#[test]
+fn moments_aggregate_equals_the_native_pass_over_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = rng(63);
+    let gallery = random_table(&mut r, "g", 37, 6);
+    let bank = random_table(&mut r, "b", 20, 6);
+    let gallery_dir = dir.path().join("gallery");
+    std::fs::create_dir_all(&gallery_dir).unwrap();
+    for (i, (start, end)) in [(0, 1), (1, 1), (1, 30), (30, 37)].into_iter().enumerate() {
+        write_table(
+            &gallery_dir.join(format!("part-{i}.parquet")),
+            &gallery.slice(start, end),
+            Layout::FixedF32,
+            false,
+        );
+    }
+    let bank_path = dir.path().join("bank.parquet");
+    write_table(&bank_path, &bank, Layout::FixedF32, false);
+    let stats = dir.path().join("stats.parquet");
+    run_stats(
+        &StatsJob {
+            methods: vec![MethodSpec::new("mp", &[]).unwrap()],
+            ..StatsJob::new(
+                gallery_dir.display().to_string(),
+                bank_path.display().to_string(),
+                stats.clone(),
+            )
+        },
+        &Silent,
+    )
+    .unwrap();
+    let text = common::parquet_metadata(&stats)
+        .into_iter()
+        .find(|(k, _)| k == "hubnorm.mp.query_side_moments")
+        .unwrap()
+        .1;
+    let native = hubnorm::bank::Moments::from_metadata(&text).unwrap();
+    let native_cov = native.covariance.unwrap();
+    let rows: Vec<Vec<f64>> = (0..37)
+        .map(|i| unit(&gallery.data[i * 6..(i + 1) * 6]))
+        .collect();
+    for threads in [1, 4] {
+        let out = query(
+            &options(threads),
+            &[("gallery", &gallery_dir)],
+            "SELECT hub_moments(hub_l2_normalize(embedding)) AS m FROM gallery",
+        );
+        let m = out.column(0).as_struct();
+        assert_eq!(
+            m.column(0)
+                .as_primitive::<arrow::datatypes::UInt64Type>()
+                .value(0),
+            37
+        );
+        let list = |i: usize| -> Vec<f64> {
+            m.column(i)
+                .as_list::<i32>()
+                .value(0)
+                .as_primitive::<Float64Type>()
+                .values()
+                .to_vec()
+        };
+        let (mean, cov, second) = (list(1), list(2), list(3));
+        for j in 0..6 {
+            assert!((mean[j] - native.mean[j]).abs() < 1e-7, "mean {j}");
+            for l in 0..6 {
+                assert!(
+                    (cov[j * 6 + l] - native_cov[(j, l)]).abs() < 1e-7,
+                    "Σ {j} {l}"
+                );
+                let pairs = rows.iter().map(|x| x[j] * x[l]).sum::<f64>() / 37.0;
+                assert!((second[j * 6 + l] - pairs).abs() < 1e-7, "C {j} {l}");
+            }
+        }
+    }
+    let err = try_query(
+        &options(1),
+        &[("gallery", &gallery_dir)],
+        "SELECT hub_moments(id) FROM gallery",
+    )
+    .unwrap_err();
+    assert!(err.contains("hub_moments"), "{err}");
+}

@@ -11,18 +11,17 @@ use arrow::datatypes::{Schema, SchemaRef};
 
 use crate::bank::sinkhorn::{sinkhorn_potentials, SinkhornRequest};
 use crate::bank::{
-    compute_bank_statistics, BankInput, BankPassRequest, DnMeans, StatsLayout, VectorMean,
+    compute_bank_statistics, BankInput, BankMoments, BankPassRequest, RowMoments, StatsLayout,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
-use crate::method::dn::{GALLERY_MEAN_KEY, QUERY_BANK_MEAN_KEY};
 use crate::method::MethodSpec;
 use crate::options::PassOptions;
 use crate::progress::Progress;
 use crate::sink::{AtomicFile, ParquetSink};
 use crate::source::EmbeddingTable;
-use crate::stats_file::{floats_json, methods_json};
+use crate::stats_file::methods_json;
 
 /// The tables pass 1 reads.
 #[derive(Debug, Clone, Copy)]
@@ -33,20 +32,45 @@ pub struct StatsInputs<'a> {
     pub index: &'a IdIndex,
 }
 
-/// The mean row of a table, read block by block.
-fn table_mean(table: &EmbeddingTable) -> Result<Vec<f64>> {
-    let mut mean = VectorMean::default();
-    let mut blocks = table.blocks(4096);
+/// Rows per block of the moments' read: a few MiB of f32 at common widths,
+/// outside the pass's plan (which starts after it).
+const MOMENT_BLOCK_ROWS: usize = 1024;
+
+/// The moments of a table (the covariance too when `covariance`), read block
+/// by block.
+fn table_moments(table: &EmbeddingTable, covariance: bool) -> Result<RowMoments> {
+    let mut moments = if covariance {
+        RowMoments::with_covariance()
+    } else {
+        RowMoments::default()
+    };
+    let mut blocks = table.blocks(MOMENT_BLOCK_ROWS);
     while let Some(block) = blocks.next_block()? {
-        mean.add_rows(&block.data, block.dim);
+        moments.add_rows(&block.data, block.dim);
     }
-    Ok(mean.mean())
+    Ok(moments)
+}
+
+/// The moments `layout`'s methods read (`dn`, `mp`), of the query bank and
+/// of the gallery bank (or the gallery); None when no method needs them.
+pub fn bank_moments(
+    layout: &StatsLayout,
+    bank: &EmbeddingTable,
+    gallery_side: &EmbeddingTable,
+) -> Result<Option<BankMoments>> {
+    let Some(covariance) = layout.needs_moments() else {
+        return Ok(None);
+    };
+    Ok(Some(BankMoments {
+        query_bank: table_moments(bank, covariance)?.finish(),
+        gallery: table_moments(gallery_side, covariance)?.finish(),
+    }))
 }
 
 /// (the SQL table function).
 pub trait StatsSink {
     /// Called once, before the first batch, with the final schema and the
-    /// file metadata (methods, `dn` means, Sinkhorn reports).
+    /// file metadata (methods, bank moments of `dn` and `mp`, Sinkhorn reports).
     fn begin(&mut self, schema: SchemaRef, metadata: Vec<(String, String)>) -> Result<()>;
     /// One batch of rows, in gallery order.
     fn write(&mut self, batch: &RecordBatch) -> Result<()>;
@@ -131,18 +155,10 @@ pub fn stream_stats(
         index,
     } = *inputs;
     let layout = StatsLayout::new(methods);
-    let means = if layout.needs_means() {
-        let query_bank = table_mean(bank)?;
-        let gallery_mean = table_mean(gallery_bank.unwrap_or(gallery))?;
-        metadata.push((QUERY_BANK_MEAN_KEY.into(), floats_json(&query_bank)));
-        metadata.push((GALLERY_MEAN_KEY.into(), floats_json(&gallery_mean)));
-        Some(DnMeans {
-            query_bank,
-            gallery: gallery_mean,
-        })
-    } else {
-        None
-    };
+    let moments = bank_moments(&layout, bank, gallery_bank.unwrap_or(gallery))?;
+    if let Some(moments) = &moments {
+        metadata.extend(layout.file_metadata(moments));
+    }
     metadata.push(("hubnorm.methods".into(), methods_json(layout.methods())));
     let schema = layout.schema(gallery.id_kind);
     let (early, late) = layout.columns();
@@ -209,13 +225,14 @@ pub fn stream_stats(
                 request: layout.gallery_bank_request(),
             }),
         budget: options.memory.bytes(),
-        resident_bytes: index.memory_bytes(),
+        resident_bytes: index.memory_bytes()
+            + moments.as_ref().map_or(0, BankMoments::memory_bytes),
         output_row_bytes: layout.output_row_bytes(bank.rows),
         resume: resume.as_ref(),
     };
     let output = compute_bank_statistics(&request, progress, |chunk| {
         let mut columns = vec![chunk.gallery.ids.clone()];
-        columns.extend(layout.chunk_columns(&chunk, means.as_ref())?);
+        columns.extend(layout.chunk_columns(&chunk, moments.as_ref())?);
         let batch = RecordBatch::try_new(early_schema.clone(), columns)?;
         match &mut spool_sink {
             Some(spool) => spool.write(&batch)?,
@@ -271,6 +288,7 @@ pub fn stream_stats(
                 tolerance: options.sinkhorn_tolerance,
                 budget: options.memory.bytes(),
                 resident_bytes: index.memory_bytes()
+                    + moments.as_ref().map_or(0, BankMoments::memory_bytes)
                     + potentials
                         .iter()
                         .map(|p: &Vec<f64>| p.len() * 8)

@@ -16,17 +16,26 @@ use arrow::array::ArrayRef;
 use arrow::datatypes::{Field, Schema, SchemaRef};
 
 use crate::bank::pass::{BankPassOutput, StatsChunk};
+use crate::bank::states::Moments;
 use crate::error::Result;
 use crate::kernel::ColumnStatsRequest;
 use crate::method::{BankNeeds, ChunkContext, ColumnKind, LateContext, MethodSpec, SinkhornSetup};
 use crate::source::IdKind;
 
-/// The means `dn` shifts by: of the query bank, and of the gallery bank
-/// (or of the gallery when there is no gallery bank).
+/// The moments of the banks that `dn` and `mp` read: of the query bank,
+/// and of the gallery bank (or of the gallery when there is no gallery
+/// bank). The covariances are there when some method asked for them.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct DnMeans {
-    pub query_bank: Vec<f64>,
-    pub gallery: Vec<f64>,
+pub struct BankMoments {
+    pub query_bank: Moments,
+    pub gallery: Moments,
+}
+
+impl BankMoments {
+    /// Bytes held.
+    pub fn memory_bytes(&self) -> usize {
+        self.query_bank.memory_bytes() + self.gallery.memory_bytes()
+    }
 }
 
 /// A column of the stats file: its full name and type.
@@ -66,6 +75,8 @@ impl StatsLayout {
         ColumnStatsRequest {
             betas: &self.needs.bank_betas,
             column_top_k: self.needs.column_top_k,
+            column_top_rows: self.needs.neighbour_ks.iter().copied().max().unwrap_or(0),
+            neighbour_means: &self.needs.neighbour_ks,
             keep_all: self.needs.keep_all,
             row_top_k: self.needs.bank_activation_k,
         }
@@ -85,9 +96,24 @@ impl StatsLayout {
         self.gallery_bank_request().needs_tiles()
     }
 
-    /// Whether some method needs the bank means (`dn`).
-    pub fn needs_means(&self) -> bool {
-        self.needs.means
+    /// Whether some method needs the bank moments (`dn`, `mp`), and
+    /// whether the covariances too (`mp`).
+    pub fn needs_moments(&self) -> Option<bool> {
+        self.needs.means.then_some(self.needs.covariances)
+    }
+
+    /// The stats file's metadata of every method from the bank moments
+    /// (each key once).
+    pub fn file_metadata(&self, moments: &BankMoments) -> Vec<(String, String)> {
+        let mut metadata: Vec<(String, String)> = Vec::new();
+        for m in &self.methods {
+            for (key, value) in m.method().file_metadata(m, moments) {
+                if !metadata.iter().any(|(k, _)| *k == key) {
+                    metadata.push((key, value));
+                }
+            }
+        }
+        metadata
     }
 
     /// Columns written as each chunk finishes, then the columns known only
@@ -141,12 +167,12 @@ impl StatsLayout {
     pub fn chunk_columns(
         &self,
         chunk: &StatsChunk<'_>,
-        means: Option<&DnMeans>,
+        moments: Option<&BankMoments>,
     ) -> Result<Vec<ArrayRef>> {
         let context = ChunkContext {
             chunk,
             needs: &self.needs,
-            means,
+            moments,
         };
         Ok(self
             .methods

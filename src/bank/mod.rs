@@ -4,7 +4,7 @@
 //! kept as a mergeable state per gallery item: log-sum-exp for the inverted
 //! softmaxes, bounded top-k values for NNN and CSLS, the sorted similarities
 //! for GC, per-bank-item top-k for the DIS activation sets, and the bank
-//! means for DN. [`layout`] says which a set of methods needs and how they
+//! moments for DN and MP. [`layout`] says which a set of methods needs and how they
 //! become columns of `gallery_stats.parquet`; [`pass`] streams the tiles.
 
 pub mod driver;
@@ -13,8 +13,8 @@ pub mod pass;
 pub mod sinkhorn;
 pub mod states;
 
-pub use layout::{DnMeans, StatsLayout};
+pub use layout::{BankMoments, StatsLayout};
 pub use pass::{compute_bank_statistics, BankInput, BankPassOutput, BankPassRequest, StatsChunk};
-pub use states::{ActivationState, SortedSimilarities, VectorMean};
+pub use states::{ActivationState, Moments, RowMoments, SortedSimilarities};
 
 pub use crate::kernel::LogSumExp;

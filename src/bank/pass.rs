@@ -8,8 +8,8 @@ use crate::bank::states::ActivationState;
 use crate::cache::TableBlocks;
 use crate::error::{HubnormError, Result};
 use crate::kernel::{
-    column_statistics, Candidate, ColumnStates, ColumnStatsRequest, QueryState, Rows, TopValues,
-    TILE_COLS, TILE_ROWS,
+    column_statistics, Candidate, ColumnStates, ColumnStatsRequest, QueryState, Rows, TopK,
+    TopValues, TILE_COLS, TILE_ROWS,
 };
 use crate::plan::PlanRequest;
 use crate::progress::{Progress, RowProgress};
@@ -75,12 +75,21 @@ pub struct BankPassOutput {
     pub gallery_bank_activation: ActivationState,
 }
 
-/// Per-gallery-item bytes of the column states for `request` with a bank of `rows` rows.
-fn column_state_bytes(request: &ColumnStatsRequest<'_>, rows: u64) -> usize {
+/// Per-gallery-item bytes of the column states for `request` with a bank
+/// of `rows` rows and embeddings of dimension `dim`.
+fn column_state_bytes(request: &ColumnStatsRequest<'_>, rows: u64, dim: usize) -> usize {
     // Log-sum-exp states and their structure-of-arrays working copies.
     let mut bytes = request.betas.len() * 32;
     if request.column_top_k > 0 {
         bytes += std::mem::size_of::<TopValues>() + request.column_top_k * 4 + 4;
+    }
+    if request.column_top_rows > 0 {
+        // The top-k, its threshold, the (row, column) pairs gathered, and
+        // one f64 mean per k.
+        bytes += std::mem::size_of::<TopK>()
+            + request.column_top_rows * (std::mem::size_of::<Candidate>() + 8)
+            + 4
+            + request.neighbour_means.len() * dim * 8;
     }
     if request.keep_all {
         bytes += std::mem::size_of::<Vec<f32>>() + rows as usize * 4;
@@ -105,7 +114,7 @@ fn activation_bytes(input: &Option<BankInput<'_>>) -> usize {
             0
         } else {
             b.table.rows as usize
-                * (std::mem::size_of::<crate::kernel::TopK>()
+                * (std::mem::size_of::<TopK>()
                     + b.request.row_top_k * std::mem::size_of::<Candidate>())
         }
     })
@@ -137,7 +146,7 @@ pub fn compute_bank_statistics(
         + request.output_row_bytes
         + banks
             .iter()
-            .map(|(b, _)| column_state_bytes(&b.request, b.table.rows))
+            .map(|(b, _)| column_state_bytes(&b.request, b.table.rows, dim))
             .sum::<usize>();
     let inner_row_bytes = dim * 4
         + 32
@@ -228,6 +237,7 @@ pub fn compute_bank_statistics(
                 let row_tops = column_statistics(
                     Rows::new(&block.data, dim),
                     Rows::new(&chunk.data, dim),
+                    block.first_row as u32,
                     chunk.first_row as u32,
                     &input.request,
                     &mut chunk_states,
@@ -243,6 +253,9 @@ pub fn compute_bank_statistics(
                 rows_done.advance(chunk.rows, block.rows);
                 Ok(())
             })?;
+            if !input.request.neighbour_means.is_empty() {
+                gather_neighbour_means(stream, &mut chunk_states, input, dim)?;
+            }
             // Every similarity kept (gc): sorted per column, in parallel.
             chunk_states
                 .all
@@ -272,6 +285,65 @@ pub fn compute_bank_statistics(
     }
     rows_done.finish();
     Ok(output)
+}
+
+/// Fills `states.neighbour_means` from its top rows with one more read of
+/// the bank: for each k requested, the mean of the vectors of each column's
+/// k best rows, summed in f64 in bank-row order (so the result does not
+/// depend on how the bank is cut into blocks).
+fn gather_neighbour_means(
+    bank: &mut TableBlocks,
+    states: &mut ColumnStates,
+    input: &BankInput<'_>,
+    dim: usize,
+) -> Result<()> {
+    let ks = input.request.neighbour_means;
+    let cols = states.top_rows.len();
+    // (bank row, column, rank among the column's neighbours), in row order.
+    let mut wanted: Vec<(u32, u32, u32)> = states
+        .top_rows
+        .iter()
+        .enumerate()
+        .flat_map(|(j, top)| {
+            top.sorted()
+                .into_iter()
+                .enumerate()
+                .map(move |(rank, c)| (c.row, j as u32, rank as u32))
+        })
+        .collect();
+    wanted.sort_unstable();
+    let mut sums: Vec<Vec<f64>> = ks.iter().map(|_| vec![0.0; cols * dim]).collect();
+    let mut next = 0;
+    bank.for_each(|block| {
+        let end = block.first_row + block.rows as u64;
+        while next < wanted.len() && (wanted[next].0 as u64) < end {
+            let (row, j, rank) = wanted[next];
+            let local = (row as u64 - block.first_row) as usize;
+            let vector = &block.data[local * dim..(local + 1) * dim];
+            for (sum, &k) in sums.iter_mut().zip(ks) {
+                if (rank as usize) < k {
+                    let j = j as usize;
+                    for (acc, &v) in sum[j * dim..(j + 1) * dim].iter_mut().zip(vector) {
+                        *acc += v as f64;
+                    }
+                }
+            }
+            next += 1;
+        }
+        Ok(())
+    })?;
+    states.neighbour_means = ks
+        .iter()
+        .zip(sums)
+        .map(|(&k, mut sum)| {
+            for (j, top) in states.top_rows.iter().enumerate() {
+                let n = top.len().min(k).max(1) as f64;
+                sum[j * dim..(j + 1) * dim].iter_mut().for_each(|x| *x /= n);
+            }
+            (k, sum)
+        })
+        .collect();
+    Ok(())
 }
 
 /// The error for two tables whose embeddings have different dimensions.

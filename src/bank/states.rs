@@ -5,6 +5,11 @@
 //! (The others: [`crate::kernel::LogSumExp`] for IS/DIS/DualIS,
 //! [`crate::kernel::TopValues`] for NNN/CSLS.)
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use ndarray::linalg::general_mat_mul;
+use ndarray::{Array2, ArrayView1, Axis};
+
 use crate::kernel::{Candidate, TopK};
 
 /// Every bank similarity of one gallery item, sorted ascending (`gc`).
@@ -50,36 +55,97 @@ impl SortedSimilarities {
     }
 }
 
-/// The sum and count of embedding rows, in f64: the mean of a bank (`dn`).
+/// Rows converted to f64 at a time by the moment computations: their only
+/// memory beyond the d × d matrices (two copies of 256 × d f64).
+const MOMENT_ROWS: usize = 256;
+
+/// The mean of embedding rows and, when asked for, the sum of their
+/// centred outer products M = Σ (x − m)(x − m)ᵀ, in f64: the mean of a bank
+/// (`dn`) and its covariance (`mp`). Blocks and parts merge by Chan et
+/// al.'s pairwise update, so a variance is never the difference of two
+/// large second moments: a set of copies of one row has covariance exactly
+/// 0, and small variances keep their digits.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct VectorMean {
-    sum: Vec<f64>,
+pub struct RowMoments {
     count: u64,
+    mean: Vec<f64>,
+    /// M, d × d, when the covariance is tracked.
+    centred: Option<Array2<f64>>,
 }
 
-impl VectorMean {
-    /// Adds the rows of a row-major block of dimension `dim`.
+impl RowMoments {
+    /// An empty state that tracks the covariance too.
+    pub fn with_covariance() -> Self {
+        RowMoments {
+            centred: Some(Array2::zeros((0, 0))),
+            ..RowMoments::default()
+        }
+    }
+
+    /// Adds the rows of a row-major block of dimension `dim`, a few hundred
+    /// at a time (the f64 copy of a slice is all the extra memory).
     pub fn add_rows(&mut self, data: &[f32], dim: usize) {
         if dim == 0 {
             return;
         }
-        if self.sum.is_empty() {
-            self.sum = vec![0.0; dim];
-        }
-        for row in data.chunks_exact(dim) {
-            for (acc, &v) in self.sum.iter_mut().zip(row) {
-                *acc += v as f64;
-            }
-            self.count += 1;
+        for slice in data.chunks(MOMENT_ROWS * dim) {
+            self.add_slice(slice, dim);
         }
     }
 
-    pub fn merge(&mut self, other: &VectorMean) {
-        if self.sum.is_empty() {
-            self.sum = vec![0.0; other.sum.len()];
+    fn add_slice(&mut self, data: &[f32], dim: usize) {
+        let rows = data.len() / dim;
+        if rows == 0 {
+            return;
         }
-        for (a, b) in self.sum.iter_mut().zip(&other.sum) {
-            *a += b;
+        let mut x = Array2::from_shape_fn((rows, dim), |(i, j)| data[i * dim + j] as f64);
+        let mean = x.mean_axis(Axis(0)).expect("rows").to_vec();
+        let centred = self.centred.as_ref().map(|_| {
+            x -= &ArrayView1::from(&mean);
+            let mut m = Array2::zeros((dim, dim));
+            general_mat_mul(1.0, &x.t(), &x, 0.0, &mut m);
+            m
+        });
+        self.merge(&RowMoments {
+            count: rows as u64,
+            mean,
+            centred,
+        });
+    }
+
+    /// Adds another part's rows (Chan et al.: the means weighted by counts,
+    /// M_a + M_b + δδᵀ·n_a·n_b/n with δ the difference of the means).
+    pub fn merge(&mut self, other: &RowMoments) {
+        if other.count == 0 {
+            return;
+        }
+        if self.count == 0 {
+            let tracked = self.centred.is_some();
+            *self = other.clone();
+            if !tracked {
+                self.centred = None;
+            }
+            return;
+        }
+        let (na, nb) = (self.count as f64, other.count as f64);
+        let n = na + nb;
+        let delta: Vec<f64> = other
+            .mean
+            .iter()
+            .zip(&self.mean)
+            .map(|(b, a)| b - a)
+            .collect();
+        if let (Some(m), Some(theirs)) = (&mut self.centred, &other.centred) {
+            *m += theirs;
+            let d = ArrayView1::from(&delta);
+            let outer = d
+                .view()
+                .insert_axis(Axis(1))
+                .dot(&d.view().insert_axis(Axis(0)));
+            m.scaled_add(na * nb / n, &outer);
+        }
+        for (a, d) in self.mean.iter_mut().zip(&delta) {
+            *a += d * nb / n;
         }
         self.count += other.count;
     }
@@ -90,8 +156,141 @@ impl VectorMean {
 
     /// The mean row (empty when no row was added).
     pub fn mean(&self) -> Vec<f64> {
+        self.mean.clone()
+    }
+
+    /// M = Σ (x − m)(x − m)ᵀ, when tracked (d × d; 0 × 0 before any row).
+    pub fn centred(&self) -> Option<&Array2<f64>> {
+        self.centred.as_ref()
+    }
+
+    /// A state from its parts (as [`RowMoments::count`], [`RowMoments::mean`]
+    /// and [`RowMoments::centred`] give them), e.g. a partial state read back.
+    pub fn from_parts(count: u64, mean: Vec<f64>, centred: Option<Array2<f64>>) -> Self {
+        RowMoments {
+            count,
+            mean,
+            centred,
+        }
+    }
+
+    /// The mean row and, when tracked, the covariance (1/n)·M.
+    pub fn finish(&self) -> Moments {
         let n = self.count.max(1) as f64;
-        self.sum.iter().map(|s| s / n).collect()
+        Moments {
+            rows: self.count,
+            mean: self.mean.clone(),
+            // Symmetric bit for bit, as the file's upper triangle stores it.
+            covariance: self.centred.as_ref().map(|m| (m + &m.t()) / (2.0 * n)),
+        }
+    }
+}
+
+/// The mean row m and covariance Σ of a set of rows X (the second moment
+/// C = Σ + m mᵀ): the mean and variance of s(y, x) over x ∈ X are ⟨y, m⟩
+/// and yᵀΣy (METHODS.md, `mp`), with no pass over the pairs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Moments {
+    pub rows: u64,
+    pub mean: Vec<f64>,
+    /// Σ, d × d (absent when only the mean was tracked).
+    pub covariance: Option<Array2<f64>>,
+}
+
+impl Moments {
+    /// The moments as text for a file's metadata: JSON with the row count,
+    /// the mean, and the upper triangle of Σ row by row as base64 of
+    /// little-endian f64 (exact, and a third of the size of decimal text).
+    pub fn to_metadata(&self) -> String {
+        let covariance = self.covariance.as_ref().map(|c| {
+            let d = c.nrows();
+            let mut bytes = Vec::with_capacity(d * (d + 1) / 2 * 8);
+            for i in 0..d {
+                for j in i..d {
+                    bytes.extend_from_slice(&c[(i, j)].to_le_bytes());
+                }
+            }
+            BASE64.encode(bytes)
+        });
+        serde_json::json!({
+            "rows": self.rows,
+            "mean": self.mean,
+            "covariance_upper_f64le": covariance,
+        })
+        .to_string()
+    }
+
+    /// The moments from [`Moments::to_metadata`]'s text; the error says what
+    /// is wrong with it.
+    pub fn from_metadata(text: &str) -> std::result::Result<Moments, String> {
+        #[derive(serde::Deserialize)]
+        struct Stored {
+            rows: u64,
+            mean: Vec<f64>,
+            covariance_upper_f64le: Option<String>,
+        }
+        let stored: Stored = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let d = stored.mean.len();
+        let covariance = match stored.covariance_upper_f64le {
+            None => None,
+            Some(text) => {
+                let bytes = BASE64.decode(text).map_err(|e| e.to_string())?;
+                if bytes.len() != d * (d + 1) / 2 * 8 {
+                    return Err(format!(
+                        "covariance of {} bytes, not the {} of dimension {d}",
+                        bytes.len(),
+                        d * (d + 1) / 2 * 8
+                    ));
+                }
+                let mut values = bytes
+                    .chunks_exact(8)
+                    .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")));
+                let mut c = Array2::zeros((d, d));
+                for i in 0..d {
+                    for j in i..d {
+                        let v = values.next().expect("counted");
+                        c[(i, j)] = v;
+                        c[(j, i)] = v;
+                    }
+                }
+                Some(c)
+            }
+        };
+        Ok(Moments {
+            rows: stored.rows,
+            mean: stored.mean,
+            covariance,
+        })
+    }
+
+    /// For each row y of the row-major block `data`: the mean and the
+    /// population standard deviation of s(y, x) over the set, in f64.
+    ///
+    /// # Panics
+    /// When the covariance was not tracked.
+    pub fn similarity_moments(&self, data: &[f32], dim: usize) -> Vec<(f64, f64)> {
+        let covariance = self.covariance.as_ref().expect("covariance tracked");
+        if dim == 0 {
+            return Vec::new();
+        }
+        let mean = ArrayView1::from(&self.mean);
+        let mut out = Vec::with_capacity(data.len() / dim);
+        for slice in data.chunks(MOMENT_ROWS * dim) {
+            let rows = slice.len() / dim;
+            let y = Array2::from_shape_fn((rows, dim), |(i, j)| slice[i * dim + j] as f64);
+            let means = y.dot(&mean);
+            let spread = y.dot(covariance);
+            out.extend((0..rows).map(|i| {
+                let variance = y.row(i).dot(&spread.row(i));
+                (means[i], variance.max(0.0).sqrt())
+            }));
+        }
+        out
+    }
+
+    /// Bytes held (the covariance dominates: d² f64).
+    pub fn memory_bytes(&self) -> usize {
+        self.mean.len() * 8 + self.covariance.as_ref().map_or(0, |c| c.len() * 8)
     }
 }
 
@@ -196,13 +395,45 @@ mod tests {
 
     #[test]
     fn means_merge() {
-        let mut a = VectorMean::default();
+        let mut a = RowMoments::default();
         a.add_rows(&[1.0, 2.0, 3.0, 4.0], 2);
-        let mut b = VectorMean::default();
+        let mut b = RowMoments::default();
         b.add_rows(&[5.0, 6.0], 2);
         a.merge(&b);
         assert_eq!(a.mean(), vec![3.0, 4.0]);
         assert_eq!(a.count(), 3);
+        assert_eq!(a.finish().covariance, None);
+    }
+
+    /// The similarity moments from m and C equal those of the pairs, and
+    /// survive the metadata text exactly.
+    #[test]
+    fn similarity_moments_match_the_pairs() {
+        let set = [0.6f32, 0.8, 0.0, 1.0, -0.28, 0.96, 0.5, -0.5];
+        let mut moments = RowMoments::with_covariance();
+        moments.add_rows(&set[..4], 2);
+        let mut rest = RowMoments::with_covariance();
+        rest.add_rows(&set[4..], 2);
+        moments.merge(&rest);
+        let moments = moments.finish();
+        let y = [0.3f32, -0.7];
+        let sims: Vec<f64> = set
+            .chunks(2)
+            .map(|x| x[0] as f64 * y[0] as f64 + x[1] as f64 * y[1] as f64)
+            .collect();
+        let mean = sims.iter().sum::<f64>() / 4.0;
+        let std = (sims.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / 4.0).sqrt();
+        let (m, s) = moments.similarity_moments(&y, 2)[0];
+        assert!(
+            (m - mean).abs() < 1e-15 && (s - std).abs() < 1e-15,
+            "{m} {s}"
+        );
+        let text = moments.to_metadata();
+        assert_eq!(Moments::from_metadata(&text).unwrap(), moments);
+        assert!(Moments::from_metadata(
+            "{\"rows\": 1, \"mean\": [0.0], \"covariance_upper_f64le\": \"AA==\"}"
+        )
+        .is_err());
     }
 
     #[test]

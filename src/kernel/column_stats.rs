@@ -2,7 +2,8 @@
 //! gallery columns at a time, consumed by the column epilogues while it is
 //! still in cache. For each column (gallery item): the log-sum-exp of β·s
 //! over the rows (bank queries), for several β at once; its largest
-//! similarities; every similarity; and, for each row, its best columns.
+//! similarities (with their rows, when asked); every similarity; and, for
+//! each row, its best columns.
 //!
 //! rayon runs one strip of tiles per task and each task owns the state it
 //! updates, so results do not depend on the thread count. Tile and block
@@ -21,7 +22,7 @@ use super::gemm::similarity_tile;
 use super::lse::{raise_column_maxima, LogSumExp};
 use super::search::{scan_row, QueryState};
 use super::tile::{Rows, TileBuffer, BANK_TILE_COLS, BANK_TILE_ROWS, GROUP_ROWS, LANES};
-use super::topk::{TopK, TopValues};
+use super::topk::{Candidate, TopK, TopValues};
 
 /// Columns the pass-1 fold keeps in registers at a time (four 16-lane
 /// vectors; see [`bodies::fold_group_lse`]).
@@ -36,6 +37,12 @@ pub struct ColumnStatsRequest<'a> {
     pub betas: &'a [f32],
     /// The `column_top_k` largest similarities of each column (NNN, CSLS; 0: none).
     pub column_top_k: usize,
+    /// The `column_top_rows` largest similarities of each column with their
+    /// rows, ties to the smaller row (the neighbours of `dissim-local`; 0: none).
+    pub column_top_rows: usize,
+    /// For each k here, pass 1 (not this kernel) gathers the mean of the
+    /// rows of each column's k largest similarities, from those top rows.
+    pub neighbour_means: &'a [usize],
     /// Every similarity of each column (GC).
     pub keep_all: bool,
     /// The `row_top_k` best columns of each row (DIS activation sets; 0: none).
@@ -45,7 +52,11 @@ pub struct ColumnStatsRequest<'a> {
 impl ColumnStatsRequest<'_> {
     /// Whether any statistic needs the similarity tiles at all.
     pub fn needs_tiles(&self) -> bool {
-        !self.betas.is_empty() || self.column_top_k > 0 || self.keep_all || self.row_top_k > 0
+        !self.betas.is_empty()
+            || self.column_top_k > 0
+            || self.column_top_rows > 0
+            || self.keep_all
+            || self.row_top_k > 0
     }
 }
 
@@ -56,8 +67,15 @@ pub struct ColumnStates {
     pub lse: Vec<LogSumExp>,
     /// One bounded top-k per column (empty when not requested).
     pub top: Vec<TopValues>,
+    /// One bounded top-k of (similarity, global row) per column (empty when
+    /// not requested).
+    pub top_rows: Vec<TopK>,
     /// Every similarity per column, in row order (empty when not requested).
     pub all: Vec<Vec<f32>>,
+    /// For each k of [`ColumnStatsRequest::neighbour_means`]: the mean of
+    /// the rows of each column's k largest similarities, `cols × dim`,
+    /// filled by pass 1 once the whole bank has passed.
+    pub neighbour_means: Vec<(usize, Vec<f64>)>,
 }
 
 impl ColumnStates {
@@ -71,6 +89,11 @@ impl ColumnStates {
             } else {
                 Vec::new()
             },
+            top_rows: if request.column_top_rows > 0 {
+                vec![TopK::new(request.column_top_rows); cols]
+            } else {
+                Vec::new()
+            },
             all: if request.keep_all {
                 (0..cols)
                     .map(|_| Vec::with_capacity(all_capacity))
@@ -78,6 +101,7 @@ impl ColumnStates {
             } else {
                 Vec::new()
             },
+            neighbour_means: Vec::new(),
         }
     }
 }
@@ -102,15 +126,16 @@ pub fn column_log_sum_exp(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states:
         lse: states.to_vec(),
         ..ColumnStates::default()
     };
-    column_statistics(rows, cols, 0, &request, &mut column_states);
+    column_statistics(rows, cols, 0, 0, &request, &mut column_states);
     states.copy_from_slice(&column_states.lse);
 }
 
 /// Pass 1 kernel. Streams the similarity tiles of `rows` (bank items) ×
 /// `cols` (gallery items) through the statistics `request` names, folding
-/// them into `states` (one entry per column). Returns, when
-/// `request.row_top_k > 0`, the best columns of each row of this block (global
-/// column = `first_col` + local column), else an empty vector.
+/// them into `states` (one entry per column; the rows of `top_rows` are
+/// global: `first_row` + local row). Returns, when `request.row_top_k > 0`,
+/// the best columns of each row of this block (global column = `first_col`
+/// + local column), else an empty vector.
 ///
 /// Rows are folded one group of [`GROUP_ROWS`] at a time in order, and each
 /// column on its own, so the result is the same for any split of the rows into
@@ -123,6 +148,7 @@ pub fn column_log_sum_exp(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states:
 pub fn column_statistics(
     rows: Rows<'_>,
     cols: Rows<'_>,
+    first_row: u32,
     first_col: u32,
     request: &ColumnStatsRequest<'_>,
     states: &mut ColumnStates,
@@ -135,6 +161,7 @@ pub fn column_statistics(
         "one state per column and β"
     );
     assert!(states.top.is_empty() || states.top.len() == cols.rows);
+    assert!(states.top_rows.is_empty() || states.top_rows.len() == cols.rows);
     assert!(states.all.is_empty() || states.all.len() == cols.rows);
     assert!(request.betas.iter().all(|&b| b > 0.0), "β must be positive");
     if !request.needs_tiles() || rows.rows == 0 || cols.rows == 0 {
@@ -143,18 +170,30 @@ pub fn column_statistics(
     let bounds = strip_bounds(cols.rows, rayon::current_num_threads());
     let lse = split_strips(&mut states.lse, &bounds, nb);
     let top = split_strips(&mut states.top, &bounds, 1);
+    let top_rows = split_strips(&mut states.top_rows, &bounds, 1);
     let all = split_strips(&mut states.all, &bounds, 1);
-    let tasks: Vec<_> = bounds.windows(2).zip(lse).zip(top).zip(all).collect();
+    let tasks: Vec<_> = bounds
+        .windows(2)
+        .zip(lse)
+        .zip(top)
+        .zip(top_rows)
+        .zip(all)
+        .collect();
     let row_tops = tasks
         .into_par_iter()
-        .map(|(((columns, lse), top), all)| {
+        .map(|((((columns, lse), top), top_rows), all)| {
             let (c0, c1) = (columns[0], columns[1]);
             let strip_cols = cols.slice(c0, c1);
-            let strip_states = StripStates { lse, top, all };
+            let strip_states = StripStates {
+                lse,
+                top,
+                top_rows,
+                all,
+            };
             column_strip(
                 rows,
                 strip_cols,
-                first_col + c0 as u32,
+                (first_row, first_col + c0 as u32),
                 request,
                 strip_states,
             )
@@ -215,6 +254,7 @@ fn split_strips<'a, T>(
 struct StripStates<'a> {
     lse: &'a mut [LogSumExp],
     top: &'a mut [TopValues],
+    top_rows: &'a mut [TopK],
     all: &'a mut [Vec<f32>],
 }
 
@@ -237,11 +277,12 @@ fn fold_exp_columns(
     }
 }
 
-/// One column strip of pass 1, run by one thread.
+/// One column strip of pass 1, run by one thread; `first` is the global
+/// (row, column) of its first cell.
 fn column_strip(
     rows: Rows<'_>,
     cols: Rows<'_>,
-    first_col: u32,
+    (first_row, first_col): (u32, u32),
     request: &ColumnStatsRequest<'_>,
     states: StripStates<'_>,
 ) -> Option<Vec<TopK>> {
@@ -255,6 +296,7 @@ fn column_strip(
         .map(|b| (0..nc).map(|j| states.lse[j * nb + b].sum).collect())
         .collect();
     let mut top_thresholds: Vec<f32> = states.top.iter().map(TopValues::threshold).collect();
+    let mut row_thresholds: Vec<f32> = states.top_rows.iter().map(TopK::threshold).collect();
     let mut row_tops: Vec<QueryState> = if request.row_top_k > 0 {
         (0..rows.rows)
             .map(|_| QueryState::new(request.row_top_k, None))
@@ -284,6 +326,10 @@ fn column_strip(
         if !states.top.is_empty() {
             column_top_values(tile, ld, nc, &mut top_thresholds, states.top);
         }
+        if !states.top_rows.is_empty() {
+            let tile_row = first_row + r0 as u32;
+            column_top_rows(tile, ld, nc, tile_row, &mut row_thresholds, states.top_rows);
+        }
         if !states.all.is_empty() {
             for row in tile.chunks_exact(ld) {
                 for (values, &s) in states.all.iter_mut().zip(&row[..nc]) {
@@ -309,6 +355,50 @@ fn column_strip(
         }
     }
     (!row_tops.is_empty()).then(|| row_tops.into_iter().map(|s| s.top).collect())
+}
+
+/// Offers each cell of a tile (rows `stride` apart, `nc` columns, the first
+/// row global row `first_row`) to its column's top-k of (similarity, row).
+/// Rows arrive in increasing order, so the strict threshold keeps the
+/// smaller row of two equal similarities. Only `dissim-local` asks for it:
+/// a plain loop, with the 16-lane "any above" prefilter of
+/// [`bodies::column_top_values`].
+fn column_top_rows(
+    tile: &[f32],
+    stride: usize,
+    nc: usize,
+    first_row: u32,
+    thresholds: &mut [f32],
+    tops: &mut [TopK],
+) {
+    let full = nc - nc % LANES;
+    for (i, row) in tile.chunks_exact(stride).enumerate() {
+        let row = &row[..nc];
+        let global = first_row + i as u32;
+        let mut offer = |j: usize, s: f32, thresholds: &mut [f32]| {
+            tops[j].push(Candidate {
+                score: s,
+                raw: s,
+                row: global,
+            });
+            thresholds[j] = tops[j].threshold();
+        };
+        for j0 in (0..full).step_by(LANES) {
+            let any = (j0..j0 + LANES).any(|j| row[j] > thresholds[j]);
+            if any {
+                for j in j0..j0 + LANES {
+                    if row[j] > thresholds[j] {
+                        offer(j, row[j], thresholds);
+                    }
+                }
+            }
+        }
+        for j in full..nc {
+            if row[j] > thresholds[j] {
+                offer(j, row[j], thresholds);
+            }
+        }
+    }
 }
 
 /// The epilogue bodies, written so that the compiler vectorises them;

@@ -15,6 +15,7 @@ use rayon::prelude::*;
 
 use super::dispatch::dispatched;
 use super::gemm::similarity_tile;
+use super::normal::log_normal_cdf;
 use super::tile::{Rows, TileBuffer, LANES, TILE_COLS, TILE_ROWS};
 use super::topk::{Candidate, TieBreak, TopK};
 
@@ -119,6 +120,14 @@ pub fn count_above(sorted: &[f32], s: f32) -> usize {
     sorted.len() - sorted.partition_point(|&b| b <= s)
 }
 
+/// The Gaussian of one query's similarities (`mp`): their mean over the
+/// gallery bank (or the gallery), and one over their standard deviation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueryGaussian {
+    pub mean: f64,
+    pub inv_std: f64,
+}
+
 /// How pass 2 turns a similarity s(q, j) into a score, for the columns of one
 /// gallery block.
 #[derive(Debug, Clone, Copy)]
@@ -145,6 +154,14 @@ pub enum ColumnScoring<'a> {
     /// NICDM: −sqrt(max(0, 2 − 2s))·`inv_scale[j]`, that is
     /// −d(q, g)/sqrt(r(g)) for unit rows. Computed in f64.
     Nicdm { inv_scale: &'a [f64] },
+    /// Gaussian mutual proximity (`mp`): the sum of log Φ((s − `mean[j]`)·
+    /// `inv_std[j]`) and log Φ((s − μ(q))/σ(q)), the query's Gaussian the
+    /// first of `queries` (see [`ColumnScoring::for_query`]). Computed in f64.
+    MutualProximity {
+        mean: &'a [f64],
+        inv_std: &'a [f64],
+        queries: &'a [QueryGaussian],
+    },
 }
 
 impl<'a> ColumnScoring<'a> {
@@ -171,6 +188,48 @@ impl<'a> ColumnScoring<'a> {
             ColumnScoring::Nicdm { inv_scale } => ColumnScoring::Nicdm {
                 inv_scale: &inv_scale[start..end],
             },
+            ColumnScoring::MutualProximity {
+                mean,
+                inv_std,
+                queries,
+            } => ColumnScoring::MutualProximity {
+                mean: &mean[start..end],
+                inv_std: &inv_std[start..end],
+                queries,
+            },
+        }
+    }
+
+    /// The scoring with the per-query parameters of a block of queries
+    /// (`mp`'s Gaussians, one per query row); other scorings have none.
+    pub fn with_queries(self, gaussians: &'a [QueryGaussian]) -> ColumnScoring<'a> {
+        match self {
+            ColumnScoring::MutualProximity { mean, inv_std, .. } => {
+                ColumnScoring::MutualProximity {
+                    mean,
+                    inv_std,
+                    queries: gaussians,
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// The scoring of query row `i` of the block (its per-query parameters
+    /// first); the same scoring when it has none.
+    #[inline]
+    pub fn for_query(&self, i: usize) -> ColumnScoring<'a> {
+        match *self {
+            ColumnScoring::MutualProximity {
+                mean,
+                inv_std,
+                queries,
+            } => ColumnScoring::MutualProximity {
+                mean,
+                inv_std,
+                queries: &queries[i..i + 1],
+            },
+            other => other,
         }
     }
 
@@ -185,6 +244,7 @@ impl<'a> ColumnScoring<'a> {
             ColumnScoring::LocalScaling { inv_scale } | ColumnScoring::Nicdm { inv_scale } => {
                 inv_scale.len()
             }
+            ColumnScoring::MutualProximity { mean, .. } => mean.len(),
         }
     }
 
@@ -221,6 +281,15 @@ impl<'a> ColumnScoring<'a> {
             }
             ColumnScoring::Nicdm { inv_scale } => {
                 (-(2.0 - 2.0 * s as f64).max(0.0).sqrt() * inv_scale[j]) as f32
+            }
+            ColumnScoring::MutualProximity {
+                mean,
+                inv_std,
+                queries,
+            } => {
+                let (s, q) = (s as f64, queries[0]);
+                (log_normal_cdf((s - mean[j]) * inv_std[j])
+                    + log_normal_cdf((s - q.mean) * q.inv_std)) as f32
             }
         }
     }
@@ -377,9 +446,11 @@ impl StripSearch<'_> {
                     }
                     ColumnScoring::DualSoftmax { .. }
                     | ColumnScoring::LocalScaling { .. }
-                    | ColumnScoring::Nicdm { .. } => {
+                    | ColumnScoring::Nicdm { .. }
+                    | ColumnScoring::MutualProximity { .. } => {
                         for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
                             let scores = &tile[i * ld..i * ld + nc];
+                            let scoring = scoring.for_query(q0 + i);
                             scan_transformed(scores, &scoring, col0, &mut row_states[m]);
                         }
                     }
@@ -387,6 +458,7 @@ impl StripSearch<'_> {
                 for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
                     let scores = &tile[i * ld..i * ld + nc];
                     let positives = self.positives.of(q0 + i);
+                    let scoring = scoring.for_query(q0 + i);
                     exclude_positives(scores, &scoring, col0, positives, &mut row_states[m]);
                 }
             }
@@ -439,7 +511,7 @@ fn compare_to_target(
 }
 
 /// A scan for scorings that are not a vectorisable subtraction (`dsl`,
-/// `ls`, `nicdm`):
+/// `ls`, `nicdm`, `mp`):
 /// each score computed by [`ColumnScoring::score`], columns in increasing
 /// order so the strict threshold prefilter keeps ties by row.
 fn scan_transformed(

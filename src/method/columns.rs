@@ -15,7 +15,7 @@ use arrow::datatypes::{DataType, Field, Float32Type, Float64Type};
 
 use crate::bank::pass::{BankPassOutput, StatsChunk};
 use crate::bank::states::ActivationState;
-use crate::bank::DnMeans;
+use crate::bank::BankMoments;
 use crate::error::{HubnormError, Result};
 use crate::kernel::{ColumnStates, LogSumExp, TopValues};
 use crate::query::{MethodRule, QueryTerm, Scoring, ScoringPlan, Selection};
@@ -104,10 +104,12 @@ pub struct BankNeeds {
     pub(crate) bank_betas: Vec<f32>,
     pub(crate) gallery_bank_betas: Vec<f32>,
     pub(crate) column_top_k: usize,
+    pub(crate) neighbour_ks: Vec<usize>,
     pub(crate) keep_all: bool,
     pub(crate) bank_activation_k: usize,
     pub(crate) gallery_bank_activation_k: usize,
     pub(crate) means: bool,
+    pub(crate) covariances: bool,
 }
 
 fn push_unique(list: &mut Vec<f32>, beta: f64) {
@@ -130,6 +132,13 @@ impl BankNeeds {
     pub fn bank_top_k(&mut self, k: usize) {
         self.column_top_k = self.column_top_k.max(k);
     }
+    /// The mean of the vectors of the k bank rows most similar to each
+    /// gallery item, N_k(g) (ties to the smaller bank row).
+    pub fn bank_neighbour_mean(&mut self, k: usize) {
+        if !self.neighbour_ks.contains(&k) {
+            self.neighbour_ks.push(k);
+        }
+    }
     /// Every s(b, g) per gallery item, sorted.
     pub fn every_bank_similarity(&mut self) {
         self.keep_all = true;
@@ -146,13 +155,19 @@ impl BankNeeds {
     pub fn means(&mut self) {
         self.means = true;
     }
+    /// The mean rows and covariance matrices of the query bank and of
+    /// the gallery bank (or gallery).
+    pub fn covariances(&mut self) {
+        self.means = true;
+        self.covariances = true;
+    }
 }
 
 /// One finished gallery chunk of pass 1, as methods read it.
 pub struct ChunkContext<'a> {
     pub(crate) chunk: &'a StatsChunk<'a>,
     pub(crate) needs: &'a BankNeeds,
-    pub(crate) means: Option<&'a DnMeans>,
+    pub(crate) moments: Option<&'a BankMoments>,
 }
 
 fn lse_of(states: &ColumnStates, betas: &[f32], beta: f64, i: usize) -> LogSumExp {
@@ -173,6 +188,10 @@ impl ChunkContext<'_> {
         let dim = self.chunk.gallery.dim;
         &self.chunk.gallery.data[i * dim..(i + 1) * dim]
     }
+    /// The chunk's gallery embeddings, row-major, and their dimension.
+    pub fn gallery_block(&self) -> (&[f32], usize) {
+        (&self.chunk.gallery.data, self.chunk.gallery.dim)
+    }
     /// LSE_b β·s(b, g_i) over the query bank.
     pub fn bank_lse(&self, beta: f64, i: usize) -> LogSumExp {
         lse_of(self.chunk.bank, &self.needs.bank_betas, beta, i)
@@ -190,13 +209,26 @@ impl ChunkContext<'_> {
     pub fn bank_top(&self) -> &[TopValues] {
         &self.chunk.bank.top
     }
+    /// The mean of the vectors of N_k(g_i), the k bank rows most similar to
+    /// gallery item i.
+    pub fn bank_neighbour_mean(&self, k: usize, i: usize) -> &[f64] {
+        let dim = self.chunk.gallery.dim;
+        let (_, means) = self
+            .chunk
+            .bank
+            .neighbour_means
+            .iter()
+            .find(|(kk, _)| *kk == k)
+            .expect("neighbour mean requested by the method");
+        &means[i * dim..(i + 1) * dim]
+    }
     /// Every bank similarity of each gallery item, sorted ascending.
     pub fn bank_all(&self) -> &[Vec<f32>] {
         &self.chunk.bank.all
     }
-    /// The means of `dn`.
-    pub fn means(&self) -> &DnMeans {
-        self.means.expect("means requested by the method")
+    /// The moments of the banks (`dn`, `mp`).
+    pub fn moments(&self) -> &BankMoments {
+        self.moments.expect("moments requested by the method")
     }
     /// A Float64 column of `f(i)` over the chunk's rows.
     pub fn f64s(&self, f: impl Fn(usize) -> f64) -> ArrayRef {
@@ -451,13 +483,19 @@ impl PlanContext<'_> {
     pub fn metadata(&self, key: &str) -> Option<&str> {
         self.metadata.get(key).map(String::as_str)
     }
+    /// The metadata value `key`, or an error naming the file.
+    pub fn metadata_text(&self, key: &str) -> Result<&str> {
+        self.metadata(key)
+            .ok_or_else(|| self.metadata_error(key, "is missing"))
+    }
+    /// An error about metadata value `key` of the stats file, naming the file.
+    pub fn metadata_error(&self, key: &str, problem: impl std::fmt::Display) -> HubnormError {
+        let path = self.path.unwrap_or(Path::new("stats file"));
+        HubnormError::input(path, None, None, format!("metadata {key} {problem}"))
+    }
     /// A JSON list of floats from the metadata, or an error naming the file.
     pub fn metadata_floats(&self, key: &str) -> Result<Vec<f64>> {
-        let path = self.path.unwrap_or(Path::new("stats file"));
-        let text = self.metadata(key).ok_or_else(|| {
-            HubnormError::input(path, None, None, format!("metadata {key} is missing"))
-        })?;
-        serde_json::from_str(text)
-            .map_err(|e| HubnormError::input(path, None, None, format!("metadata {key}: {e}")))
+        serde_json::from_str(self.metadata_text(key)?)
+            .map_err(|e| self.metadata_error(key, format!("is not a list of numbers: {e}")))
     }
 }

@@ -6,11 +6,12 @@
 use arrow::array::ArrayRef;
 
 use super::{
-    BankNeeds, ChunkContext, Domain, Export, GalleryBankUse, Method, MethodSpec, Parameter,
-    PlanContext, StatColumn,
+    BankMoments, BankNeeds, ChunkContext, Domain, Export, GalleryBankUse, Method, MethodSpec,
+    Parameter, PlanContext, StatColumn,
 };
 use crate::error::Result;
 use crate::query::{MethodRule, QueryTerm};
+use crate::stats_file::floats_json;
 
 /// Metadata key of the query-bank mean used by `dn`.
 pub const QUERY_BANK_MEAN_KEY: &str = "hubnorm.dn.query_bank_mean";
@@ -42,9 +43,18 @@ impl Method for DistributionNormalisation {
     fn columns(&self, _spec: &MethodSpec) -> Vec<StatColumn> {
         vec![StatColumn::f64("correction")]
     }
+    fn file_metadata(&self, _spec: &MethodSpec, moments: &BankMoments) -> Vec<(String, String)> {
+        vec![
+            (
+                QUERY_BANK_MEAN_KEY.into(),
+                floats_json(&moments.query_bank.mean),
+            ),
+            (GALLERY_MEAN_KEY.into(), floats_json(&moments.gallery.mean)),
+        ]
+    }
     fn chunk_columns(&self, spec: &MethodSpec, chunk: &ChunkContext<'_>) -> Vec<ArrayRef> {
         let lambda = spec.get("lambda");
-        let mean = &chunk.means().query_bank;
+        let mean = &chunk.moments().query_bank.mean;
         vec![chunk.f64s(|i| {
             lambda
                 * chunk

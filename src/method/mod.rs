@@ -24,17 +24,20 @@ use crate::error::{HubnormError, Result};
 
 pub mod columns;
 pub mod dis;
+pub mod dissim_local;
 pub mod dn;
 pub mod dsl;
 pub mod dual;
 pub mod gc;
 pub mod is;
 pub mod local;
+pub mod mp;
 pub mod nnn;
 pub mod none;
 pub mod sinkhorn;
 pub mod sinkhorn_pp;
 
+pub use crate::bank::BankMoments;
 pub use columns::{
     BankNeeds, ChunkContext, ColumnKind, ColumnValues, LateContext, PlanContext, StatColumn,
     StoredRows,
@@ -55,8 +58,10 @@ pub static REGISTRY: &[&dyn Method] = &[
     &sinkhorn::DBSN,
     &dsl::DualSoftmax,
     &sinkhorn_pp::SinkhornPp,
+    &mp::MutualProximity,
     &local::LS,
     &local::NICDM,
+    &dissim_local::DissimLocal,
 ];
 
 /// The most parameters one method has.
@@ -249,6 +254,12 @@ pub trait Method: Sync + Send + 'static {
     }
     /// The late columns over the whole gallery, in schema order.
     fn late_columns(&self, _spec: &MethodSpec, _late: &LateContext<'_>) -> Vec<ArrayRef> {
+        Vec::new()
+    }
+    /// Key-value metadata of the stats file that pass 2 reads back (`dn`'s
+    /// means, `mp`'s query-side moments), from the bank moments the method
+    /// requested.
+    fn file_metadata(&self, _spec: &MethodSpec, _moments: &BankMoments) -> Vec<(String, String)> {
         Vec::new()
     }
     /// The Sinkhorn sweeps its statistic needs, if any.

@@ -8,7 +8,10 @@
 //! depends only on the query (CSLS's r_G(q), DN's shift), which never
 //! changes a ranking.
 
-pub use crate::kernel::ColumnScoring;
+use std::sync::Arc;
+
+use crate::bank::Moments;
+pub use crate::kernel::{ColumnScoring, QueryGaussian};
 use crate::options::MethodSpec;
 
 /// One scoring the kernel computes for every (query, gallery item).
@@ -30,7 +33,19 @@ pub enum Scoring {
     LocalScaling { inv_scale: Vec<f64> },
     /// NICDM: −d(q, g)/sqrt(r(g)), see [`ColumnScoring::Nicdm`].
     Nicdm { inv_scale: Vec<f64> },
+    /// Gaussian mutual proximity (`mp`), see
+    /// [`ColumnScoring::MutualProximity`]: each gallery item's Gaussian of
+    /// bank similarities, and the moments of the set each query's Gaussian
+    /// comes from (the gallery bank, or the gallery).
+    MutualProximity {
+        mean: Vec<f64>,
+        inv_std: Vec<f64>,
+        query_side: Arc<Moments>,
+    },
 }
+
+/// The smallest standard deviation `mp` divides by.
+pub const MIN_STD: f64 = 1e-12;
 
 impl Scoring {
     /// The raw inner product.
@@ -61,7 +76,41 @@ impl Scoring {
             Scoring::Nicdm { inv_scale } => ColumnScoring::Nicdm {
                 inv_scale: &inv_scale[start..end],
             },
+            Scoring::MutualProximity { mean, inv_std, .. } => ColumnScoring::MutualProximity {
+                mean: &mean[start..end],
+                inv_std: &inv_std[start..end],
+                queries: &[],
+            },
         }
+    }
+
+    /// The per-query parameters of the queries of a row-major block (`mp`:
+    /// each query's Gaussian); empty for scorings that have none. Err
+    /// names the first query row (of the block) whose σ is below
+    /// [`MIN_STD`], with that σ.
+    pub fn query_parameters(
+        &self,
+        queries: &[f32],
+        dim: usize,
+    ) -> std::result::Result<Vec<QueryGaussian>, (usize, f64)> {
+        let Scoring::MutualProximity { query_side, .. } = self else {
+            return Ok(Vec::new());
+        };
+        query_side
+            .similarity_moments(queries, dim)
+            .into_iter()
+            .enumerate()
+            .map(|(i, (mean, std))| {
+                if std >= MIN_STD {
+                    Ok(QueryGaussian {
+                        mean,
+                        inv_std: 1.0 / std,
+                    })
+                } else {
+                    Err((i, std))
+                }
+            })
+            .collect()
     }
 
     /// Gallery rows covered.
@@ -71,6 +120,7 @@ impl Scoring {
             Scoring::BankRank { sorted, width } => sorted.len().checked_div(*width).unwrap_or(0),
             Scoring::DualSoftmax { log_normaliser, .. } => log_normaliser.len(),
             Scoring::LocalScaling { inv_scale } | Scoring::Nicdm { inv_scale } => inv_scale.len(),
+            Scoring::MutualProximity { mean, .. } => mean.len(),
         }
     }
 
@@ -82,6 +132,14 @@ impl Scoring {
             Scoring::DualSoftmax { log_normaliser, .. } => log_normaliser.capacity() * 8,
             Scoring::LocalScaling { inv_scale } | Scoring::Nicdm { inv_scale } => {
                 inv_scale.capacity() * 8
+            }
+            Scoring::MutualProximity {
+                mean,
+                inv_std,
+                query_side,
+            } => {
+                (mean.capacity() + inv_std.capacity() + query_side.mean.len()) * 8
+                    + query_side.covariance.as_ref().map_or(0, |c| c.len() * 8)
             }
         }
     }

@@ -10,7 +10,7 @@ use crate::kernel::{
 };
 use crate::plan::PlanRequest;
 use crate::progress::{Progress, RowProgress};
-use crate::query::method::Scoring;
+use crate::query::method::{Scoring, MIN_STD};
 use crate::query::targets::{resolve_targets, target_scores};
 use crate::source::{EmbeddingBlock, EmbeddingTable};
 
@@ -90,7 +90,27 @@ pub fn search(
     let mut query_blocks = query_table.blocks(plan.outer_rows);
     while let Some(block) = query_blocks.next_block()? {
         let positives = resolve_targets(&block, queries, gallery_index)?;
-        let targets = target_scores(&block, &positives, &mut gallery_blocks, scorings)?;
+        let query_parameters = scorings
+            .iter()
+            .map(|h| {
+                h.query_parameters(&block.data, dim).map_err(|(row, std)| {
+                    queries.row_error(
+                        block.first_row + row as u64,
+                        &queries.options().embedding_column,
+                        format!(
+                            "mp: the similarities of this query have standard deviation {std:e} (below {MIN_STD:e}) over the gallery side, which it cannot divide by"
+                        ),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let targets = target_scores(
+            &block,
+            &positives,
+            &mut gallery_blocks,
+            scorings,
+            &query_parameters,
+        )?;
         let mut states: Vec<QueryState> = targets
             .iter()
             .enumerate()
@@ -103,7 +123,11 @@ pub fn search(
             let start = g_block.first_row as usize;
             let block_corrections: Vec<ColumnScoring<'_>> = scorings
                 .iter()
-                .map(|h| h.columns(start, start + g_block.rows))
+                .zip(&query_parameters)
+                .map(|(h, per_query)| {
+                    h.columns(start, start + g_block.rows)
+                        .with_queries(per_query)
+                })
                 .collect();
             search_block(
                 Rows::new(&block.data, dim),

@@ -8,7 +8,7 @@ use crate::cache::TableBlocks;
 use crate::error::Result;
 use crate::ids::{id_at, IdIndex};
 use crate::kernel::Positives;
-use crate::query::method::Scoring;
+use crate::query::method::{QueryGaussian, Scoring};
 use crate::source::{EmbeddingBlock, EmbeddingTable};
 
 /// Gallery rows of each query's ground truth in `block` (empty lists when the
@@ -98,12 +98,14 @@ fn cast_ids(values: &ArrayRef, id_type: &DataType) -> Result<ArrayRef> {
 /// of its best-ranked positive (None without ground truth). The gallery
 /// streams past the block once, and only positive rows are used; the scores
 /// are computed as the kernel computes them (f32 similarity, then the
-/// scoring's f32 arithmetic).
+/// scoring's f32 arithmetic). `query_parameters` holds each scoring's
+/// per-query parameters for the block ([`Scoring::query_parameters`]).
 pub fn target_scores(
     block: &EmbeddingBlock,
     positives: &Positives,
     gallery: &mut TableBlocks,
     scorings: &[Scoring],
+    query_parameters: &[Vec<QueryGaussian>],
 ) -> Result<Vec<Option<(f32, f32)>>> {
     let nm = scorings.len();
     let mut best: Vec<Option<(f32, f32)>> = vec![None; block.rows * nm];
@@ -130,7 +132,11 @@ pub fn target_scores(
                 .map(|(a, b)| *a as f64 * *b as f64)
                 .sum::<f64>() as f32;
             for (m, scoring) in scorings.iter().enumerate() {
-                let v = scoring.columns(g, g + 1).score(0, s);
+                let v = scoring
+                    .columns(g, g + 1)
+                    .with_queries(&query_parameters[m])
+                    .for_query(q)
+                    .score(0, s);
                 let slot = &mut best[q * nm + m];
                 let better = match (*slot, scoring) {
                     (None, _) => true,

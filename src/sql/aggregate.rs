@@ -6,6 +6,7 @@
 //! | `hub_is_correction(score, β)` | [`LogSumExp`] of β·s | running max, Σ exp(·− max) |
 //! | `hub_topk_mean(score, k)` | [`TopValues`] | the k largest scores |
 //! | `hub_hubness(gallery_id, measure, k, gallery_size)` | [`KOccurrence`] | (id, count) lists |
+//! | `hub_moments(embedding)` | [`RowMoments`] | count, mean, Σ (x − m)(x − m)ᵀ |
 //!
 //! Each has a row accumulator and a [`GroupsAccumulator`] (one state per
 //! group in a vector), both thin adapters over one `Statistic` so they
@@ -17,7 +18,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Float32Array, Float64Array, ListArray, RecordBatch,
-    StringArray, UInt64Array,
+    StringArray, StructArray, UInt64Array,
 };
 use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::compute::cast;
@@ -32,8 +33,11 @@ use datafusion::logical_expr::{
 };
 use datafusion::physical_expr::PhysicalExpr;
 
+use crate::bank::RowMoments;
 use crate::kernel::{LogSumExp, TopValues};
 use crate::report::{HubnessMeasures, KOccurrence};
+
+use super::scalar::Embeddings;
 
 /// A mergeable statistic as SQL sees it: how input rows and partial states
 /// fold into per-group states, and what a state evaluates to.
@@ -328,6 +332,158 @@ impl Statistic for TopKMean {
     }
 }
 
+// ----------------------------------------------------------------- hub_moments
+
+/// The mean row and covariance of a group's embeddings (and the second
+/// moment C = Σ + m mᵀ): what `mp` keeps of the query bank and of the
+/// gallery side, mergeable across partitions.
+#[derive(Debug)]
+struct EmbeddingMoments;
+
+fn f64_list(rows: impl Iterator<Item = Option<Vec<f64>>>) -> Result<ArrayRef> {
+    let rows: Vec<Option<Vec<f64>>> = rows.collect();
+    let offsets = OffsetBuffer::from_lengths(rows.iter().map(|r| r.as_ref().map_or(0, Vec::len)));
+    let nulls: Vec<bool> = rows.iter().map(Option::is_some).collect();
+    let values = Float64Array::from_iter_values(rows.into_iter().flatten().flatten());
+    Ok(Arc::new(ListArray::try_new(
+        Arc::new(Field::new_list_field(DataType::Float64, true)),
+        offsets,
+        Arc::new(values),
+        Some(nulls.into()),
+    )?))
+}
+
+fn f64_list_type() -> DataType {
+    DataType::List(Arc::new(Field::new_list_field(DataType::Float64, true)))
+}
+
+/// The fields of `hub_moments`'s result.
+fn moments_fields() -> Vec<Field> {
+    vec![
+        Field::new("rows", DataType::UInt64, false),
+        Field::new("mean", f64_list_type(), false),
+        Field::new("covariance", f64_list_type(), false),
+        Field::new("second_moment", f64_list_type(), false),
+    ]
+}
+
+impl Statistic for EmbeddingMoments {
+    type State = RowMoments;
+
+    fn empty(&self) -> RowMoments {
+        RowMoments::with_covariance()
+    }
+    fn update(
+        &self,
+        values: &[ArrayRef],
+        group: &dyn Fn(usize) -> Option<usize>,
+        states: &mut [RowMoments],
+    ) -> Result<()> {
+        let rows = Embeddings::from_array(&values[0], "hub_moments")?;
+        for i in 0..values[0].len() {
+            let (Some(row), Some(g)) = (rows.row(i)?, group(i)) else {
+                continue;
+            };
+            let dim = states[g].mean().len();
+            if states[g].count() > 0 && row.len() != dim {
+                return bad_input!(
+                    "hub_moments: row {} has dimension {}, the group's earlier rows {dim}",
+                    i + 1,
+                    row.len()
+                );
+            }
+            states[g].add_rows(row, row.len());
+        }
+        Ok(())
+    }
+    fn state_fields(&self, name: &str) -> Vec<Field> {
+        vec![
+            Field::new(format!("{name}_rows"), DataType::UInt64, true),
+            Field::new(format!("{name}_mean"), f64_list_type(), true),
+            Field::new(format!("{name}_centred"), f64_list_type(), true),
+        ]
+    }
+    fn state_arrays(&self, states: &[RowMoments]) -> Result<Vec<ArrayRef>> {
+        Ok(vec![
+            Arc::new(UInt64Array::from_iter_values(
+                states.iter().map(RowMoments::count),
+            )),
+            f64_list(states.iter().map(|s| Some(s.mean())))?,
+            f64_list(states.iter().map(|s| {
+                Some(
+                    s.centred()
+                        .map_or_else(Vec::new, |m| m.iter().copied().collect()),
+                )
+            }))?,
+        ])
+    }
+    fn merge(&self, state: &[ArrayRef], groups: &[usize], states: &mut [RowMoments]) -> Result<()> {
+        let count = state[0].as_primitive::<UInt64Type>();
+        let (mean, centred) = (state[1].as_list::<i32>(), state[2].as_list::<i32>());
+        let floats = |list: &ListArray, i: usize| -> Vec<f64> {
+            list.value(i)
+                .as_primitive::<Float64Type>()
+                .values()
+                .to_vec()
+        };
+        for (i, &g) in groups.iter().enumerate() {
+            let mean = floats(mean, i);
+            let dim = mean.len();
+            let centred =
+                ndarray::Array2::from_shape_vec((dim, dim), floats(centred, i)).map_err(|e| {
+                    datafusion::error::DataFusionError::Internal(format!(
+                        "hub_moments: a partial state of the wrong shape: {e}"
+                    ))
+                })?;
+            let part = RowMoments::from_parts(count.value(i), mean, Some(centred));
+            if states[g].count() > 0 && part.count() > 0 && states[g].mean().len() != dim {
+                return bad_input!(
+                    "hub_moments: embeddings of dimensions {} and {dim} in one group",
+                    states[g].mean().len()
+                );
+            }
+            states[g].merge(&part);
+        }
+        Ok(())
+    }
+    fn evaluate(&self, states: &[RowMoments]) -> Result<ArrayRef> {
+        let finished: Vec<_> = states.iter().map(RowMoments::finish).collect();
+        let present = |m: &crate::bank::Moments| m.rows > 0;
+        let covariance = |m: &crate::bank::Moments| {
+            m.covariance
+                .as_ref()
+                .map_or_else(Vec::new, |c| c.iter().copied().collect())
+        };
+        let second = |m: &crate::bank::Moments| {
+            let d = m.mean.len();
+            let mut c = covariance(m);
+            for i in 0..d {
+                for j in 0..d {
+                    c[i * d + j] += m.mean[i] * m.mean[j];
+                }
+            }
+            c
+        };
+        let nulls: Vec<bool> = finished.iter().map(present).collect();
+        Ok(Arc::new(StructArray::try_new(
+            moments_fields().into(),
+            vec![
+                Arc::new(UInt64Array::from_iter_values(
+                    finished.iter().map(|m| m.rows),
+                )),
+                f64_list(finished.iter().map(|m| Some(m.mean.clone())))?,
+                f64_list(finished.iter().map(|m| Some(covariance(m))))?,
+                f64_list(finished.iter().map(|m| Some(second(m))))?,
+            ],
+            Some(nulls.into()),
+        )?))
+    }
+    fn state_bytes(&self, state: &RowMoments) -> usize {
+        let d = state.mean().len();
+        std::mem::size_of::<RowMoments>() + (d + d * d) * 8
+    }
+}
+
 // ----------------------------------------------------------------- hub_hubness
 
 /// Occurrences of each gallery id in a group's rows, and the gallery size.
@@ -495,6 +651,7 @@ enum Kind {
     IsCorrection,
     TopKMean,
     Hubness,
+    Moments,
 }
 
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -554,13 +711,17 @@ impl AggregateUDFImpl for StatisticUdaf {
         &self.signature
     }
     fn return_type(&self, _: &[DataType]) -> Result<DataType> {
-        Ok(DataType::Float64)
+        Ok(match self.kind {
+            Kind::Moments => DataType::Struct(moments_fields().into()),
+            _ => DataType::Float64,
+        })
     }
     fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
         match self.kind {
             Kind::IsCorrection => Ok(boxed(self.is_correction(&args)?)),
             Kind::TopKMean => Ok(boxed(self.top_k_mean(&args)?)),
             Kind::Hubness => Ok(boxed(self.hubness(&args)?)),
+            Kind::Moments => Ok(boxed(EmbeddingMoments)),
         }
     }
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
@@ -569,6 +730,7 @@ impl AggregateUDFImpl for StatisticUdaf {
             Kind::IsCorrection => IsCorrection { beta: 1.0 }.state_fields(args.name),
             Kind::TopKMean => TopKMean { k: 1 }.state_fields(args.name),
             Kind::Hubness => Hubness { measure: 0, k: 1 }.state_fields(args.name),
+            Kind::Moments => EmbeddingMoments.state_fields(args.name),
         };
         Ok(fields.into_iter().map(Arc::new).collect())
     }
@@ -583,6 +745,7 @@ impl AggregateUDFImpl for StatisticUdaf {
             Kind::IsCorrection => Ok(grouped(self.is_correction(&args)?)),
             Kind::TopKMean => Ok(grouped(self.top_k_mean(&args)?)),
             Kind::Hubness => Ok(grouped(self.hubness(&args)?)),
+            Kind::Moments => Ok(grouped(EmbeddingMoments)),
         }
     }
 }
@@ -605,6 +768,11 @@ pub(super) fn functions() -> Vec<AggregateUDF> {
             name: "hub_hubness",
             kind: Kind::Hubness,
             signature: Signature::any(4, Volatility::Immutable),
+        }),
+        AggregateUDF::from(StatisticUdaf {
+            name: "hub_moments",
+            kind: Kind::Moments,
+            signature: Signature::any(1, Volatility::Immutable),
         }),
     ]
 }

@@ -19,16 +19,20 @@ use datafusion::logical_expr::{
 };
 
 /// The rows of an embedding-list argument, cast once to `List<Float32>`.
-struct Embeddings {
+pub(super) struct Embeddings {
     list: ListArray,
     function: &'static str,
 }
 
 impl Embeddings {
     fn from_arg(arg: &ColumnarValue, rows: usize, function: &'static str) -> Result<Self> {
-        let array = arg.to_array(rows)?;
+        Self::from_array(&arg.to_array(rows)?, function)
+    }
+
+    /// The rows of an embedding-list array.
+    pub(super) fn from_array(array: &ArrayRef, function: &'static str) -> Result<Self> {
         let list = cast(
-            &array,
+            array,
             &DataType::List(Arc::new(Field::new_list_field(DataType::Float32, true))),
         )?;
         Ok(Embeddings {
@@ -42,7 +46,7 @@ impl Embeddings {
     }
 
     /// Row i's values; `None` for a null row. A null value inside a row is an error.
-    fn row(&self, i: usize) -> Result<Option<&[f32]>> {
+    pub(super) fn row(&self, i: usize) -> Result<Option<&[f32]>> {
         if self.list.is_null(i) {
             return Ok(None);
         }
