@@ -32,7 +32,7 @@ use crate::bank::StatsLayout;
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
 use crate::inputs::{open_banks, open_table, with_threads};
-use crate::method::{MethodKind, MethodSpec, StoredRows};
+use crate::method::{BankRowMap, MethodKind, MethodSpec, StoredRows};
 use crate::pipeline::StatsJob;
 use crate::progress::Progress;
 use crate::sink::ParquetSink;
@@ -295,6 +295,8 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
         let old_bank: Vec<bool> = new_bank.iter().map(|n| !n).collect();
         let bank_old = subset(&banks.bank, &old_bank);
         let gallery_new = subset(&gallery, &new_gallery);
+        let new_bank_rows = BankRowMap::of_parts(&banks.bank, &new_bank);
+        let old_bank_rows = BankRowMap::of_parts(&banks.bank, &old_bank);
         summary.new_gallery_rows = gallery_new.as_ref().map_or(0, |g| g.rows);
         let pass_a = match (&bank_new, merged.is_empty()) {
             (Some(bank), false) => Some(partial_stats(
@@ -407,10 +409,13 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
                 let mut columns: HashMap<String, ArrayRef> = HashMap::new();
                 for m in &merged {
                     let (early, _) = StatsLayout::new(&[*m]).columns();
-                    let added = added.as_ref().map(|batch| StoredRows { batch });
-                    let merged_columns =
-                        m.method()
-                            .merge(m, &StoredRows { batch: &base }, added.as_ref())?;
+                    // The stored rows and pass B's count the old bank parts,
+                    // pass A's the new ones.
+                    let added = added
+                        .as_ref()
+                        .map(|batch| StoredRows::in_bank(batch, &banks.bank, &new_bank_rows));
+                    let base = StoredRows::in_bank(&base, &banks.bank, &old_bank_rows);
+                    let merged_columns = m.method().merge(m, &base, added.as_ref())?;
                     for ((name, _), column) in early.into_iter().zip(merged_columns) {
                         columns.insert(name, column);
                     }

@@ -89,7 +89,7 @@ fn update_then_finish_equals_a_full_recomputation() {
     let d = dir.path();
     let mut r = rng(71);
     let gallery = random_table(&mut r, "g", 130, 12);
-    let bank = random_table(&mut r, "b", 260, 12);
+    let bank = random_table(&mut r, "b", 290, 12);
     let methods = vec![
         MethodSpec::new("is", &[("beta", 20.0)]).unwrap(),
         MethodSpec::new("nnn", &[("alpha", 0.75), ("k", 9.0)]).unwrap(),
@@ -99,11 +99,11 @@ fn update_then_finish_equals_a_full_recomputation() {
         MethodSpec::new("mp", &[]).unwrap(),
         MethodSpec::new("ls", &[("k", 4.0)]).unwrap(),
         MethodSpec::new("nicdm", &[("k", 6.0)]).unwrap(),
+        MethodSpec::new("dissim-local", &[("k", 3.0)]).unwrap(),
         MethodSpec::new("dis", &[("beta", 20.0), ("ka", 1.0)]).unwrap(),
         MethodSpec::new("sn", &[("tau", 0.05), ("t", 5.0)]).unwrap(),
-        MethodSpec::new("dissim-local", &[("k", 3.0)]).unwrap(),
     ];
-    let mergeable = methods.len() - 3;
+    let mergeable = methods.len() - 2;
     assert!(methods[..mergeable].iter().all(|m| is_mergeable(m.kind())));
     assert!(methods[mergeable..].iter().all(|m| !is_mergeable(m.kind())));
     let stored = d.join("out/gallery_stats.parquet");
@@ -124,7 +124,7 @@ fn update_then_finish_equals_a_full_recomputation() {
     assert_eq!((summary.new_bank_parts, summary.new_gallery_parts), (1, 1));
     assert_eq!(summary.new_gallery_rows, 50);
     assert_eq!(summary.merged.len(), mergeable);
-    assert_eq!(summary.recomputed.len(), 3);
+    assert_eq!(summary.recomputed.len(), 2);
     run_stats(&stats_job(d, &methods, &full), &Silent).unwrap();
     assert_same_stats(
         &read_parquet(&stored),
@@ -149,6 +149,17 @@ fn update_then_finish_equals_a_full_recomputation() {
     update_stats(&stats_job(d, &[], &stored), &Silent).unwrap();
     run_stats(&stats_job(d, &methods, &full), &Silent).unwrap();
     assert_same_stats(&read_parquet(&stored), &read_parquet(&full), "bank only");
+
+    // A new bank part listed before the counted ones: their rows move up,
+    // and the stored neighbour rows (dissim-local) are renumbered.
+    write_part(&d.join("bank"), "a-first.parquet", &bank.slice(260, 290));
+    update_stats(&stats_job(d, &[], &stored), &Silent).unwrap();
+    run_stats(&stats_job(d, &methods, &full), &Silent).unwrap();
+    assert_same_stats(
+        &read_parquet(&stored),
+        &read_parquet(&full),
+        "a part listed first",
+    );
 
     // Nothing new: the file is not rewritten.
     let before = std::fs::read(&stored).unwrap();

@@ -288,37 +288,53 @@ pub fn compute_bank_statistics(
 }
 
 /// Fills `states.neighbour_means` from its top rows with one more read of
-/// the bank: for each k requested, the mean of the vectors of each column's
-/// k best rows, summed in f64 in bank-row order (so the result does not
-/// depend on how the bank is cut into blocks).
+/// the bank (see [`neighbour_means`]).
 fn gather_neighbour_means(
     bank: &mut TableBlocks,
     states: &mut ColumnStates,
     input: &BankInput<'_>,
     dim: usize,
 ) -> Result<()> {
-    let ks = input.request.neighbour_means;
-    let cols = states.top_rows.len();
-    // (bank row, column, rank among the column's neighbours), in row order.
-    let mut wanted: Vec<(u32, u32, u32)> = states
+    let lists: Vec<Vec<u64>> = states
         .top_rows
         .iter()
+        .map(|top| top.sorted().iter().map(|c| c.row as u64).collect())
+        .collect();
+    states.neighbour_means = neighbour_means(&lists, input.request.neighbour_means, dim, |f| {
+        bank.for_each(f)
+    })?;
+    Ok(())
+}
+
+/// For each k of `ks`, the mean of the bank vectors of the first k rows of
+/// each list of `lists` (a gallery item's nearest bank rows, nearest first),
+/// `lists.len() × dim` values, from one read of the bank by `for_each_block`
+/// (blocks in row order). Summed in f64 in bank-row order, so the result
+/// does not depend on how the bank is cut into blocks.
+pub(crate) fn neighbour_means(
+    lists: &[Vec<u64>],
+    ks: &[usize],
+    dim: usize,
+    for_each_block: impl FnOnce(&mut dyn FnMut(&EmbeddingBlock) -> Result<()>) -> Result<()>,
+) -> Result<Vec<(usize, Vec<f64>)>> {
+    // (bank row, list, rank in the list), in row order.
+    let mut wanted: Vec<(u64, u32, u32)> = lists
+        .iter()
         .enumerate()
-        .flat_map(|(j, top)| {
-            top.sorted()
-                .into_iter()
+        .flat_map(|(j, rows)| {
+            rows.iter()
                 .enumerate()
-                .map(move |(rank, c)| (c.row, j as u32, rank as u32))
+                .map(move |(rank, &row)| (row, j as u32, rank as u32))
         })
         .collect();
     wanted.sort_unstable();
-    let mut sums: Vec<Vec<f64>> = ks.iter().map(|_| vec![0.0; cols * dim]).collect();
+    let mut sums: Vec<Vec<f64>> = ks.iter().map(|_| vec![0.0; lists.len() * dim]).collect();
     let mut next = 0;
-    bank.for_each(|block| {
+    for_each_block(&mut |block: &EmbeddingBlock| {
         let end = block.first_row + block.rows as u64;
-        while next < wanted.len() && (wanted[next].0 as u64) < end {
+        while next < wanted.len() && wanted[next].0 < end {
             let (row, j, rank) = wanted[next];
-            let local = (row as u64 - block.first_row) as usize;
+            let local = (row - block.first_row) as usize;
             let vector = &block.data[local * dim..(local + 1) * dim];
             for (sum, &k) in sums.iter_mut().zip(ks) {
                 if (rank as usize) < k {
@@ -332,18 +348,23 @@ fn gather_neighbour_means(
         }
         Ok(())
     })?;
-    states.neighbour_means = ks
+    if next < wanted.len() {
+        return Err(HubnormError::Internal(format!(
+            "bank row {} is past the end of the bank",
+            wanted[next].0
+        )));
+    }
+    Ok(ks
         .iter()
         .zip(sums)
         .map(|(&k, mut sum)| {
-            for (j, top) in states.top_rows.iter().enumerate() {
-                let n = top.len().min(k).max(1) as f64;
+            for (j, rows) in lists.iter().enumerate() {
+                let n = rows.len().min(k).max(1) as f64;
                 sum[j * dim..(j + 1) * dim].iter_mut().for_each(|x| *x /= n);
             }
             (k, sum)
         })
-        .collect();
-    Ok(())
+        .collect())
 }
 
 /// The error for two tables whose embeddings have different dimensions.

@@ -9,16 +9,18 @@ use std::sync::Arc;
 
 use arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, Float32Array, Float64Array, ListArray, RecordBatch,
+    UInt64Array,
 };
 use arrow::buffer::OffsetBuffer;
-use arrow::datatypes::{DataType, Field, Float32Type, Float64Type};
+use arrow::datatypes::{DataType, Field, Float32Type, Float64Type, UInt64Type};
 
 use crate::bank::pass::{BankPassOutput, StatsChunk};
 use crate::bank::states::ActivationState;
 use crate::bank::BankMoments;
 use crate::error::{HubnormError, Result};
-use crate::kernel::{ColumnStates, LogSumExp, TopValues};
+use crate::kernel::{ColumnStates, LogSumExp, TopK, TopValues};
 use crate::query::{MethodRule, QueryTerm, Scoring, ScoringPlan, Selection};
+use crate::source::EmbeddingTable;
 
 use super::MethodSpec;
 
@@ -29,6 +31,8 @@ pub enum ColumnKind {
     Boolean,
     /// A list of f32 per gallery item.
     ListFloat32,
+    /// A list of bank rows per gallery item.
+    ListUInt64,
 }
 
 impl ColumnKind {
@@ -40,13 +44,16 @@ impl ColumnKind {
             ColumnKind::ListFloat32 => {
                 DataType::List(Arc::new(Field::new("item", DataType::Float32, false)))
             }
+            ColumnKind::ListUInt64 => {
+                DataType::List(Arc::new(Field::new("item", DataType::UInt64, false)))
+            }
         }
     }
 
     /// Bytes per gallery item in a chunk's output (a list counts its offset).
     pub fn row_bytes(self) -> usize {
         match self {
-            ColumnKind::Float64 | ColumnKind::ListFloat32 => 8,
+            ColumnKind::Float64 | ColumnKind::ListFloat32 | ColumnKind::ListUInt64 => 8,
             ColumnKind::Boolean => 1,
         }
     }
@@ -76,6 +83,14 @@ impl StatColumn {
         StatColumn {
             suffix,
             kind: ColumnKind::ListFloat32,
+            late: false,
+        }
+    }
+    /// A list-of-bank-rows column filled per chunk.
+    pub const fn rows(suffix: &'static str) -> Self {
+        StatColumn {
+            suffix,
+            kind: ColumnKind::ListUInt64,
             late: false,
         }
     }
@@ -209,6 +224,10 @@ impl ChunkContext<'_> {
     pub fn bank_top(&self) -> &[TopValues] {
         &self.chunk.bank.top
     }
+    /// The largest bank similarities of each gallery item with their bank rows.
+    pub fn bank_top_rows(&self) -> &[TopK] {
+        &self.chunk.bank.top_rows
+    }
     /// The mean of the vectors of N_k(g_i), the k bank rows most similar to
     /// gallery item i.
     pub fn bank_neighbour_mean(&self, k: usize, i: usize) -> &[f64] {
@@ -280,15 +299,93 @@ impl LateContext<'_> {
     }
 }
 
+/// Where the bank rows of a stats file (or a partial pass) sit in the bank
+/// of an update: it was computed over some of the current bank's parts, in
+/// their current order, and numbered its rows from 0.
+#[derive(Debug, Clone, Default)]
+pub struct BankRowMap {
+    /// (first row in the file's numbering, first row in the bank, rows), in order.
+    pieces: Vec<(u64, u64, u64)>,
+}
+
+impl BankRowMap {
+    /// The map of a pass over the parts of `bank` whose `included` is true.
+    pub fn of_parts(bank: &EmbeddingTable, included: &[bool]) -> Self {
+        let mut pieces = Vec::new();
+        let mut local = 0;
+        for (part, &kept) in bank.parts.iter().zip(included) {
+            if kept {
+                pieces.push((local, part.first_row, part.rows));
+                local += part.rows;
+            }
+        }
+        BankRowMap { pieces }
+    }
+
+    /// The bank row of row `row` in the file's numbering.
+    pub fn bank_row(&self, row: u64) -> Result<u64> {
+        self.pieces
+            .iter()
+            .find(|&&(start, _, rows)| row >= start && row < start + rows)
+            .map(|&(start, first, _)| first + (row - start))
+            .ok_or_else(|| {
+                HubnormError::Internal(format!("bank row {row} lies outside the parts counted"))
+            })
+    }
+}
+
+/// The bank an update's rows refer to, for methods whose merge reads bank
+/// vectors (`dissim-local`).
+#[derive(Clone, Copy)]
+pub struct BankAccess<'a> {
+    pub(crate) table: &'a EmbeddingTable,
+    pub(crate) rows: &'a BankRowMap,
+}
+
 /// Rows of a stats file (or of a partial pass) that `--update` merges.
 pub struct StoredRows<'a> {
     pub(crate) batch: &'a RecordBatch,
+    pub(crate) bank: Option<BankAccess<'a>>,
 }
 
 impl<'a> StoredRows<'a> {
-    /// The rows of `batch` (columns named as in the stats file).
+    /// The rows of `batch` (columns named as in the stats file), whose
+    /// bank rows are those of the bank they were computed from.
     pub fn new(batch: &'a RecordBatch) -> Self {
-        StoredRows { batch }
+        StoredRows { batch, bank: None }
+    }
+
+    /// The rows of `batch`, whose bank rows sit in `table` as `rows` says.
+    pub fn in_bank(
+        batch: &'a RecordBatch,
+        table: &'a EmbeddingTable,
+        rows: &'a BankRowMap,
+    ) -> Self {
+        StoredRows {
+            batch,
+            bank: Some(BankAccess { table, rows }),
+        }
+    }
+
+    /// The bank the rows' bank rows refer to, when known.
+    pub fn bank(&self) -> Option<BankAccess<'a>> {
+        self.bank
+    }
+
+    /// List-of-bank-rows column `name`, one list per row, as rows of
+    /// [`StoredRows::bank`] (as stored when that is unknown).
+    pub fn bank_rows(&self, name: &str) -> Result<Vec<Vec<u64>>> {
+        let list = self.column(name)?.as_list::<i32>();
+        (0..list.len())
+            .map(|i| {
+                let stored = list.value(i);
+                let stored = stored.as_primitive::<UInt64Type>().values();
+                match &self.bank {
+                    Some(bank) => stored.iter().map(|&r| bank.rows.bank_row(r)).collect(),
+                    None => Ok(stored.to_vec()),
+                }
+            })
+            .collect()
     }
 
     fn column(&self, name: &str) -> Result<&ArrayRef> {
@@ -387,6 +484,17 @@ pub fn list_array(rows: Vec<Vec<f32>>) -> ArrayRef {
         Arc::new(Field::new("item", DataType::Float32, false)),
         OffsetBuffer::from_lengths(lengths),
         Arc::new(Float32Array::from(rows.concat())),
+        None,
+    ))
+}
+
+/// A List<UInt64> column of bank rows from per-row lists.
+pub fn rows_array(rows: Vec<Vec<u64>>) -> ArrayRef {
+    let lengths: Vec<usize> = rows.iter().map(Vec::len).collect();
+    Arc::new(ListArray::new(
+        Arc::new(Field::new("item", DataType::UInt64, false)),
+        OffsetBuffer::from_lengths(lengths),
+        Arc::new(UInt64Array::from(rows.concat())),
         None,
     ))
 }

@@ -39,8 +39,8 @@ pub mod sinkhorn_pp;
 
 pub use crate::bank::BankMoments;
 pub use columns::{
-    BankNeeds, ChunkContext, ColumnKind, ColumnValues, LateContext, PlanContext, StatColumn,
-    StoredRows,
+    BankAccess, BankNeeds, BankRowMap, ChunkContext, ColumnKind, ColumnValues, LateContext,
+    PlanContext, StatColumn, StoredRows,
 };
 
 /// Every method, in the order of help texts, `compare` and reports.
