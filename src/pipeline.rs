@@ -312,7 +312,10 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome
                 // next run.
                 let saved = checkpoint.as_ref().map_or(0, Checkpoint::saved_rows);
                 if let Some(checkpoint) = checkpoint.filter(|_| saved == 0) {
-                    checkpoint.remove()?;
+                    // The failure is what to report: a checkpoint that cannot
+                    // be removed (a store that is gone) only asks the next
+                    // run for --resume.
+                    let _ = checkpoint.remove();
                 }
                 return Err(match err {
                     HubnormError::Interrupted(message) if saved > 0 => {
