@@ -904,3 +904,49 @@ fn a_checkpoint_on_s3_resumes_to_the_same_bytes() {
         server.keys(BUCKET)
     );
 }
+
+/// `http(s)://` inputs are read by ranges from any HTTP server (here a
+/// minimal one of the test's), and give the local run's results.
+#[test]
+fn http_inputs_are_read_by_ranges() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("lake");
+    std::fs::create_dir_all(&local).unwrap();
+    write_lake(&local);
+    let port = common::s3::serve_http(&local);
+    let url = |p: &str| format!("http://127.0.0.1:{port}/{p}");
+    let out = dir.path().join("out");
+    for (queries, gallery, bank, to) in [
+        (
+            url("queries.parquet"),
+            url("gallery/part-0.parquet"),
+            url("bank/part-0.parquet"),
+            "http",
+        ),
+        (
+            local.join("queries.parquet").display().to_string(),
+            local.join("gallery/part-0.parquet").display().to_string(),
+            local.join("bank/part-0.parquet").display().to_string(),
+            "local",
+        ),
+    ] {
+        hubnorm([
+            "run",
+            "--queries",
+            &queries,
+            "--gallery",
+            &gallery,
+            "--bank",
+            &bank,
+            "--skip-missing",
+            "--out",
+            &out.join(to).display().to_string(),
+        ])
+        .output()
+        .assert_success();
+    }
+    assert_same_output(
+        &out.join("http/results.parquet"),
+        &out.join("local/results.parquet"),
+    );
+}

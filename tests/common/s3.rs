@@ -439,3 +439,69 @@ impl CutProxy {
         )
     }
 }
+
+/// A minimal static HTTP server for `dir` on a free port of 127.0.0.1:
+/// HEAD and GET, with `Range: bytes=a-b` answered by 206 (what a
+/// read-only `http(s)://` input needs). Serves until the process ends.
+pub fn serve_http(dir: &Path) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let dir = dir.clone();
+            std::thread::spawn(move || {
+                let _ = answer(stream, &dir);
+            });
+        }
+    });
+    fn answer(mut stream: TcpStream, dir: &Path) -> std::io::Result<()> {
+        let mut request = Vec::new();
+        let mut byte = [0u8; 1];
+        while !request.ends_with(b"\r\n\r\n") {
+            if stream.read(&mut byte)? == 0 {
+                return Ok(());
+            }
+            request.push(byte[0]);
+        }
+        let request = String::from_utf8_lossy(&request).into_owned();
+        let mut words = request.split_whitespace();
+        let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or("/"));
+        let file = dir.join(path.trim_start_matches('/'));
+        let Ok(data) = std::fs::read(&file) else {
+            return stream.write_all(
+                b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+        };
+        let range = request.lines().find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            let value = value.trim().strip_prefix("bytes=")?;
+            let (a, b) = value.split_once('-')?;
+            (name.eq_ignore_ascii_case("range")).then(|| {
+                let a: usize = a.parse().unwrap_or(0);
+                let b: usize = b
+                    .parse()
+                    .map_or(data.len() - 1, |b: usize| b.min(data.len() - 1));
+                (a, b)
+            })
+        });
+        let (status, body, extra) = match range {
+            Some((a, b)) => (
+                "206 Partial Content",
+                &data[a..=b],
+                format!("Content-Range: bytes {a}-{b}/{}\r\n", data.len()),
+            ),
+            None => ("200 OK", &data[..], String::new()),
+        };
+        let head = format!(
+            "HTTP/1.1 {status}\r\nContent-Length: {}\r\n{extra}Accept-Ranges: bytes\r\nLast-Modified: Thu, 01 Jan 2026 00:00:00 GMT\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes())?;
+        if method != "HEAD" {
+            stream.write_all(body)?;
+        }
+        Ok(())
+    }
+    port
+}
