@@ -7,9 +7,10 @@
 //!
 //! Outputs on S3 carry the same rows and the same metadata as the local
 //! run's, but for the recorded input paths (`hubnorm.*.path`,
-//! `hubnorm.*.parts`: URLs there, local paths here), so Parquet outputs are
-//! compared by their data and metadata rather than byte for byte;
-//! `summary.json` records no path and is compared byte for byte.
+//! `hubnorm.*.parts`: URLs there, local paths here) and the run's
+//! fingerprint (`hubnorm.run`, a hash that covers those paths), so Parquet
+//! outputs are compared by their data and the rest of their metadata, and
+//! `summary.json` byte for byte once its `run` field is taken out.
 
 mod common;
 
@@ -94,7 +95,7 @@ fn run_with(server: &S3Server, args: &[&str]) -> TestOutput {
 fn metadata_without_paths(path: &Path) -> BTreeMap<String, String> {
     parquet_metadata(path)
         .into_iter()
-        .filter(|(k, _)| !k.ends_with(".path") && !k.ends_with(".parts"))
+        .filter(|(k, _)| !k.ends_with(".path") && !k.ends_with(".parts") && k != "hubnorm.run")
         .collect()
 }
 
@@ -190,9 +191,18 @@ fn run_stats_and_search_on_s3_match_the_local_run() {
     for name in ["results.parquet", "gallery_stats.parquet", "summary.json"] {
         server.get_file(BUCKET, &format!("out/run/{name}"), &fetched.join(name));
     }
+    let without_run = |path: &Path| {
+        let text = std::fs::read_to_string(path).unwrap();
+        let run = text
+            .lines()
+            .find(|l| l.contains("\"run\":"))
+            .unwrap()
+            .to_owned();
+        text.replace(&format!("{run}\n"), "")
+    };
     assert_eq!(
-        std::fs::read(fetched.join("summary.json")).unwrap(),
-        std::fs::read(out.join("run/summary.json")).unwrap()
+        without_run(&fetched.join("summary.json")),
+        without_run(&out.join("run/summary.json"))
     );
     assert_same_output(
         &fetched.join("results.parquet"),
@@ -298,6 +308,49 @@ fn run_stats_and_search_on_s3_match_the_local_run() {
     assert_same_output(
         &fetched.join("search.parquet"),
         &out.join("results.parquet"),
+    );
+
+    // A run folder holding another run's results (as a run that failed
+    // between its uploads could leave it) is refused by its readers.
+    server.put_file(
+        BUCKET,
+        "out/run/results.parquet",
+        &out.join("run/results.parquet"),
+    );
+    let mixed = run_with(
+        &server,
+        &[
+            "sql",
+            "--run",
+            "s3://lake/out/run",
+            "SELECT count(*) FROM results",
+        ],
+    );
+    assert_eq!(mixed.code(), Some(2), "{}", mixed.stderr());
+    assert!(
+        mixed.stderr().contains("come from different runs"),
+        "{}",
+        mixed.stderr()
+    );
+    let mixed = run_with(
+        &server,
+        &[
+            "report",
+            "--results",
+            "s3://lake/out/run/results.parquet",
+            "--gallery",
+            "s3://lake/emb/gallery/",
+            "--stats",
+            "s3://lake/out/run/gallery_stats.parquet",
+            "--out",
+            "s3://lake/out/report",
+        ],
+    );
+    assert_eq!(mixed.code(), Some(2), "{}", mixed.stderr());
+    assert!(
+        mixed.stderr().contains("come from different runs"),
+        "{}",
+        mixed.stderr()
     );
 
     // The output rules hold for URLs: no silent replacement, nothing
@@ -789,7 +842,7 @@ fn a_server_lost_mid_read_or_mid_write_leaves_no_output() {
         "the upload finished before the cut: {:?}: {stderr}",
         proxy.traffic()
     );
-    assert_eq!(output.code(), Some(1), "{stderr}");
+    assert_eq!(output.code(), Some(1), "{:?}: {stderr}", output.status());
     assert!(stderr.contains("s3://lake/out/cut.parquet"), "{stderr}");
     assert!(server.get(BUCKET, "out/cut.parquet").is_none());
     // The abort could not reach the store either: the started upload stays

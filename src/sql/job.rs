@@ -126,6 +126,15 @@ pub fn run_tables(dir: &Path) -> Result<(NamedTables, Vec<String>)> {
             "holds none of the files hubnorm writes (results.parquet, gallery_stats.parquet, ...)",
         ));
     }
+    // The outputs must come from one run (see `pipeline::run_fingerprint`).
+    let mut written = Vec::new();
+    for file in ["results.parquet", "gallery_stats.parquet", "summary.json"] {
+        let path = dir.join(file);
+        if crate::storage::is_file(&path)? {
+            written.push(path);
+        }
+    }
+    crate::pipeline::check_same_run(&written.iter().map(|p| p.as_path()).collect::<Vec<_>>())?;
     for (name, file, key) in RUN_INPUT_TABLES {
         let path = dir.join(file);
         if !crate::storage::is_file(&path)? {
@@ -195,6 +204,8 @@ pub fn run_sql(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
     }
     let runtime = builder
         .enable_all()
+        // DataFusion reads and writes object stores on these threads.
+        .on_thread_start(crate::storage::block_sigpipe_on_this_thread)
         .build()
         .map_err(|e| HubnormError::Internal(format!("cannot start the SQL runtime: {e}")))?;
     runtime.block_on(run_async(job, stdout))

@@ -284,9 +284,95 @@ impl Drop for RemoteTable {
     }
 }
 
+/// Blocks SIGPIPE on the calling thread (for the threads of a runtime that
+/// talks to object stores). The command-line tool restores SIGPIPE's default
+/// action so that `hubnorm sql ... | head` ends quietly; but a store that
+/// drops a connection while a request body is written (HTTP clients write
+/// with `writev`, which cannot ask for no signal) would then kill the
+/// process instead of failing the request. Blocked on these threads, the
+/// write fails with EPIPE and the request goes through the retries and the
+/// error path like any other failure.
+pub fn block_sigpipe_on_this_thread() {
+    #[cfg(unix)]
+    // SAFETY: the set is initialised by sigemptyset before use, and
+    // pthread_sigmask only changes the calling thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGPIPE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
 /// Uploads the finished local file `spool` to the object `url`: it appears
 /// under its name only once complete (one PUT, or a multipart upload
 /// completed at the end and aborted on failure or Ctrl-C).
 pub(crate) fn upload(spool: &Path, url: &ObjectUrl) -> Result<()> {
     url.upload_from(spool)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_told_from_local_paths() {
+        assert!(is_url("s3://bucket/key"));
+        assert!(is_url("abfss://c@a.dfs.core.windows.net/k"));
+        assert!(!is_url("gallery/part-0.parquet"));
+        assert!(!is_url("/data/s3:/x"));
+        assert!(!is_url("C:\\data\\x.parquet"));
+        assert!(!is_url("://nothing"));
+        assert!(is_remote(Path::new("gs://b/k")));
+        assert!(!is_remote(Path::new("file:///tmp/x")));
+        match locate(Path::new("file:///tmp/x.parquet")).unwrap() {
+            Location::Local(p) => assert_eq!(p, PathBuf::from("/tmp/x.parquet")),
+            Location::Remote(u) => panic!("{u} is local"),
+        }
+        assert!(locate(Path::new("file://relative/x")).is_err());
+    }
+
+    #[cfg(feature = "cloud")]
+    #[test]
+    fn urls_with_secrets_are_refused_without_echoing_them() {
+        for url in [
+            "https://user:hunter2-secret@host/x.parquet",
+            "s3://bucket/x.parquet?X-Amz-Signature=hunter2-secret",
+            "s3://bucket/x.parquet#hunter2-secret",
+        ] {
+            let err = locate(Path::new(url)).unwrap_err();
+            let message = err.to_string();
+            assert_eq!(err.exit_code(), 2, "{message}");
+            assert!(message.contains("must not carry"), "{message}");
+            assert!(!message.contains("hunter2"), "{message}");
+        }
+        let err = locate(Path::new("ftp://host/x")).unwrap_err().to_string();
+        assert!(err.contains("unsupported URL scheme"), "{err}");
+    }
+
+    #[test]
+    fn storage_options_parse_as_key_value() {
+        assert_eq!(
+            parse_option("AWS_ENDPOINT=http://h:1/?a=b").unwrap(),
+            ("aws_endpoint".into(), "http://h:1/?a=b".into())
+        );
+        assert!(parse_option("novalue").is_err());
+        assert!(parse_option("=x").is_err());
+    }
+
+    #[cfg(feature = "cloud")]
+    #[test]
+    fn unknown_options_are_refused_and_secret_ones_redacted() {
+        assert!(configure(&[("no_such_key".into(), "1".into())]).is_err());
+        assert!(configure(&[("retry_timeout".into(), "soon".into())]).is_err());
+        configure(&[
+            ("aws_secret_access_key".into(), "hunter2-secret".into()),
+            ("retry_timeout".into(), "2s".into()),
+            ("aws_region".into(), "eu-west-1".into()),
+        ])
+        .unwrap();
+        let said = redact("signing with hunter2-secret in eu-west-1");
+        configure(&[]).unwrap();
+        assert_eq!(said, "signing with <redacted> in eu-west-1");
+    }
 }

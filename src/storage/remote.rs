@@ -674,6 +674,7 @@ fn runtime() -> &'static tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("hubnorm-io")
+            .on_thread_start(super::block_sigpipe_on_this_thread)
             .enable_all()
             .build()
             .expect("cannot start the object-store runtime")
