@@ -13,6 +13,9 @@
 //!   activation-<end>.parquet       activation states after gallery row `end`
 //! ```
 //!
+//! The folder may be a prefix in an object store, beside an output there
+//! (each file is then an object, uploaded once complete).
+//!
 //! Every file is written under a temporary name and renamed when complete;
 //! an activation file is renamed before the rows it goes with, so a crash at
 //! any point leaves a consistent prefix. A resume refuses a checkpoint whose
@@ -120,7 +123,7 @@ impl Checkpoint {
             resumed_segments: Vec::new(),
             resumed_activation: None,
         };
-        if dir.exists() {
+        if crate::storage::is_dir(&dir)? {
             if !options.resume {
                 return Err(HubnormError::Usage(format!(
                     "an interrupted `hubnorm stats` left a checkpoint at {}: pass --resume to continue it, or delete that folder to start afresh",
@@ -131,7 +134,7 @@ impl Checkpoint {
             checkpoint.find_resume_point()?;
             checkpoint.resumed_rows = checkpoint.saved_rows;
         } else {
-            std::fs::create_dir_all(&dir).map_err(|e| HubnormError::io(&dir, e))?;
+            crate::storage::create_dir_all(&dir)?;
             let text = serde_json::to_string_pretty(&serde_json::json!({
                 "version": VERSION,
                 "inputs_and_parameters": manifest,
@@ -246,13 +249,11 @@ impl Checkpoint {
             })?;
             write_activation(&self.activation_path(end_row), activations)?;
         }
-        // Flushed under the open name, then named with its range: the rows
-        // count only once complete.
-        let open = file.commit()?;
-        let done = self.rows_path(first_row, end_row);
-        std::fs::rename(&open, &done).map_err(|e| HubnormError::io(&done, e))?;
+        // Committed straight under the name with its range: the rows count
+        // only once complete.
+        file.commit_as(&self.rows_path(first_row, end_row))?;
         if self.saves_activation && self.saved_rows > 0 {
-            let _ = std::fs::remove_file(previous_activation);
+            let _ = crate::storage::remove_file(&previous_activation);
         }
         self.saved_rows = end_row;
         self.last_saved = Instant::now();
@@ -263,7 +264,7 @@ impl Checkpoint {
     pub fn remove(self) -> Result<()> {
         let dir = self.dir.clone();
         drop(self);
-        std::fs::remove_dir_all(&dir).map_err(|e| HubnormError::io(&dir, e))
+        crate::storage::remove_dir_all(&dir)
     }
 
     fn rows_path(&self, first: u64, end: u64) -> PathBuf {
@@ -276,7 +277,7 @@ impl Checkpoint {
 
     fn check_manifest(&self, current: &BTreeMap<String, String>) -> Result<()> {
         let path = self.dir.join(MANIFEST);
-        let text = std::fs::read_to_string(&path).map_err(|e| HubnormError::io(&path, e))?;
+        let text = crate::storage::read_to_string(&path)?;
         let stored: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
             HubnormError::input(&path, None, None, format!("not a checkpoint manifest: {e}"))
         })?;
@@ -312,12 +313,11 @@ impl Checkpoint {
     /// The longest run of saved rows from gallery row 0 (with its activation
     /// file, when one is needed); files past it are removed.
     fn find_resume_point(&mut self) -> Result<()> {
-        let entries = std::fs::read_dir(&self.dir).map_err(|e| HubnormError::io(&self.dir, e))?;
+        let entries = crate::storage::list_dir(&self.dir)?;
         let mut segments: BTreeMap<u64, (u64, PathBuf)> = BTreeMap::new();
         let mut activations: BTreeMap<u64, PathBuf> = BTreeMap::new();
         let mut other: Vec<PathBuf> = Vec::new();
-        for entry in entries {
-            let path = entry.map_err(|e| HubnormError::io(&self.dir, e))?.path();
+        for path in entries {
             let name = path
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
@@ -370,7 +370,7 @@ impl Checkpoint {
             }
         }
         for path in other {
-            let _ = std::fs::remove_file(path);
+            let _ = crate::storage::remove_file(&path);
         }
         Ok(())
     }

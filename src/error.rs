@@ -57,6 +57,16 @@ pub enum HubnormError {
         source: parquet::errors::ParquetError,
     },
 
+    /// An object store refused or failed a request (after its retries).
+    /// `url` names the object (never with credentials); `exit_code` is 2
+    /// when the user can fix it (access denied), 1 otherwise.
+    #[error("object storage error on {url}: {message}")]
+    Storage {
+        url: String,
+        message: String,
+        exit_code: i32,
+    },
+
     /// An Arrow operation failed (a bug or an unsupported layout).
     #[error("Arrow error: {0}")]
     Arrow(#[from] arrow::error::ArrowError),
@@ -93,7 +103,9 @@ impl HubnormError {
             | HubnormError::Arrow(_)
             | HubnormError::Internal(_) => 1,
             HubnormError::Interrupted(_) => 130,
-            HubnormError::Sql { exit_code, .. } => *exit_code,
+            HubnormError::Sql { exit_code, .. } | HubnormError::Storage { exit_code, .. } => {
+                *exit_code
+            }
         }
     }
 

@@ -342,6 +342,11 @@ pub fn report(job: &ReportJob, _progress: &dyn Progress) -> Result<ReportOutcome
     if let Some(html) = &job.html {
         refuse_existing(html, job.overwrite)?;
     }
+    // A run's results with another run's statistics would join corrections
+    // to lists they did not produce.
+    if let Some(stats) = &job.stats {
+        crate::pipeline::check_same_run(&[&job.results, stats])?;
+    }
     let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
     let index = IdIndex::build(&gallery)?;
     let targets = match &job.queries {

@@ -67,6 +67,7 @@ pub mod source;
 #[cfg(feature = "sql")]
 pub mod sql;
 pub mod stats_file;
+pub mod storage;
 pub mod tune;
 pub mod update;
 

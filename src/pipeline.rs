@@ -178,6 +178,79 @@ pub struct RunSummary {
     pub methods: Vec<MethodSummary>,
 }
 
+/// summary.json: the summary, and the fingerprint the run's Parquet outputs
+/// record too ([`run_fingerprint`]). Not part of [`RunSummary`], which
+/// compares equal across runs that differ only in how inputs are laid out.
+#[derive(Serialize)]
+struct SummaryFile<'a> {
+    #[serde(flatten)]
+    summary: &'a RunSummary,
+    run: &'a str,
+}
+
+/// The metadata key of a run's fingerprint in its Parquet outputs (and the
+/// `run` field of its summary.json).
+pub const RUN_KEY: &str = "hubnorm.run";
+
+/// What tells `run`'s outputs apart from another run's: a hash of
+/// everything the outputs are a function of (each input part's path, rows,
+/// size, modification time or ETag, the methods and their parameters, k,
+/// normalisation, bank sample, the GEMM, hubnorm's version). Outputs are
+/// deterministic, so two runs with one fingerprint wrote the same bytes,
+/// and outputs with different fingerprints come from different runs: a
+/// reader of a run folder whose files disagree knows it holds a mix (an
+/// object store has no rename of several objects at once, so a run that
+/// failed between its uploads can leave one).
+pub fn run_fingerprint(pairs: &[(String, String)]) -> String {
+    let mut sorted: Vec<&(String, String)> = pairs.iter().collect();
+    sorted.sort();
+    // FNV-1a, 64 bits: stable across Rust releases, unlike std's hasher.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for (key, value) in sorted {
+        for byte in key.bytes().chain([0]).chain(value.bytes()).chain([0]) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")
+}
+
+/// The fingerprint `path` records: `hubnorm.run` of a Parquet output, the
+/// `run` field of a summary.json; `None` when it records none.
+pub fn recorded_run(path: &Path) -> Result<Option<String>> {
+    let is_json = path.extension().is_some_and(|e| e == "json");
+    if is_json {
+        let text = crate::storage::read_to_string(path)?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| HubnormError::input(path, None, None, format!("not JSON: {e}")))?;
+        return Ok(json.get("run").and_then(|r| r.as_str()).map(str::to_owned));
+    }
+    Ok(crate::stats_file::file_metadata(path)?.remove(RUN_KEY))
+}
+
+/// Refuses outputs of different runs read together: `files` that record a
+/// fingerprint must all record the same one.
+pub fn check_same_run(files: &[&Path]) -> Result<()> {
+    let mut first: Option<(String, &Path)> = None;
+    for &file in files {
+        let Some(run) = recorded_run(file)? else {
+            continue;
+        };
+        match &first {
+            None => first = Some((run, file)),
+            Some((seen, other)) if *seen != run => {
+                return Err(HubnormError::Usage(format!(
+                    "{} and {} come from different runs ({RUN_KEY} {seen} and {run}): a run was interrupted between writing its outputs, or they were copied together; rerun, or read them apart",
+                    other.display(),
+                    file.display()
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------- pass 2 output
 
 /// Pass 2 into an (uncommitted) results file.
@@ -312,7 +385,10 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome
                 // next run.
                 let saved = checkpoint.as_ref().map_or(0, Checkpoint::saved_rows);
                 if let Some(checkpoint) = checkpoint.filter(|_| saved == 0) {
-                    checkpoint.remove()?;
+                    // The failure is what to report: a checkpoint that cannot
+                    // be removed (a store that is gone) only asks the next
+                    // run for --resume.
+                    let _ = checkpoint.remove();
                 }
                 return Err(match err {
                     HubnormError::Interrupted(message) if saved > 0 => {
@@ -591,6 +667,18 @@ pub(crate) fn run_uncommitted(
         let index = IdIndex::build(&gallery)?;
         let mut metadata = banks.stats_metadata(&gallery, job.bank_sample, &job.options);
         metadata.push(("hubnorm.transductive".into(), job.transductive.to_string()));
+        let run_id = {
+            let mut pairs = metadata.clone();
+            pairs.extend(table_metadata("queries", &queries));
+            pairs.push(("hubnorm.methods".into(), methods_json(&methods)));
+            pairs.push(("hubnorm.k".into(), job.k.to_string()));
+            // Not the memory limit or the threads: outputs do not depend on them.
+            let o = &job.options;
+            let options = format!("{:?} {:?} {:?}", o.read, o.sinkhorn_tolerance, o.report);
+            pairs.push(("hubnorm.options".into(), options));
+            run_fingerprint(&pairs)
+        };
+        metadata.push((RUN_KEY.into(), run_id.clone()));
         let (stats_file, sinkhorn) = write_stats(
             &banks.inputs(&gallery, &index),
             &methods,
@@ -628,7 +716,10 @@ pub(crate) fn run_uncommitted(
             Some(&job.out_dir.join("results.parquet")),
             job.overwrite,
             &job.options,
-            bank_metadata(&banks, job.bank_sample),
+            bank_metadata(&banks, job.bank_sample)
+                .into_iter()
+                .chain([(RUN_KEY.to_owned(), run_id.clone())])
+                .collect(),
             protocol.as_ref(),
             progress,
         )?;
@@ -650,7 +741,10 @@ pub(crate) fn run_uncommitted(
             normalize: job.options.read.normalize,
             methods: summaries,
         };
-        let json = serde_json::to_string_pretty(&summary)
+        let json = serde_json::to_string_pretty(&SummaryFile {
+            summary: &summary,
+            run: &run_id,
+        })
             .map_err(|e| HubnormError::Internal(e.to_string()))?;
         let summary_file =
             write_text_atomically(&job.out_dir.join("summary.json"), &json, job.overwrite)?;

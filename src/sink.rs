@@ -1,6 +1,13 @@
 //! Parquet outputs, written atomically: to a hidden temporary file beside the
 //! destination, renamed into place only when complete, so a failed or
 //! interrupted run never leaves a half-written file under the final name.
+//!
+//! An output in an object store is written the same way to a local
+//! temporary file (in the system's temporary folder), and uploaded on
+//! commit: in one PUT, or a multipart upload completed at the end and
+//! aborted on failure or Ctrl-C, so the object appears under its name only
+//! once complete, and the temporary file stays readable until then (`run`
+//! reads its statistics back before committing).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -21,6 +28,8 @@ use crate::error::{HubnormError, Result};
 pub struct AtomicFile {
     temporary: PathBuf,
     destination: PathBuf,
+    /// The object the destination names, when it is a URL.
+    remote: Option<crate::storage::ObjectUrl>,
     committed: bool,
 }
 
@@ -28,6 +37,10 @@ impl AtomicFile {
     /// Creates the temporary file for `destination`. Fails when the
     /// destination exists and `overwrite` is false.
     pub fn create(destination: &Path, overwrite: bool) -> Result<(Self, File)> {
+        if let crate::storage::Location::Remote(url) = crate::storage::locate(destination)? {
+            return Self::create_remote(destination, url, overwrite);
+        }
+        let destination = &crate::storage::local_or_url(destination)?;
         if destination.exists() && !overwrite {
             return Err(HubnormError::Usage(format!(
                 "{} already exists (pass --overwrite to replace it)",
@@ -60,6 +73,40 @@ impl AtomicFile {
             AtomicFile {
                 temporary,
                 destination: destination.to_path_buf(),
+                remote: None,
+                committed: false,
+            },
+            file,
+        ))
+    }
+
+    /// An output to the object `url`, spooled to a local temporary file.
+    fn create_remote(
+        destination: &Path,
+        url: crate::storage::ObjectUrl,
+        overwrite: bool,
+    ) -> Result<(Self, File)> {
+        url.check_writable()?;
+        refuse_existing(destination, overwrite)?;
+        // One temporary file per destination URL and process: the name
+        // carries a hash of the URL, so equal file names in two buckets differ.
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        url.to_string().hash(&mut hasher);
+        let name = destination
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let name = format!("hubnorm-{:016x}-{name}", hasher.finish());
+        let dir = std::env::temp_dir();
+        remove_stale_temporaries(&dir, &name);
+        let temporary = dir.join(format!(".{name}{TEMPORARY_INFIX}{}", std::process::id()));
+        let file = File::create(&temporary).map_err(|e| HubnormError::io(&temporary, e))?;
+        Ok((
+            AtomicFile {
+                temporary,
+                destination: destination.to_path_buf(),
+                remote: Some(url),
                 committed: false,
             },
             file,
@@ -70,6 +117,12 @@ impl AtomicFile {
     /// that after a crash the final name holds either the old file or the
     /// whole new one.
     pub fn commit(mut self) -> Result<PathBuf> {
+        if let Some(url) = &self.remote {
+            crate::storage::upload(&self.temporary, url)?;
+            self.committed = true;
+            let _ = std::fs::remove_file(&self.temporary);
+            return Ok(self.destination.clone());
+        }
         File::open(&self.temporary)
             .and_then(|f| f.sync_all())
             .map_err(|e| HubnormError::io(&self.temporary, e))?;
@@ -88,6 +141,16 @@ impl AtomicFile {
             }
         }
         Ok(self.destination.clone())
+    }
+
+    /// Commits under another final name (in the same folder or bucket).
+    pub fn commit_as(mut self, destination: &Path) -> Result<PathBuf> {
+        self.remote = match crate::storage::locate(destination)? {
+            crate::storage::Location::Remote(url) => Some(url),
+            crate::storage::Location::Local(_) => None,
+        };
+        self.destination = destination.to_path_buf();
+        self.commit()
     }
 
     pub fn destination(&self) -> &Path {
@@ -132,7 +195,9 @@ static CREATED_DIRS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec:
 
 impl Drop for AtomicFile {
     fn drop(&mut self) {
-        if !self.committed {
+        if !self.committed && self.remote.is_some() {
+            let _ = std::fs::remove_file(&self.temporary);
+        } else if !self.committed {
             let _ = std::fs::remove_file(&self.temporary);
             let mut dirs = CREATED_DIRS.lock().unwrap_or_else(|e| e.into_inner());
             // Only empty folders go (remove_dir refuses the others).
@@ -291,7 +356,10 @@ pub fn write_text_atomically(
 // ------------------------------------------------------------ output guards
 
 pub(crate) fn refuse_existing(path: &Path, overwrite: bool) -> Result<()> {
-    if !overwrite && path.exists() {
+    if let crate::storage::Location::Remote(url) = crate::storage::locate(path)? {
+        url.check_writable()?;
+    }
+    if !overwrite && crate::storage::exists(path)? {
         return Err(HubnormError::Usage(format!(
             "{} already exists (pass --overwrite to replace it)",
             path.display()
@@ -305,10 +373,25 @@ pub(crate) fn refuse_existing(path: &Path, overwrite: bool) -> Result<()> {
 /// run would read it as another part of that input, and `--overwrite` would
 /// replace the user's data.
 pub(crate) fn refuse_output_in_inputs(out: &Path, inputs: &[(&str, &str)]) -> Result<()> {
+    let out = &crate::storage::local_or_url(out)?;
     let out_abs = absolute(out);
     for &(role, spec) in inputs.iter().filter(|(_, spec)| !spec.is_empty()) {
-        let spec_path = Path::new(spec);
-        let clash = if spec_path.is_dir() {
+        let local_spec = crate::storage::local_or_url(Path::new(spec))?;
+        let spec_path = local_spec.as_path();
+        let spec_text = spec_path.to_string_lossy().into_owned();
+        let spec = spec_text.as_str();
+        let clash = if crate::storage::is_remote(out) || crate::storage::is_remote(spec_path) {
+            // URLs compare as text: the same object, an object under an
+            // input prefix (any URL may name one), or a key the glob matches.
+            let out_text = out.to_string_lossy();
+            let prefix = format!("{}/", spec.trim_end_matches('/'));
+            out_text == spec
+                || out_text.starts_with(&prefix)
+                || (spec.contains(['*', '?', '['])
+                    && glob::Pattern::new(spec)
+                        .map(|p| p.matches(&out_text))
+                        .unwrap_or(false))
+        } else if spec_path.is_dir() {
             out_abs.starts_with(absolute(spec_path))
         } else if spec.contains(['*', '?', '[']) {
             glob::Pattern::new(spec)

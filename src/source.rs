@@ -74,6 +74,9 @@ pub struct EmbeddingTable {
     options: ReadOptions,
     /// The rows kept by [`EmbeddingTable::sampled`] (all when `None`).
     sample: Option<Arc<RowSample>>,
+    /// Held while a table with parts in an object store lives, so that
+    /// memory plans count the ranged reads' windows.
+    _remote: Option<Arc<crate::storage::RemoteTable>>,
 }
 
 /// A subset of a table's rows, as a bitset over the file rows.
@@ -111,7 +114,21 @@ impl EmbeddingBlock {
 }
 
 /// Expands a path, directory or glob into the Parquet files it names, sorted.
+/// An object-store URL names an object, a prefix (a directory of parts) or
+/// a glob on keys ([`crate::storage`]); its files are URLs too.
 pub fn expand_spec(spec: &str) -> Result<Vec<PathBuf>> {
+    if crate::storage::is_url(spec) {
+        match crate::storage::locate(Path::new(spec))? {
+            crate::storage::Location::Remote(url) => return crate::storage::expand_remote(&url),
+            crate::storage::Location::Local(local) => {
+                return expand_local(&local.to_string_lossy())
+            }
+        }
+    }
+    expand_local(spec)
+}
+
+fn expand_local(spec: &str) -> Result<Vec<PathBuf>> {
     let path = Path::new(spec);
     let mut files = Vec::new();
     if path.is_dir() {
@@ -257,6 +274,8 @@ impl EmbeddingTable {
             has_targets: has_targets.unwrap_or(false),
             options: options.clone(),
             sample: None,
+            _remote: crate::storage::is_remote(Path::new(spec))
+                .then(crate::storage::RemoteTable::new),
         };
         if dim.is_none() {
             table.dim = table.peek_list_dimension()?;
@@ -430,14 +449,103 @@ fn check_dim(
     }
 }
 
-/// Opens a Parquet file for reading. A missing or unreadable file is bad
-/// input (exit code 2), naming the file.
-pub(crate) fn open_parquet(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
-    let file = File::open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => HubnormError::input(path, None, None, "no such file"),
-        _ => HubnormError::io(path, e),
-    })?;
-    let unreadable = |why: String| {
+/// A Parquet file being read: a local file (read as before, through the
+/// parquet crate's file reader), or an object read by ranges
+/// ([`crate::storage::RemoteFile`]).
+#[derive(Debug)]
+pub enum InputFile {
+    Local(File),
+    Remote(crate::storage::RemoteFile),
+}
+
+/// A reader from an offset of an [`InputFile`].
+pub enum InputRead {
+    Local(std::io::BufReader<File>),
+    Remote(crate::storage::RemoteRead),
+}
+
+impl std::io::Read for InputRead {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            InputRead::Local(r) => r.read(buf),
+            InputRead::Remote(r) => r.read(buf),
+        }
+    }
+}
+
+impl parquet::file::reader::Length for InputFile {
+    fn len(&self) -> u64 {
+        match self {
+            InputFile::Local(f) => f.len(),
+            InputFile::Remote(r) => r.len(),
+        }
+    }
+}
+
+impl parquet::file::reader::ChunkReader for InputFile {
+    type T = InputRead;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<InputRead> {
+        Ok(match self {
+            InputFile::Local(f) => InputRead::Local(f.get_read(start)?),
+            InputFile::Remote(r) => InputRead::Remote(r.get_read(start)?),
+        })
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
+        match self {
+            InputFile::Local(f) => f.get_bytes(start, length),
+            InputFile::Remote(r) => r.get_bytes(start, length),
+        }
+    }
+}
+
+impl InputFile {
+    /// The object, when this is one (to ask it how its requests went).
+    pub fn remote(&self) -> Option<&crate::storage::RemoteFile> {
+        match self {
+            InputFile::Local(_) => None,
+            InputFile::Remote(r) => Some(r),
+        }
+    }
+}
+
+/// Opens a Parquet file (or object) for reading. A missing or unreadable
+/// file is bad input (exit code 2), naming the file.
+pub(crate) fn open_parquet(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<InputFile>> {
+    Ok(open_parquet_probed(path)?.0)
+}
+
+/// [`open_parquet`], with the object it reads (when remote), whose failed
+/// requests tell a lost store from damaged data.
+pub(crate) fn open_parquet_probed(
+    path: &Path,
+) -> Result<(
+    ParquetRecordBatchReaderBuilder<InputFile>,
+    Option<crate::storage::RemoteFile>,
+)> {
+    let input = match crate::storage::locate(path)? {
+        crate::storage::Location::Local(local) => {
+            InputFile::Local(File::open(&local).map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => {
+                    HubnormError::input(path, None, None, "no such file")
+                }
+                _ => HubnormError::io(path, e),
+            })?)
+        }
+        crate::storage::Location::Remote(url) => {
+            InputFile::Remote(crate::storage::RemoteFile::open(&url)?)
+        }
+    };
+    let unreadable = |why: String, input: &InputFile| {
+        // A failed request is the store's failure, not bad data.
+        if let Some(failure) = input.remote().and_then(|r| r.failure()) {
+            return HubnormError::Storage {
+                url: path.display().to_string(),
+                message: failure,
+                exit_code: 1,
+            };
+        }
         HubnormError::input(
             path,
             None,
@@ -448,14 +556,48 @@ pub(crate) fn open_parquet(path: &Path) -> Result<ParquetRecordBatchReaderBuilde
     // The footer first, without the embedded Arrow schema, so that values
     // the parquet crate would panic on are refused before it sees them.
     let options = ArrowReaderOptions::new();
-    let footer = ArrowReaderMetadata::load(&file, options.clone().with_skip_arrow_metadata(true))
-        .map_err(|e| unreadable(e.to_string()))?;
-    footer::check(footer.metadata()).map_err(unreadable)?;
+    let footer = ArrowReaderMetadata::load(&input, options.clone().with_skip_arrow_metadata(true))
+        .map_err(|e| unreadable(e.to_string(), &input))?;
+    footer::check(footer.metadata()).map_err(|e| unreadable(e, &input))?;
     let metadata = ArrowReaderMetadata::try_new(footer.metadata().clone(), options)
-        .map_err(|e| unreadable(e.to_string()))?;
-    Ok(ParquetRecordBatchReaderBuilder::new_with_metadata(
-        file, metadata,
+        .map_err(|e| unreadable(e.to_string(), &input))?;
+    if let Some(remote) = input.remote() {
+        // Ranged reads stop at column-chunk ends (checked by footer::check).
+        let chunks = metadata
+            .metadata()
+            .row_groups()
+            .iter()
+            .flat_map(|g| g.columns())
+            .map(|c| {
+                let (start, length) = c.byte_range();
+                start..start.saturating_add(length)
+            })
+            .collect();
+        remote.set_chunks(chunks);
+    }
+    let probe = input.remote().cloned();
+    Ok((
+        ParquetRecordBatchReaderBuilder::new_with_metadata(input, metadata),
+        probe,
     ))
+}
+
+/// A decoding error of `path`, or the store's failure when a request of
+/// `probe` failed (the decoder only saw missing bytes).
+pub(crate) fn decode_error(
+    path: &Path,
+    row: Option<u64>,
+    message: String,
+    probe: Option<&crate::storage::RemoteFile>,
+) -> HubnormError {
+    match probe.and_then(|p| p.failure()) {
+        Some(failure) => HubnormError::Storage {
+            url: path.display().to_string(),
+            message: failure,
+            exit_code: 1,
+        },
+        None => HubnormError::input(path, row, None, message),
+    }
 }
 
 fn locate_columns(

@@ -110,10 +110,7 @@ pub fn methods_from_json(
 /// The methods of a config file (`hubnorm tune`'s `tuned.json`, or one
 /// written by hand): `{"methods": [{"method": "is", "parameters": {"beta": 30}}]}`.
 pub fn config_file_methods(path: &Path) -> Result<Vec<MethodSpec>> {
-    let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => HubnormError::input(path, None, None, "no such file"),
-        _ => HubnormError::io(path, e),
-    })?;
+    let text = crate::storage::read_to_string(path)?;
     let config: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| HubnormError::input(path, None, None, format!("not JSON: {e}")))?;
     let list = config

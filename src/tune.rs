@@ -347,7 +347,7 @@ pub fn tune(job: &TuneJob, progress: &dyn Progress) -> Result<TuneOutcome> {
             }
         }
     }
-    std::fs::create_dir_all(&job.out_dir).map_err(|e| HubnormError::io(&job.out_dir, e))?;
+    crate::storage::create_dir_all(&job.out_dir)?;
     let outcomes = evaluate_methods(
         &queries,
         &gallery,

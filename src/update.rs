@@ -225,7 +225,7 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
         ));
     }
     let stored = job.out.as_path();
-    if !stored.is_file() {
+    if !crate::storage::is_file(stored)? {
         return Err(HubnormError::Usage(format!(
             "--update merges into an existing stats file, and {} does not exist",
             stored.display()

@@ -259,3 +259,68 @@ fn gemm_workspace_estimate_covers_its_allocations() {
         }
     }
 }
+
+/// The same bound with every input read from an object store (a real
+/// S3-compatible server, see tests/common/s3.rs) and the outputs uploaded
+/// there: ranged reads with their prefetches are counted in the plan.
+#[test]
+fn object_store_inputs_stay_within_the_limit() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(server) =
+        common::s3::S3Server::start_or_skip("object_store_inputs_stay_within_the_limit")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let limit: usize = 64 << 20;
+    let dim = 768;
+    let mut r = rng(41);
+    // 40,000 × 768 f32 = 123 MB (1.8 × the limit).
+    let gallery = random_table(&mut r, "g", 40_000, dim);
+    let bank = random_table(&mut r, "b", 12_000, dim);
+    let queries = queries_near(&mut r, &gallery, 1_000, 0.5);
+    write_inputs(
+        dir.path(),
+        &[
+            ("gallery", &gallery),
+            ("bank", &bank),
+            ("queries", &queries),
+        ],
+    );
+    drop((gallery, bank, queries));
+    server.create_bucket("mem");
+    for name in ["gallery", "bank", "queries"] {
+        let file = dir.path().join(format!("{name}.parquet"));
+        server.put_file("mem", &format!("in/{name}.parquet"), &file);
+    }
+    let options: Vec<(String, String)> = [
+        ("aws_endpoint", server.endpoint()),
+        ("aws_allow_http", "true".into()),
+        ("aws_region", "us-east-1".into()),
+        ("aws_access_key_id", common::s3::ACCESS_KEY.into()),
+        ("aws_secret_access_key", common::s3::SECRET_KEY.into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    hubnorm::storage::configure(&options).unwrap();
+    let job = RunJob {
+        methods: vec![MethodSpec::new("is", &[("beta", 20.0)]).unwrap()],
+        options: PassOptions {
+            memory: MemoryBudget(limit),
+            threads: 2,
+            ..PassOptions::default()
+        },
+        ..RunJob::new(
+            "s3://mem/in/queries.parquet",
+            "s3://mem/in/gallery.parquet",
+            "s3://mem/in/bank.parquet",
+            "s3://mem/out",
+        )
+    };
+    let (summary, peak) = peak_heap_of(|| pipeline::run(&job, &Silent).unwrap());
+    hubnorm::storage::configure(&[]).unwrap();
+    assert_eq!(summary.queries, 1_000);
+    assert!(server.get("mem", "out/results.parquet").is_some());
+    assert_heap_within("run on s3://", peak, limit);
+}

@@ -34,6 +34,8 @@ struct PartReader {
     /// Table row of the part's first row.
     table_first_row: u64,
     reader: ParquetRecordBatchReader,
+    /// The object read, when remote (see [`decode_error`]).
+    probe: Option<crate::storage::RemoteFile>,
     columns: Columns,
     /// Batch being consumed and how far.
     pending: Option<(RecordBatch, usize)>,
@@ -61,7 +63,7 @@ impl<'a> BlockReader<'a> {
             return Ok(false);
         };
         self.next_part += 1;
-        let builder = open_parquet(&part.path)?;
+        let (builder, probe) = open_parquet_probed(&part.path)?;
         let columns = locate_columns(
             &part.path,
             builder.schema(),
@@ -115,7 +117,12 @@ impl<'a> BlockReader<'a> {
             builder = builder.with_row_groups(kept);
         }
         let mut reader = builder.build().map_err(|e| {
-            HubnormError::input(&part.path, None, None, format!("cannot read: {e}"))
+            decode_error(
+                &part.path,
+                None,
+                format!("cannot read: {e}"),
+                probe.as_ref(),
+            )
         })?;
         let mut pending = None;
         while batch_first_row < skip {
@@ -129,11 +136,11 @@ impl<'a> BlockReader<'a> {
                 }
                 Some(Err(e)) => {
                     self.next_part = table.parts.len();
-                    return Err(HubnormError::input(
+                    return Err(decode_error(
                         &part.path,
                         Some(batch_first_row),
-                        None,
                         format!("cannot decode Parquet data: {e}"),
+                        probe.as_ref(),
                     ));
                 }
                 None => break,
@@ -143,6 +150,7 @@ impl<'a> BlockReader<'a> {
             path: part.path.clone(),
             table_first_row: part.first_row,
             reader,
+            probe,
             columns: projected,
             pending,
             batch_first_row,
@@ -173,11 +181,11 @@ impl<'a> BlockReader<'a> {
                 match next_batch(&mut part.reader) {
                     Some(Ok(batch)) => part.pending = Some((batch, 0)),
                     Some(Err(e)) => {
-                        let err = HubnormError::input(
+                        let err = decode_error(
                             &part.path,
                             Some(part.batch_first_row),
-                            None,
                             format!("cannot decode Parquet data: {e}"),
+                            part.probe.as_ref(),
                         );
                         // The decoder may be left inconsistent: read no further.
                         self.current = None;

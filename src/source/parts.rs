@@ -26,21 +26,29 @@ pub struct PartRecord {
     pub bytes: u64,
     /// Modification time, nanoseconds since the Unix epoch.
     pub modified_ns: u128,
+    /// The object's ETag (object stores only; absent for local files, so
+    /// their records read and compare as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
 }
 
 impl PartRecord {
-    /// The record of `part` as it is on disk now.
+    /// The record of `part` as it is on disk (or in its object store) now:
+    /// a local part by its canonical path, size and modification time, an
+    /// object by its URL, size, last-modified time and ETag.
     pub fn of(part: &TablePart) -> PartRecord {
-        let path = std::fs::canonicalize(&part.path).unwrap_or_else(|_| part.path.clone());
-        let meta = std::fs::metadata(&part.path).ok();
+        let path = if crate::storage::is_remote(&part.path) {
+            part.path.clone()
+        } else {
+            std::fs::canonicalize(&part.path).unwrap_or_else(|_| part.path.clone())
+        };
+        let identity = crate::storage::identity(&part.path).unwrap_or_default();
         PartRecord {
             path: path.display().to_string(),
             rows: part.rows,
-            bytes: meta.as_ref().map_or(0, |m| m.len()),
-            modified_ns: meta
-                .and_then(|m| m.modified().ok())
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_nanos()),
+            bytes: identity.bytes,
+            modified_ns: identity.modified_ns,
+            etag: identity.etag,
         }
     }
 

@@ -107,14 +107,14 @@ pub type NamedTables = Vec<(String, String)>;
 /// inputs its files recorded (when they still resolve), with the recorded
 /// inputs that do not.
 pub fn run_tables(dir: &Path) -> Result<(NamedTables, Vec<String>)> {
-    if !dir.is_dir() {
+    if !crate::storage::is_dir(dir)? {
         return Err(HubnormError::input(dir, None, None, "not a directory"));
     }
     let mut tables = Vec::new();
     let mut skipped = Vec::new();
     for (name, file) in RUN_OUTPUT_TABLES {
         let path = dir.join(file);
-        if path.is_file() {
+        if crate::storage::is_file(&path)? {
             tables.push((name.to_owned(), path.display().to_string()));
         }
     }
@@ -126,9 +126,18 @@ pub fn run_tables(dir: &Path) -> Result<(NamedTables, Vec<String>)> {
             "holds none of the files hubnorm writes (results.parquet, gallery_stats.parquet, ...)",
         ));
     }
+    // The outputs must come from one run (see `pipeline::run_fingerprint`).
+    let mut written = Vec::new();
+    for file in ["results.parquet", "gallery_stats.parquet", "summary.json"] {
+        let path = dir.join(file);
+        if crate::storage::is_file(&path)? {
+            written.push(path);
+        }
+    }
+    crate::pipeline::check_same_run(&written.iter().map(|p| p.as_path()).collect::<Vec<_>>())?;
     for (name, file, key) in RUN_INPUT_TABLES {
         let path = dir.join(file);
-        if !path.is_file() {
+        if !crate::storage::is_file(&path)? {
             continue;
         }
         let metadata = crate::stats_file::file_metadata(&path)?;
@@ -152,8 +161,15 @@ async fn register_parquet(ctx: &SessionContext, name: &str, spec: &str) -> Resul
     let urls = files
         .iter()
         .map(|f| {
-            let absolute = std::path::absolute(f).map_err(|e| HubnormError::io(f, e))?;
-            ListingTableUrl::parse(absolute.to_string_lossy())
+            // Objects by their URL (the session's registry opens their
+            // store), local files by their absolute path.
+            let text = if crate::storage::is_remote(f) {
+                f.to_string_lossy().into_owned()
+            } else {
+                let absolute = std::path::absolute(f).map_err(|e| HubnormError::io(f, e))?;
+                absolute.to_string_lossy().into_owned()
+            };
+            ListingTableUrl::parse(text)
                 .map_err(|e| HubnormError::input(f, None, None, e.to_string()))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -188,6 +204,8 @@ pub fn run_sql(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
     }
     let runtime = builder
         .enable_all()
+        // DataFusion reads and writes object stores on these threads.
+        .on_thread_start(crate::storage::block_sigpipe_on_this_thread)
         .build()
         .map_err(|e| HubnormError::Internal(format!("cannot start the SQL runtime: {e}")))?;
     runtime.block_on(run_async(job, stdout))

@@ -29,9 +29,11 @@ use std::sync::Arc;
 
 use datafusion::catalog::TableFunctionImpl;
 use datafusion::common::DataFusionError;
+use datafusion::execution::object_store::{DefaultObjectStoreRegistry, ObjectStoreRegistry};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
 use datafusion::prelude::{SessionConfig, SessionContext};
+use object_store::ObjectStore;
 
 use crate::error::{HubnormError, Result};
 use crate::options::{MemoryBudget, PassOptions, ReadOptions};
@@ -235,6 +237,7 @@ pub fn register_functions(ctx: &SessionContext, options: &SqlOptions) -> Result<
 pub fn session(options: &SqlOptions) -> Result<SessionContext> {
     let runtime = RuntimeEnvBuilder::new()
         .with_memory_limit(options.memory.bytes(), 1.0)
+        .with_object_store_registry(Arc::new(StoreRegistry::default()))
         .build_arc()
         .map_err(|e| sql_error(e, None))?;
     let config = SessionConfig::new()
@@ -243,6 +246,37 @@ pub fn session(options: &SqlOptions) -> Result<SessionContext> {
     let ctx = SessionContext::new_with_config_rt(config, runtime);
     register_functions(&ctx, options)?;
     Ok(ctx)
+}
+
+/// The session's object stores: those registered with it (local files
+/// among them), and for any other URL the store the native passes use,
+/// built on demand from the URL, the environment and `--storage-option`s
+/// ([`crate::storage`]), so `--table NAME=s3://...` and `COPY ... TO
+/// 's3://...'` reach the same stores as `hubnorm run`.
+#[derive(Debug, Default)]
+struct StoreRegistry {
+    registered: DefaultObjectStoreRegistry,
+}
+
+impl ObjectStoreRegistry for StoreRegistry {
+    fn register_store(
+        &self,
+        url: &url::Url,
+        store: Arc<dyn ObjectStore>,
+    ) -> Option<Arc<dyn ObjectStore>> {
+        self.registered.register_store(url, store)
+    }
+
+    fn deregister_store(&self, url: &url::Url) -> datafusion::common::Result<Arc<dyn ObjectStore>> {
+        self.registered.deregister_store(url)
+    }
+
+    fn get_store(&self, url: &url::Url) -> datafusion::common::Result<Arc<dyn ObjectStore>> {
+        if let Ok(store) = self.registered.get_store(url) {
+            return Ok(store);
+        }
+        crate::storage::store_for_url(url).map_err(external)
+    }
 }
 
 /// A hubnorm error as DataFusion carries it (kept whole, so the exit code

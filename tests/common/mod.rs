@@ -4,6 +4,8 @@
 //! REPORTS.md rank and skewness), written independently of the library.
 #![allow(dead_code)]
 
+pub mod s3;
+
 use std::ffi::OsStr;
 use std::fs::File;
 use std::path::Path;

@@ -18,6 +18,12 @@ use hubnorm::report::QualityOptions;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// An option of the object stores PATHs may name (s3://, gs://, az://,
+    /// http(s)://), beside their standard environment (AWS_*, GOOGLE_*,
+    /// AZURE_*): KEY=VALUE, repeatable, e.g. aws_endpoint=http://127.0.0.1:9000,
+    /// aws_allow_http=true, retry_timeout=30s, max_retries=3.
+    #[arg(long = "storage-option", value_name = "KEY=VALUE", global = true)]
+    pub storage_options: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -38,17 +38,19 @@ fn main() -> ExitCode {
             "warning: no Ctrl-C handler ({err}); an interrupted run may leave temporary files"
         );
     }
-    let outcome = blas_from_env().and_then(|()| match cli.command {
-        cli::Command::Run(args) => run::run(args),
-        cli::Command::Stats(args) => run::stats(args),
-        cli::Command::Search(args) => run::search(args),
-        cli::Command::Compare(args) => evaluate::compare(args),
-        cli::Command::Report(args) => evaluate::report(args),
-        cli::Command::Tune(args) => evaluate::tune(args),
-        cli::Command::Export(args) => run::export(args),
-        cli::Command::Sql(args) => sql::sql(args),
-        cli::Command::Bench(args) => bench::bench(args),
-    });
+    let outcome = blas_from_env()
+        .and_then(|()| storage_options(&cli.storage_options))
+        .and_then(|()| match cli.command {
+            cli::Command::Run(args) => run::run(args),
+            cli::Command::Stats(args) => run::stats(args),
+            cli::Command::Search(args) => run::search(args),
+            cli::Command::Compare(args) => evaluate::compare(args),
+            cli::Command::Report(args) => evaluate::report(args),
+            cli::Command::Tune(args) => evaluate::tune(args),
+            cli::Command::Export(args) => run::export(args),
+            cli::Command::Sql(args) => sql::sql(args),
+            cli::Command::Bench(args) => bench::bench(args),
+        });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -63,6 +65,15 @@ fn main() -> ExitCode {
             ExitCode::from(err.exit_code() as u8)
         }
     }
+}
+
+/// `--storage-option KEY=VALUE`s, for every object store a PATH names.
+fn storage_options(options: &[String]) -> hubnorm::Result<()> {
+    let pairs = options
+        .iter()
+        .map(|o| hubnorm::storage::parse_option(o))
+        .collect::<hubnorm::Result<Vec<_>>>()?;
+    hubnorm::storage::configure(&pairs)
 }
 
 /// `HUBNORM_BLAS=/path/to/libmkl_rt.so` (or OpenBLAS, BLIS): every similarity

@@ -24,11 +24,11 @@ pub fn sql(args: SqlArgs) -> Result<()> {
     let (sql, source) = match (&args.query, &args.file) {
         (Some(query), None) => (query.clone(), None),
         (None, Some(file)) => {
-            let text = std::fs::read_to_string(file).map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => {
+            let text = hubnorm::storage::read_to_string(file).map_err(|e| match e {
+                HubnormError::Input { .. } => {
                     HubnormError::Usage(format!("{}: no such file", file.display()))
                 }
-                _ => HubnormError::io(file, e),
+                other => other,
             })?;
             (text, Some(file.clone()))
         }

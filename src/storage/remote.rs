@@ -1,0 +1,1010 @@
+//! Object stores: the URL type, the registry that builds stores on demand,
+//! the shared runtime, ranged Parquet reads and uploads.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io::Read;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path as Key;
+use object_store::{
+    ObjectStore, ObjectStoreExt, ObjectStoreScheme, PutPayload, RetryConfig, WriteMultipart,
+};
+use url::Url;
+
+use crate::error::{HubnormError, Result};
+
+// ------------------------------------------------------------------ URLs
+
+/// An object, or a prefix of objects, in an object store. Holds no secret
+/// (URLs with a password, a query or a fragment are refused), so it is
+/// shown, logged and recorded as it is.
+#[derive(Debug, Clone)]
+pub struct ObjectUrl {
+    url: Url,
+    scheme: ObjectStoreScheme,
+    key: Key,
+}
+
+impl std::fmt::Display for ObjectUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.url.as_str())
+    }
+}
+
+impl ObjectUrl {
+    /// Parses an object-store URL (see [`super`] for the schemes).
+    pub fn parse(text: &str) -> Result<ObjectUrl> {
+        let url = Url::parse(text).map_err(|e| {
+            HubnormError::Usage(format!("{}: not a valid URL ({e})", super::redact(text)))
+        })?;
+        if url.password().is_some() || url.query().is_some() || url.fragment().is_some() {
+            let mut shown = url.clone();
+            let _ = shown.set_password(None);
+            shown.set_query(None);
+            shown.set_fragment(None);
+            return Err(HubnormError::Usage(format!(
+                "{shown}: a URL must not carry a password, a query string or a fragment (credentials go in the environment, e.g. AWS_ACCESS_KEY_ID, or in --storage-option KEY=VALUE)"
+            )));
+        }
+        let (scheme, key) = ObjectStoreScheme::parse(&url).map_err(|_| {
+            HubnormError::Usage(format!(
+                "{url}: unsupported URL scheme '{}' (s3://, gs://, az://, abfss://, http(s):// or file:// are read and written)",
+                url.scheme()
+            ))
+        })?;
+        if matches!(scheme, ObjectStoreScheme::Memory | ObjectStoreScheme::Local) {
+            return Err(HubnormError::Usage(format!(
+                "{url}: unsupported URL scheme '{}'",
+                url.scheme()
+            )));
+        }
+        Ok(ObjectUrl { url, scheme, key })
+    }
+
+    /// `scheme://authority`: which store holds the object.
+    fn base(&self) -> &str {
+        &self.url[..url::Position::BeforePath]
+    }
+
+    /// The URL of `key` in the same store.
+    fn url_of(&self, key: &Key) -> String {
+        let base = self.base();
+        match self.url.scheme() {
+            // https://s3.region.amazonaws.com/bucket/key and the like: the
+            // bucket or container is the first segment of the path.
+            "https" if self.scheme != ObjectStoreScheme::Http => {
+                let bucket = self.url.path().trim_start_matches('/');
+                let bucket = bucket.split('/').next().unwrap_or_default();
+                format!("{base}/{bucket}/{key}")
+            }
+            // s3://bucket/key, gs://, az://...: the key follows the
+            // authority; an HTTP store's keys are whole URL paths.
+            _ => format!("{base}/{key}"),
+        }
+    }
+
+    fn read_only(&self) -> bool {
+        self.scheme == ObjectStoreScheme::Http
+    }
+
+    /// Whether the URL ends in `/` (names a prefix, not an object).
+    fn names_prefix(&self) -> bool {
+        self.url.path().ends_with('/')
+    }
+
+    fn store(&self) -> Result<Arc<dyn ObjectStore>> {
+        store_for(self)
+    }
+
+    /// A store failure on this URL as a hubnorm error.
+    fn error(&self, what: &str, e: object_store::Error) -> HubnormError {
+        storage_error(&self.to_string(), what, e)
+    }
+
+    /// Refuses writing to a read-only store.
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        if self.read_only() {
+            return Err(HubnormError::Usage(format!(
+                "{self}: http(s):// URLs are read-only; write outputs to a local path or to s3://, gs:// or az://"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether an object exists under this exact key.
+    pub(crate) fn exists(&self) -> Result<bool> {
+        if self.names_prefix() || self.key.as_ref().is_empty() {
+            return Ok(false);
+        }
+        let store = self.store()?;
+        let key = self.key.clone();
+        match block_on(async move { store.head(&key).await })? {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(self.error("HEAD", e)),
+        }
+    }
+
+    /// Whether at least one object lies under this prefix.
+    pub(crate) fn has_children(&self) -> Result<bool> {
+        let store = self.store()?;
+        let key = self.key.clone();
+        let first = block_on(async move {
+            let mut listing = store.list(Some(&key));
+            listing.try_next().await
+        })?;
+        match first {
+            Ok(first) => Ok(first.is_some()),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(self.error("LIST", e)),
+        }
+    }
+
+    /// The whole object as UTF-8 text.
+    pub(crate) fn read_to_string(&self) -> Result<String> {
+        let store = self.store()?;
+        let key = self.key.clone();
+        let bytes = block_on(async move { store.get(&key).await?.bytes().await })?
+            .map_err(|e| self.error("GET", e))?;
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| HubnormError::input(self.to_string(), None, None, "not UTF-8 text"))
+    }
+
+    pub(crate) fn rename_to(&self, to: &ObjectUrl) -> Result<()> {
+        self.check_writable()?;
+        if self.base() != to.base() {
+            return Err(HubnormError::Internal(format!(
+                "cannot move {self} to {to}: another store"
+            )));
+        }
+        let store = self.store()?;
+        let (from, dest) = (self.key.clone(), to.key.clone());
+        block_on(async move { store.rename(&from, &dest).await })?
+            .map_err(|e| to.error("rename", e))
+    }
+
+    pub(crate) fn delete(&self) -> Result<()> {
+        self.check_writable()?;
+        let store = self.store()?;
+        let key = self.key.clone();
+        match block_on(async move { store.delete(&key).await })? {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.error("DELETE", e)),
+        }
+    }
+
+    /// Every object under this prefix, with its metadata, sorted by key.
+    fn list_all(&self) -> Result<Vec<object_store::ObjectMeta>> {
+        let store = self.store()?;
+        let key = self.key.clone();
+        let mut objects: Vec<object_store::ObjectMeta> =
+            block_on(async move { store.list(Some(&key)).try_collect().await })?
+                .map_err(|e| self.error("LIST", e))?;
+        objects.sort_by(|a, b| a.location.cmp(&b.location));
+        Ok(objects)
+    }
+
+    pub(crate) fn delete_prefix(&self) -> Result<()> {
+        for object in self.list_all()? {
+            let url = ObjectUrl::parse(&self.url_of(&object.location))?;
+            url.delete()?;
+        }
+        Ok(())
+    }
+
+    /// Names of the objects directly under this prefix.
+    pub(crate) fn list_children(&self) -> Result<Vec<String>> {
+        let store = self.store()?;
+        let key = self.key.clone();
+        let listing = block_on(async move { store.list_with_delimiter(Some(&key)).await })?
+            .map_err(|e| self.error("LIST", e))?;
+        let mut names: Vec<String> = listing
+            .objects
+            .iter()
+            .filter_map(|o| o.location.filename().map(str::to_owned))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    pub(crate) fn identity(&self) -> Result<super::Identity> {
+        let store = self.store()?;
+        let key = self.key.clone();
+        let meta =
+            block_on(async move { store.head(&key).await })?.map_err(|e| self.error("HEAD", e))?;
+        Ok(identity_of(&meta))
+    }
+
+    /// The Parquet objects this URL names: the object itself; every
+    /// `.parquet`/`.parq` object under the prefix (recursively, skipping
+    /// names that start with `_` or `.`); or the objects whose keys match a
+    /// glob (`*` and `?` within one `/`-separated level, `**` across).
+    pub(crate) fn expand(&self) -> Result<Vec<PathBuf>> {
+        let key = self.key.as_ref();
+        if let Some(first) = key.find(['*', '?', '[']) {
+            return self.expand_glob(first);
+        }
+        if !self.names_prefix() && self.exists()? {
+            return Ok(vec![PathBuf::from(self.to_string())]);
+        }
+        let objects = self.list_all().map_err(|e| match e {
+            HubnormError::Input { .. } => HubnormError::input(
+                self.to_string(),
+                None,
+                None,
+                "no such object, prefix or bucket",
+            ),
+            other => other,
+        })?;
+        if objects.is_empty() {
+            return Err(HubnormError::input(
+                self.to_string(),
+                None,
+                None,
+                "no such object or prefix",
+            ));
+        }
+        let depth = self.key.parts_count();
+        let files: Vec<PathBuf> = objects
+            .iter()
+            .filter(|o| {
+                let parts: Vec<_> = o.location.parts().skip(depth).collect();
+                let name = parts.last().map_or("", |p| p.as_ref());
+                parts.iter().all(|p| !p.as_ref().starts_with(['.', '_']))
+                    && (name.ends_with(".parquet") || name.ends_with(".parq"))
+            })
+            .map(|o| PathBuf::from(self.url_of(&o.location)))
+            .collect();
+        if files.is_empty() {
+            return Err(HubnormError::input(
+                self.to_string(),
+                None,
+                None,
+                "prefix holds no .parquet objects",
+            ));
+        }
+        Ok(files)
+    }
+
+    fn expand_glob(&self, first_wildcard: usize) -> Result<Vec<PathBuf>> {
+        let key = self.key.as_ref();
+        // The key is percent-decoded by object_store; the pattern is the
+        // decoded key, matched against decoded keys.
+        let pattern = glob::Pattern::new(key)
+            .map_err(|e| HubnormError::Usage(format!("bad glob '{self}': {e}")))?;
+        let literal = &key[..first_wildcard];
+        let prefix = match literal.rfind('/') {
+            Some(slash) => Key::from(&literal[..slash]),
+            None => Key::default(),
+        };
+        let lister = ObjectUrl {
+            key: prefix,
+            ..self.clone()
+        };
+        let options = glob::MatchOptions {
+            case_sensitive: true,
+            require_literal_separator: true,
+            require_literal_leading_dot: false,
+        };
+        let files: Vec<PathBuf> = lister
+            .list_all()?
+            .iter()
+            .filter(|o| pattern.matches_with(o.location.as_ref(), options))
+            .map(|o| PathBuf::from(self.url_of(&o.location)))
+            .collect();
+        if files.is_empty() {
+            return Err(HubnormError::input(
+                self.to_string(),
+                None,
+                None,
+                "no object matches this glob",
+            ));
+        }
+        Ok(files)
+    }
+
+    /// Uploads the local file `spool` to this object, all or nothing.
+    pub(crate) fn upload_from(&self, spool: &Path) -> Result<()> {
+        self.check_writable()?;
+        let store = self.store()?;
+        let key = self.key.clone();
+        let spool_path = spool.to_path_buf();
+        let shown = self.to_string();
+        block_on(async move { upload(store, key, spool_path, shown).await })?
+    }
+}
+
+fn identity_of(meta: &object_store::ObjectMeta) -> super::Identity {
+    super::Identity {
+        bytes: meta.size,
+        modified_ns: meta
+            .last_modified
+            .timestamp_nanos_opt()
+            .map_or(0, |n| n.max(0) as u128),
+        etag: meta.e_tag.clone(),
+    }
+}
+
+/// Parts of a multipart upload (S3 needs at least 5 MiB but for the last),
+/// and how many are in flight at once: the upload holds at most
+/// `(UPLOAD_CONCURRENCY + 1) × UPLOAD_PART_BYTES`. Smaller files go in one PUT.
+const UPLOAD_PART_BYTES: usize = 8 << 20;
+const UPLOAD_CONCURRENCY: usize = 2;
+
+async fn upload(
+    store: Arc<dyn ObjectStore>,
+    key: Key,
+    spool: PathBuf,
+    shown: String,
+) -> Result<()> {
+    let failed = |what: &str, e: object_store::Error| storage_error(&shown, what, e);
+    let io = |e: std::io::Error| HubnormError::io(&spool, e);
+    let mut file = std::fs::File::open(&spool).map_err(io)?;
+    let size = file.metadata().map_err(io)?.len();
+    if size <= UPLOAD_PART_BYTES as u64 {
+        let mut data = Vec::with_capacity(size as usize);
+        file.read_to_end(&mut data).map_err(io)?;
+        crate::cancel::check()?;
+        store
+            .put(&key, PutPayload::from(data))
+            .await
+            .map_err(|e| failed("PUT", e))?;
+        return Ok(());
+    }
+    let upload = store
+        .put_multipart(&key)
+        .await
+        .map_err(|e| failed("multipart upload", e))?;
+    let mut writer = WriteMultipart::new_with_chunk_size(upload, UPLOAD_PART_BYTES);
+    let mut buffer = vec![0u8; UPLOAD_PART_BYTES];
+    let outcome: Result<()> = async {
+        loop {
+            crate::cancel::check()?;
+            let n = read_full(&mut file, &mut buffer).map_err(io)?;
+            if n == 0 {
+                return Ok(());
+            }
+            writer
+                .wait_for_capacity(UPLOAD_CONCURRENCY)
+                .await
+                .map_err(|e| failed("multipart upload", e))?;
+            writer.write(&buffer[..n]);
+        }
+    }
+    .await;
+    match outcome {
+        Ok(()) => {
+            // `finish` aborts the upload itself when completing fails.
+            writer
+                .finish()
+                .await
+                .map_err(|e| failed("multipart upload", e))?;
+            Ok(())
+        }
+        Err(e) => {
+            // Nothing may stay behind: no object, no orphaned parts.
+            let _ = writer.abort().await;
+            Err(e)
+        }
+    }
+}
+
+/// Reads until `buffer` is full or the file ends.
+fn read_full(file: &mut std::fs::File, buffer: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match file.read(&mut buffer[filled..])? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    Ok(filled)
+}
+
+// ------------------------------------------------------- errors, secrets
+
+/// A store's error on `url` as a hubnorm error: a missing object or bucket
+/// and refused credentials are the user's to fix (exit code 2), the rest
+/// are failures (1). Messages are redacted.
+pub(crate) fn storage_error(url: &str, what: &str, e: object_store::Error) -> HubnormError {
+    use object_store::Error as E;
+    let message = redact(&e.to_string());
+    // Listing a missing bucket is not a `NotFound` to object_store (S3
+    // answers 404 NoSuchBucket to a LIST as to a GET).
+    let missing_bucket = message.contains("NoSuchBucket");
+    match e {
+        E::NotFound { .. } => HubnormError::input(url, None, None, "no such object or bucket"),
+        _ if missing_bucket => HubnormError::input(url, None, None, "no such bucket"),
+        E::PermissionDenied { .. } | E::Unauthenticated { .. } => HubnormError::Storage {
+            url: url.to_owned(),
+            message: format!("{what} refused: access denied ({message}); check the credentials"),
+            exit_code: 2,
+        },
+        E::UnknownConfigurationKey { .. } => HubnormError::Usage(format!("{url}: {message}")),
+        _ => HubnormError::Storage {
+            url: url.to_owned(),
+            message: format!("{what} failed: {message}"),
+            exit_code: 1,
+        },
+    }
+}
+
+/// What went wrong, without the "error on URL" framing (the reader's
+/// caller names the URL).
+fn failure_text(e: HubnormError) -> String {
+    match e {
+        HubnormError::Storage { message, .. } | HubnormError::Input { message, .. } => message,
+        other => other.to_string(),
+    }
+}
+
+/// Environment variables whose values are secrets.
+const SECRET_VARIABLES: [&str; 8] = [
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_TOKEN",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_ACCESS_KEY",
+    "AZURE_STORAGE_SAS_KEY",
+    "AZURE_CLIENT_SECRET",
+    "GOOGLE_SERVICE_ACCOUNT_KEY",
+];
+
+/// Whether a storage option's value is a secret, by its key.
+fn is_secret_key(key: &str) -> bool {
+    [
+        "secret",
+        "token",
+        "password",
+        "sas",
+        "account_key",
+        "access_key",
+        "service_account_key",
+    ]
+    .iter()
+    .any(|s| key.contains(s))
+        && !key.ends_with("_file")
+        && !key.ends_with("_path")
+}
+
+pub(crate) fn redact(message: &str) -> String {
+    let settings = settings().read().unwrap_or_else(|e| e.into_inner());
+    let env = SECRET_VARIABLES
+        .iter()
+        .filter_map(|v| std::env::var(v).ok());
+    let mut out = message.to_owned();
+    for secret in settings.secrets.iter().cloned().chain(env) {
+        // Short values would redact ordinary words.
+        if secret.len() >= 4 {
+            out = out.replace(&secret, "<redacted>");
+        }
+    }
+    out
+}
+
+// ------------------------------------------------------ registry, runtime
+
+struct Settings {
+    options: Vec<(String, String)>,
+    retry: RetryConfig,
+    secrets: Vec<String>,
+}
+
+fn settings() -> &'static RwLock<Settings> {
+    static SETTINGS: OnceLock<RwLock<Settings>> = OnceLock::new();
+    SETTINGS.get_or_init(|| {
+        RwLock::new(Settings {
+            options: Vec::new(),
+            retry: RetryConfig::default(),
+            secrets: Vec::new(),
+        })
+    })
+}
+
+/// The stores built so far, by `scheme://authority`.
+fn stores() -> &'static Mutex<HashMap<String, Arc<dyn ObjectStore>>> {
+    static STORES: OnceLock<Mutex<HashMap<String, Arc<dyn ObjectStore>>>> = OnceLock::new();
+    STORES.get_or_init(Default::default)
+}
+
+/// Whether `key` configures some store.
+fn known_key(key: &str) -> bool {
+    key.parse::<object_store::aws::AmazonS3ConfigKey>().is_ok()
+        || key.parse::<object_store::gcp::GoogleConfigKey>().is_ok()
+        || key.parse::<object_store::azure::AzureConfigKey>().is_ok()
+        || key.parse::<object_store::ClientConfigKey>().is_ok()
+}
+
+pub(crate) fn configure(options: &[(String, String)]) -> Result<()> {
+    let mut retry = RetryConfig::default();
+    let mut kept = Vec::new();
+    let mut secrets = Vec::new();
+    for (key, value) in options {
+        let key = key.to_ascii_lowercase();
+        if is_secret_key(&key) {
+            secrets.push(value.clone());
+        }
+        match key.as_str() {
+            "max_retries" => {
+                retry.max_retries = value.parse().map_err(|_| {
+                    HubnormError::Usage(format!(
+                        "--storage-option max_retries={value}: expected a count"
+                    ))
+                })?
+            }
+            "retry_timeout" => {
+                retry.retry_timeout = parse_duration(value).ok_or_else(|| {
+                    HubnormError::Usage(format!(
+                        "--storage-option retry_timeout={value}: expected a duration such as 30s or 2m"
+                    ))
+                })?
+            }
+            _ if known_key(&key) => kept.push((key, value.clone())),
+            _ => {
+                return Err(HubnormError::Usage(format!(
+                    "--storage-option {key}: no object store knows this key (see object_store's AmazonS3ConfigKey, GoogleConfigKey, AzureConfigKey and ClientConfigKey, or max_retries, retry_timeout)"
+                )))
+            }
+        }
+    }
+    let mut settings = settings().write().unwrap_or_else(|e| e.into_inner());
+    *settings = Settings {
+        options: kept,
+        retry,
+        secrets,
+    };
+    // Stores built with the old options are dropped.
+    stores().lock().unwrap_or_else(|e| e.into_inner()).clear();
+    Ok(())
+}
+
+fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    if let Ok(seconds) = text.parse::<f64>() {
+        return (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds));
+    }
+    humantime::parse_duration(text).ok()
+}
+
+/// The store holding `url`'s objects, built on first use.
+fn store_for(url: &ObjectUrl) -> Result<Arc<dyn ObjectStore>> {
+    store_for_base(url.base(), &url.url, &url.scheme)
+}
+
+/// The store of `url` (any URL of the store) for the SQL session's registry.
+pub(crate) fn store_for_url(url: &Url) -> Result<Arc<dyn ObjectStore>> {
+    let (scheme, _) =
+        ObjectStoreScheme::parse(url).map_err(|e| HubnormError::Usage(format!("{url}: {e}")))?;
+    store_for_base(&url[..url::Position::BeforePath], url, &scheme)
+}
+
+fn store_for_base(
+    base: &str,
+    url: &Url,
+    scheme: &ObjectStoreScheme,
+) -> Result<Arc<dyn ObjectStore>> {
+    let mut stores = stores().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(store) = stores.get(base) {
+        return Ok(store.clone());
+    }
+    let settings = settings().read().unwrap_or_else(|e| e.into_inner());
+    let options = &settings.options;
+    let built: object_store::Result<Arc<dyn ObjectStore>> = match scheme {
+        ObjectStoreScheme::AmazonS3 => {
+            let mut builder = object_store::aws::AmazonS3Builder::from_env().with_url(url.as_str());
+            for (k, v) in options {
+                if let Ok(key) = k.parse() {
+                    builder = builder.with_config(key, v);
+                }
+            }
+            builder
+                .with_retry(settings.retry.clone())
+                .build()
+                .map(|s| Arc::new(s) as _)
+        }
+        ObjectStoreScheme::GoogleCloudStorage => {
+            let mut builder =
+                object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
+            for (k, v) in options {
+                if let Ok(key) = k.parse() {
+                    builder = builder.with_config(key, v);
+                }
+            }
+            builder
+                .with_retry(settings.retry.clone())
+                .build()
+                .map(|s| Arc::new(s) as _)
+        }
+        ObjectStoreScheme::MicrosoftAzure => {
+            let mut builder =
+                object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url.as_str());
+            for (k, v) in options {
+                if let Ok(key) = k.parse() {
+                    builder = builder.with_config(key, v);
+                }
+            }
+            builder
+                .with_retry(settings.retry.clone())
+                .build()
+                .map(|s| Arc::new(s) as _)
+        }
+        ObjectStoreScheme::Http => {
+            let mut builder = object_store::http::HttpBuilder::new().with_url(base);
+            // The URL itself says plain HTTP.
+            if url.scheme() == "http" {
+                builder = builder.with_config(object_store::ClientConfigKey::AllowHttp, "true");
+            }
+            for (k, v) in options {
+                if let Ok(key) = k.parse() {
+                    builder = builder.with_config(key, v);
+                }
+            }
+            builder
+                .with_retry(settings.retry.clone())
+                .build()
+                .map(|s| Arc::new(s) as _)
+        }
+        other => {
+            return Err(HubnormError::Usage(format!(
+                "{url}: no object store for {other:?}"
+            )))
+        }
+    };
+    let store = built.map_err(|e| {
+        HubnormError::Usage(format!(
+            "{base}: cannot set up the object store: {}",
+            redact(&e.to_string())
+        ))
+    })?;
+    stores.insert(base.to_owned(), store.clone());
+    Ok(store)
+}
+
+/// The runtime that drives every object-store request: a small pool of its
+/// own, apart from the passes' rayon workers and any SQL runtime.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("hubnorm-io")
+            .on_thread_start(super::block_sigpipe_on_this_thread)
+            .enable_all()
+            .build()
+            .expect("cannot start the object-store runtime")
+    })
+}
+
+/// Runs `future` on the shared runtime and waits for it. Usable from any
+/// thread, a tokio worker included (the future runs on the shared
+/// runtime's threads; the caller only waits).
+fn block_on<F>(future: F) -> Result<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handle = runtime().spawn(future);
+    futures::executor::block_on(handle)
+        .map_err(|e| HubnormError::Internal(format!("object-store request failed: {e}")))
+}
+
+// ------------------------------------------------------------ ranged reads
+
+/// Bytes one ranged GET reads ahead in a column chunk (a page larger than
+/// this is read whole). A reader keeps at most [`READ_STREAMS`] windows (one
+/// per column it reads), each with one prefetch of the same size.
+const READ_WINDOW_BYTES: usize = 1 << 20;
+const READ_STREAMS: usize = 4;
+/// Bytes read from the end of an object at open: the footer usually fits,
+/// so opening costs one request.
+const TAIL_BYTES: u64 = 64 << 10;
+/// What the memory plan counts per remote Parquet reader: per stream its
+/// window, the prefetch, and the previous window while the decoder still
+/// holds a page of it (pages are slices of a window, not copies); and the
+/// tail read at open.
+pub(crate) const READ_BUFFER_BYTES: usize =
+    READ_STREAMS * 3 * READ_WINDOW_BYTES + TAIL_BYTES as usize;
+
+/// An object read by ranges, for the parquet crate's synchronous reader
+/// (its [`parquet::file::reader::ChunkReader`]): page headers and pages are
+/// served from windows of [`READ_WINDOW_BYTES`] fetched by ranged GETs,
+/// each window's successor prefetched while the current one is decoded. The
+/// reader reads one column chunk page by page, so only the windows of the
+/// columns it reads are held: memory stays bounded whatever the row-group
+/// size (a whole-row-group fetch would not be).
+#[derive(Debug, Clone)]
+pub struct RemoteFile {
+    inner: Arc<RemoteInner>,
+}
+
+#[derive(Debug)]
+struct RemoteInner {
+    store: Arc<dyn ObjectStore>,
+    key: Key,
+    shown: String,
+    size: u64,
+    state: Mutex<Windows>,
+    /// The first failed request, for the block reader's message.
+    failure: Mutex<Option<String>>,
+}
+
+#[derive(Debug, Default)]
+struct Windows {
+    /// Byte ranges of the column chunks (windows stop at their ends).
+    chunks: Arc<Vec<Range<u64>>>,
+    streams: Vec<Window>,
+    clock: u64,
+}
+
+#[derive(Debug)]
+struct Window {
+    start: u64,
+    data: Bytes,
+    /// The next window, being fetched: its start and the request.
+    prefetch: Option<(u64, tokio::task::JoinHandle<object_store::Result<Bytes>>)>,
+    used: u64,
+}
+
+impl Window {
+    fn end(&self) -> u64 {
+        self.start + self.data.len() as u64
+    }
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        if let Some((_, task)) = self.prefetch.take() {
+            task.abort();
+        }
+    }
+}
+
+impl RemoteFile {
+    /// Opens the object at `url` (one HEAD and one ranged GET of its tail).
+    pub(crate) fn open(url: &ObjectUrl) -> Result<RemoteFile> {
+        let store = url.store()?;
+        let key = url.key.clone();
+        let meta = {
+            let (store, key) = (store.clone(), key.clone());
+            block_on(async move { store.head(&key).await })?.map_err(|e| url.error("HEAD", e))?
+        };
+        let file = RemoteFile {
+            inner: Arc::new(RemoteInner {
+                store,
+                key,
+                shown: url.to_string(),
+                size: meta.size,
+                state: Mutex::new(Windows::default()),
+                failure: Mutex::new(None),
+            }),
+        };
+        if meta.size > 0 {
+            let start = meta.size.saturating_sub(TAIL_BYTES);
+            let data = file
+                .fetch(start..meta.size)
+                .map_err(|e| HubnormError::Storage {
+                    url: url.to_string(),
+                    message: e.to_string(),
+                    exit_code: 1,
+                })?;
+            let mut state = file.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.streams.push(Window {
+                start,
+                data,
+                prefetch: None,
+                used: 0,
+            });
+        }
+        Ok(file)
+    }
+
+    /// The object's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.inner.size
+    }
+
+    /// Tells the reader where the column chunks lie, so that windows stop
+    /// at a chunk's end instead of reading into the next one.
+    pub(crate) fn set_chunks(&self, mut chunks: Vec<Range<u64>>) {
+        chunks.sort_by_key(|r| r.start);
+        let mut state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.chunks = Arc::new(chunks);
+    }
+
+    /// The failure of a request this file made, if one failed.
+    pub fn failure(&self) -> Option<String> {
+        self.inner
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn fetch(&self, range: Range<u64>) -> std::result::Result<Bytes, String> {
+        let (store, key) = (self.inner.store.clone(), self.inner.key.clone());
+        let shown = self.inner.shown.clone();
+        let what = format!("GET bytes {}..{}", range.start, range.end);
+        let result = block_on(async move { store.get_range(&key, range).await })
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| failure_text(storage_error(&shown, &what, e))));
+        if let Err(message) = &result {
+            let mut failure = self.inner.failure.lock().unwrap_or_else(|e| e.into_inner());
+            failure.get_or_insert_with(|| message.clone());
+        }
+        result
+    }
+
+    /// Where a window starting at `start` ends: a window's length on, but
+    /// not past the end of its column chunk or of the object.
+    fn window_end(&self, chunks: &[Range<u64>], start: u64, at_least: u64) -> u64 {
+        let chunk_end = chunks
+            .iter()
+            .find(|c| c.start <= start && start < c.end)
+            .map_or(self.inner.size, |c| c.end);
+        (start + READ_WINDOW_BYTES as u64)
+            .min(chunk_end)
+            .max(at_least)
+            .min(self.inner.size)
+    }
+
+    /// At least one and at most `max` bytes from `offset` on (fewer at a
+    /// window's end).
+    fn read_some(&self, offset: u64, max: usize) -> std::result::Result<Bytes, String> {
+        let mut state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.clock += 1;
+        let clock = state.clock;
+        let chunks = state.chunks.clone();
+        // A window holding `offset`, or one whose prefetch starts there.
+        let found = state.streams.iter().position(|w| {
+            (w.start <= offset && offset < w.end())
+                || w.prefetch.as_ref().is_some_and(|(s, _)| *s == offset)
+        });
+        let index = match found {
+            Some(i) => {
+                let window = &mut state.streams[i];
+                if offset >= window.end() {
+                    let (start, task) = window.prefetch.take().expect("matched on it");
+                    let data = futures::executor::block_on(task)
+                        .map_err(|e| e.to_string())
+                        .and_then(|r| {
+                            r.map_err(|e| failure_text(storage_error(&self.inner.shown, "GET", e)))
+                        });
+                    let data = match data {
+                        Ok(data) => data,
+                        Err(message) => {
+                            let mut failure =
+                                self.inner.failure.lock().unwrap_or_else(|e| e.into_inner());
+                            failure.get_or_insert_with(|| message.clone());
+                            return Err(message);
+                        }
+                    };
+                    window.start = start;
+                    window.data = data;
+                    self.prefetch_after(&chunks, window);
+                }
+                i
+            }
+            None => {
+                let end = self.window_end(&chunks, offset, offset + max as u64);
+                drop(state);
+                let data = self.fetch(offset..end)?;
+                let mut state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+                if state.streams.len() >= READ_STREAMS {
+                    // The least recently used stream makes room.
+                    let oldest = (0..state.streams.len())
+                        .min_by_key(|&i| state.streams[i].used)
+                        .expect("not empty");
+                    state.streams.swap_remove(oldest);
+                }
+                let mut window = Window {
+                    start: offset,
+                    data,
+                    prefetch: None,
+                    used: clock,
+                };
+                self.prefetch_after(&chunks, &mut window);
+                state.streams.push(window);
+                let i = state.streams.len() - 1;
+                let window = &state.streams[i];
+                let from = (offset - window.start) as usize;
+                let take = max.min(window.data.len() - from);
+                return Ok(window.data.slice(from..from + take));
+            }
+        };
+        let window = &mut state.streams[index];
+        window.used = clock;
+        let from = (offset - window.start) as usize;
+        let take = max.min(window.data.len() - from);
+        Ok(window.data.slice(from..from + take))
+    }
+
+    /// Starts fetching the window after `window`, within its column chunk.
+    fn prefetch_after(&self, chunks: &[Range<u64>], window: &mut Window) {
+        let start = window.end();
+        let in_chunk = chunks.iter().any(|c| c.start < start && start < c.end);
+        if start >= self.inner.size || !in_chunk {
+            window.prefetch = None;
+            return;
+        }
+        let end = self.window_end(chunks, start, start);
+        let (store, key) = (self.inner.store.clone(), self.inner.key.clone());
+        let task = runtime().spawn(async move { store.get_range(&key, start..end).await });
+        window.prefetch = Some((start, task));
+    }
+
+    /// `length` bytes from `start` on.
+    fn read_exact_at(&self, start: u64, length: usize) -> std::result::Result<Bytes, String> {
+        if start + length as u64 > self.inner.size {
+            return Err(format!(
+                "{}: read of {length} bytes at {start} past the end ({} bytes)",
+                self.inner.shown, self.inner.size
+            ));
+        }
+        let first = self.read_some(start, length)?;
+        if first.len() == length {
+            return Ok(first);
+        }
+        let mut out = Vec::with_capacity(length);
+        out.extend_from_slice(&first);
+        while out.len() < length {
+            let piece = self.read_some(start + out.len() as u64, length - out.len())?;
+            if piece.is_empty() {
+                return Err(format!("{}: short read", self.inner.shown));
+            }
+            out.extend_from_slice(&piece);
+        }
+        Ok(Bytes::from(out))
+    }
+}
+
+fn parquet_error(message: String) -> parquet::errors::ParquetError {
+    parquet::errors::ParquetError::External(Box::new(std::io::Error::other(message)))
+}
+
+impl parquet::file::reader::Length for RemoteFile {
+    fn len(&self) -> u64 {
+        self.inner.size
+    }
+}
+
+impl parquet::file::reader::ChunkReader for RemoteFile {
+    type T = RemoteRead;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<RemoteRead> {
+        Ok(RemoteRead {
+            file: self.clone(),
+            position: start,
+        })
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.read_exact_at(start, length).map_err(parquet_error)
+    }
+}
+
+/// A [`Read`] over a [`RemoteFile`] from an offset on (page headers).
+pub struct RemoteRead {
+    file: RemoteFile,
+    position: u64,
+}
+
+impl Read for RemoteRead {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if buf.is_empty() || self.position >= self.file.inner.size {
+            return Ok(0);
+        }
+        let piece = self
+            .file
+            .read_some(self.position, buf.len())
+            .map_err(std::io::Error::other)?;
+        buf[..piece.len()].copy_from_slice(&piece);
+        self.position += piece.len() as u64;
+        Ok(piece.len())
+    }
+}

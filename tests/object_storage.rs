@@ -1,0 +1,1005 @@
+//! Every PATH may be an object-store URL: the commands end to end on
+//! `s3://` inputs and outputs of a real S3-compatible server (moto, started
+//! by [`common::s3`] on 127.0.0.1), against the same commands on local
+//! files; SQL over `s3://` tables; and the faults (a missing key or bucket,
+//! refused credentials, a lost server) with nothing partial left behind and
+//! no secret in any output or message.
+//!
+//! Outputs on S3 carry the same rows and the same metadata as the local
+//! run's, but for the recorded input paths (`hubnorm.*.path`,
+//! `hubnorm.*.parts`: URLs there, local paths here) and the run's
+//! fingerprint (`hubnorm.run`, a hash that covers those paths), so Parquet
+//! outputs are compared by their data and the rest of their metadata, and
+//! `summary.json` byte for byte once its `run` field is taken out.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use common::s3::{S3Server, SECRET_KEY};
+use common::*;
+
+const BUCKET: &str = "lake";
+
+/// A case of parts: `queries.parquet`, `gallery/` with two parts (beside a
+/// `_SUCCESS` marker and a hidden file that must be skipped) and `bank/`
+/// with two parts (read through a glob).
+fn write_lake(dir: &Path) {
+    let mut r = rng(7);
+    let gallery = random_table(&mut r, "g", 900, 16);
+    let queries = queries_near(&mut r, &gallery, 120, 0.2);
+    let bank = random_table(&mut r, "b", 700, 16);
+    std::fs::create_dir_all(dir.join("gallery/year=2026")).unwrap();
+    std::fs::create_dir_all(dir.join("bank")).unwrap();
+    write_table(
+        &dir.join("queries.parquet"),
+        &queries,
+        Layout::FixedF32,
+        false,
+    );
+    write_table(
+        &dir.join("gallery/part-0.parquet"),
+        &gallery.slice(0, 500),
+        Layout::FixedF32,
+        false,
+    );
+    write_table(
+        &dir.join("gallery/year=2026/part-1.parquet"),
+        &gallery.slice(500, 900),
+        Layout::ListF32,
+        false,
+    );
+    std::fs::write(dir.join("gallery/_SUCCESS"), b"").unwrap();
+    std::fs::write(dir.join("gallery/.part-2.parquet.crc"), b"junk").unwrap();
+    write_table(
+        &dir.join("bank/part-0.parquet"),
+        &bank.slice(0, 400),
+        Layout::FixedF32,
+        false,
+    );
+    write_table(
+        &dir.join("bank/part-1.parquet"),
+        &bank.slice(400, 700),
+        Layout::FixedF16,
+        false,
+    );
+}
+
+/// A server with the lake uploaded under `s3://lake/emb/`.
+fn lake_server(test: &str, local: &Path) -> Option<S3Server> {
+    let server = S3Server::start_or_skip(test)?;
+    write_lake(local);
+    server.create_bucket(BUCKET);
+    server.put_dir(BUCKET, "emb", local);
+    Some(server)
+}
+
+/// `hubnorm ARGS` with the server's environment, checked for the secret.
+fn run_with(server: &S3Server, args: &[&str]) -> TestOutput {
+    let mut command = hubnorm(args);
+    for (k, v) in server.env() {
+        command.env(k, v);
+    }
+    let output = command.output();
+    assert!(
+        !output.stdout().contains(SECRET_KEY) && !output.stderr().contains(SECRET_KEY),
+        "the secret key was printed: {}{}",
+        output.stdout(),
+        output.stderr()
+    );
+    output
+}
+
+/// The metadata of a Parquet file but the recorded input paths.
+fn metadata_without_paths(path: &Path) -> BTreeMap<String, String> {
+    parquet_metadata(path)
+        .into_iter()
+        .filter(|(k, _)| !k.ends_with(".path") && !k.ends_with(".parts") && k != "hubnorm.run")
+        .collect()
+}
+
+/// Two Parquet outputs hold the same rows and metadata (but recorded paths).
+fn assert_same_output(remote: &Path, local: &Path) {
+    assert_eq!(
+        read_parquet(remote),
+        read_parquet(local),
+        "rows of {} differ",
+        remote.display()
+    );
+    assert_eq!(
+        metadata_without_paths(remote),
+        metadata_without_paths(local),
+        "metadata of {}",
+        remote.display()
+    );
+}
+
+/// No object of the bucket holds the secret, and no multipart upload is pending.
+fn assert_clean_bucket(server: &S3Server) {
+    for key in server.keys(BUCKET) {
+        let data = server.get(BUCKET, &key).unwrap();
+        assert!(
+            !data
+                .windows(SECRET_KEY.len())
+                .any(|w| w == SECRET_KEY.as_bytes()),
+            "{key} holds the secret key"
+        );
+    }
+    assert_eq!(server.pending_uploads(BUCKET), Vec::<String>::new());
+}
+
+#[test]
+fn run_stats_and_search_on_s3_match_the_local_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("lake");
+    let Some(server) = lake_server("run_stats_and_search_on_s3_match_the_local_run", &local) else {
+        return;
+    };
+    let l = |p: &str| local.join(p).display().to_string();
+    let out = dir.path().join("out");
+    let o = |p: &str| out.join(p).display().to_string();
+    let methods = "is,nnn,dis";
+
+    // Local: the reference.
+    run_with(
+        &server,
+        &[
+            "run",
+            "--queries",
+            &l("queries.parquet"),
+            "--gallery",
+            &l("gallery"),
+            "--bank",
+            &l("bank/*.parquet"),
+            "--methods",
+            methods,
+            "--memory-limit",
+            "48MiB",
+            "--out",
+            &o("run"),
+        ],
+    )
+    .assert_success();
+    // The same on S3: a directory of parts, a glob on keys, outputs to a prefix.
+    let result = run_with(
+        &server,
+        &[
+            "run",
+            "--queries",
+            "s3://lake/emb/queries.parquet",
+            "--gallery",
+            "s3://lake/emb/gallery/",
+            "--bank",
+            "s3://lake/emb/bank/*.parquet",
+            "--methods",
+            methods,
+            "--memory-limit",
+            "48MiB",
+            "--out",
+            "s3://lake/out/run",
+        ],
+    );
+    result.assert_success();
+    assert!(
+        result.stdout().contains("s3://lake/out/run"),
+        "{}",
+        result.stdout()
+    );
+    let fetched = dir.path().join("fetched");
+    std::fs::create_dir_all(&fetched).unwrap();
+    for name in ["results.parquet", "gallery_stats.parquet", "summary.json"] {
+        server.get_file(BUCKET, &format!("out/run/{name}"), &fetched.join(name));
+    }
+    let without_run = |path: &Path| {
+        let text = std::fs::read_to_string(path).unwrap();
+        let run = text
+            .lines()
+            .find(|l| l.contains("\"run\":"))
+            .unwrap()
+            .to_owned();
+        text.replace(&format!("{run}\n"), "")
+    };
+    assert_eq!(
+        without_run(&fetched.join("summary.json")),
+        without_run(&out.join("run/summary.json"))
+    );
+    assert_same_output(
+        &fetched.join("results.parquet"),
+        &out.join("run/results.parquet"),
+    );
+    assert_same_output(
+        &fetched.join("gallery_stats.parquet"),
+        &out.join("run/gallery_stats.parquet"),
+    );
+    // The recorded paths are the URLs, with no credentials.
+    let recorded: BTreeMap<String, String> = parquet_metadata(&fetched.join("results.parquet"))
+        .into_iter()
+        .collect();
+    assert_eq!(recorded["hubnorm.gallery.path"], "s3://lake/emb/gallery/");
+    assert!(
+        recorded["hubnorm.gallery.parts"]
+            .contains("s3://lake/emb/gallery/year=2026/part-1.parquet")
+            && recorded["hubnorm.gallery.parts"].contains("\"etag\""),
+        "{}",
+        recorded["hubnorm.gallery.parts"]
+    );
+    assert!(!recorded["hubnorm.gallery.parts"].contains("_SUCCESS"));
+
+    // stats, then search with the statistics read from S3.
+    run_with(
+        &server,
+        &[
+            "stats",
+            "--gallery",
+            "s3://lake/emb/gallery",
+            "--bank",
+            "s3://lake/emb/bank/*.parquet",
+            "--methods",
+            methods,
+            "--out",
+            "s3://lake/out/gallery_stats.parquet",
+        ],
+    )
+    .assert_success();
+    run_with(
+        &server,
+        &[
+            "stats",
+            "--gallery",
+            &l("gallery"),
+            "--bank",
+            &l("bank/*.parquet"),
+            "--methods",
+            methods,
+            "--out",
+            &o("gallery_stats.parquet"),
+        ],
+    )
+    .assert_success();
+    server.get_file(
+        BUCKET,
+        "out/gallery_stats.parquet",
+        &fetched.join("stats.parquet"),
+    );
+    assert_same_output(
+        &fetched.join("stats.parquet"),
+        &out.join("gallery_stats.parquet"),
+    );
+    run_with(
+        &server,
+        &[
+            "search",
+            "--queries",
+            "s3://lake/emb/queries.parquet",
+            "--gallery",
+            "s3://lake/emb/gallery/",
+            "--stats",
+            "s3://lake/out/gallery_stats.parquet",
+            "--method",
+            "nnn",
+            "--out",
+            "s3://lake/out/results.parquet",
+        ],
+    )
+    .assert_success();
+    run_with(
+        &server,
+        &[
+            "search",
+            "--queries",
+            &l("queries.parquet"),
+            "--gallery",
+            &l("gallery"),
+            "--stats",
+            &o("gallery_stats.parquet"),
+            "--method",
+            "nnn",
+            "--out",
+            &o("results.parquet"),
+        ],
+    )
+    .assert_success();
+    server.get_file(
+        BUCKET,
+        "out/results.parquet",
+        &fetched.join("search.parquet"),
+    );
+    assert_same_output(
+        &fetched.join("search.parquet"),
+        &out.join("results.parquet"),
+    );
+
+    // A run folder holding another run's results (as a run that failed
+    // between its uploads could leave it) is refused by its readers.
+    server.put_file(
+        BUCKET,
+        "out/run/results.parquet",
+        &out.join("run/results.parquet"),
+    );
+    let mixed = run_with(
+        &server,
+        &[
+            "sql",
+            "--run",
+            "s3://lake/out/run",
+            "SELECT count(*) FROM results",
+        ],
+    );
+    assert_eq!(mixed.code(), Some(2), "{}", mixed.stderr());
+    assert!(
+        mixed.stderr().contains("come from different runs"),
+        "{}",
+        mixed.stderr()
+    );
+    let mixed = run_with(
+        &server,
+        &[
+            "report",
+            "--results",
+            "s3://lake/out/run/results.parquet",
+            "--gallery",
+            "s3://lake/emb/gallery/",
+            "--stats",
+            "s3://lake/out/run/gallery_stats.parquet",
+            "--out",
+            "s3://lake/out/report",
+        ],
+    );
+    assert_eq!(mixed.code(), Some(2), "{}", mixed.stderr());
+    assert!(
+        mixed.stderr().contains("come from different runs"),
+        "{}",
+        mixed.stderr()
+    );
+
+    // The output rules hold for URLs: no silent replacement, nothing
+    // written inside an input.
+    let again = run_with(
+        &server,
+        &[
+            "stats",
+            "--gallery",
+            "s3://lake/emb/gallery/",
+            "--bank",
+            "s3://lake/emb/bank/",
+            "--out",
+            "s3://lake/out/gallery_stats.parquet",
+        ],
+    );
+    assert_eq!(again.code(), Some(2), "{}", again.stderr());
+    assert!(
+        again.stderr().contains("already exists"),
+        "{}",
+        again.stderr()
+    );
+    let inside = run_with(
+        &server,
+        &[
+            "stats",
+            "--gallery",
+            "s3://lake/emb/gallery/",
+            "--bank",
+            "s3://lake/emb/bank/",
+            "--out",
+            "s3://lake/emb/gallery/stats.parquet",
+        ],
+    );
+    assert_eq!(inside.code(), Some(2), "{}", inside.stderr());
+    assert!(
+        inside.stderr().contains("is inside the gallery input"),
+        "{}",
+        inside.stderr()
+    );
+    assert!(server.get(BUCKET, "emb/gallery/stats.parquet").is_none());
+    assert_clean_bucket(&server);
+}
+
+#[test]
+fn update_merges_new_parts_of_an_s3_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("lake");
+    let Some(server) = lake_server("update_merges_new_parts_of_an_s3_prefix", &local) else {
+        return;
+    };
+    let l = |p: &str| local.join(p).display().to_string();
+    let stats_local = dir.path().join("stats.parquet").display().to_string();
+    let stats_remote = "s3://lake/out/stats.parquet";
+    for (gallery, bank, out) in [
+        (l("gallery"), l("bank"), stats_local.as_str()),
+        (
+            "s3://lake/emb/gallery/".into(),
+            "s3://lake/emb/bank/".into(),
+            stats_remote,
+        ),
+    ] {
+        run_with(
+            &server,
+            &[
+                "stats",
+                "--gallery",
+                &gallery,
+                "--bank",
+                &bank,
+                "--methods",
+                "is,nnn",
+                "--out",
+                out,
+            ],
+        )
+        .assert_success();
+    }
+    // Nothing new: up to date, the stored object untouched.
+    let before = server.get(BUCKET, "out/stats.parquet").unwrap();
+    let same = run_with(
+        &server,
+        &[
+            "stats",
+            "--gallery",
+            "s3://lake/emb/gallery/",
+            "--bank",
+            "s3://lake/emb/bank/",
+            "--update",
+            "--out",
+            stats_remote,
+        ],
+    );
+    same.assert_success();
+    assert!(same.stdout().contains("up to date"), "{}", same.stdout());
+    assert_eq!(server.get(BUCKET, "out/stats.parquet").unwrap(), before);
+
+    // A new bank part, locally and on S3: both updates merge it.
+    let mut r = rng(8);
+    let extra = random_table(&mut r, "x", 300, 16);
+    write_table(
+        &local.join("bank/part-2.parquet"),
+        &extra,
+        Layout::FixedF32,
+        false,
+    );
+    server.put_file(
+        BUCKET,
+        "emb/bank/part-2.parquet",
+        &local.join("bank/part-2.parquet"),
+    );
+    for (gallery, bank, out) in [
+        (l("gallery"), l("bank"), stats_local.as_str()),
+        (
+            "s3://lake/emb/gallery/".into(),
+            "s3://lake/emb/bank/".into(),
+            stats_remote,
+        ),
+    ] {
+        let merged = run_with(
+            &server,
+            &[
+                "stats",
+                "--gallery",
+                &gallery,
+                "--bank",
+                &bank,
+                "--update",
+                "--out",
+                out,
+            ],
+        );
+        merged.assert_success();
+        assert!(
+            merged.stdout().contains("merged 1 new bank part"),
+            "{}",
+            merged.stdout()
+        );
+    }
+    let fetched = dir.path().join("fetched.parquet");
+    server.get_file(BUCKET, "out/stats.parquet", &fetched);
+    assert_same_output(&fetched, Path::new(&stats_local));
+
+    // A part that changed (same key, new bytes): refused, the object kept.
+    let changed = random_table(&mut r, "y", 300, 16);
+    write_table(
+        &local.join("changed.parquet"),
+        &changed,
+        Layout::FixedF32,
+        false,
+    );
+    server.put_file(
+        BUCKET,
+        "emb/bank/part-2.parquet",
+        &local.join("changed.parquet"),
+    );
+    let refused = run_with(
+        &server,
+        &[
+            "stats",
+            "--gallery",
+            "s3://lake/emb/gallery/",
+            "--bank",
+            "s3://lake/emb/bank/",
+            "--update",
+            "--out",
+            stats_remote,
+        ],
+    );
+    assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
+    assert!(
+        refused
+            .stderr()
+            .contains("s3://lake/emb/bank/part-2.parquet changed"),
+        "{}",
+        refused.stderr()
+    );
+    assert_eq!(
+        server.get(BUCKET, "out/stats.parquet").unwrap(),
+        std::fs::read(&fetched).unwrap()
+    );
+    assert_clean_bucket(&server);
+}
+
+#[test]
+fn sql_reads_s3_tables_and_copies_to_s3() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("lake");
+    let Some(server) = lake_server("sql_reads_s3_tables_and_copies_to_s3", &local) else {
+        return;
+    };
+    let counted = run_with(
+        &server,
+        &[
+            "sql",
+            "--table",
+            "g=s3://lake/emb/gallery/",
+            "--table",
+            "b=s3://lake/emb/bank/*.parquet",
+            "--format",
+            "csv",
+            "SELECT (SELECT count(*) FROM g) AS gallery, (SELECT count(*) FROM b) AS bank",
+        ],
+    );
+    counted.assert_success();
+    assert_eq!(counted.stdout(), "gallery,bank\n900,700\n");
+
+    // COPY ... TO an object (DataFusion's writer, through the same stores).
+    run_with(
+        &server,
+        &[
+            "sql",
+            "--table",
+            "g=s3://lake/emb/gallery/",
+            "COPY (SELECT id FROM g ORDER BY id) TO 's3://lake/copy/ids.parquet' STORED AS PARQUET",
+        ],
+    )
+    .assert_success();
+    server.get_file(BUCKET, "copy/ids.parquet", &dir.path().join("ids.parquet"));
+    assert_eq!(
+        read_parquet(&dir.path().join("ids.parquet")).num_rows(),
+        900
+    );
+
+    // --out to an object, large enough for a multipart upload (> 8 MiB of
+    // incompressible doubles).
+    run_with(
+        &server,
+        &[
+            "sql",
+            "--format",
+            "parquet",
+            "--out",
+            "s3://lake/copy/random.parquet",
+            "SELECT random() AS x, random() AS y FROM generate_series(1, 800000)",
+        ],
+    )
+    .assert_success();
+    let big = server.get(BUCKET, "copy/random.parquet").unwrap();
+    assert!(big.len() > 8 << 20, "{} bytes: not multipart", big.len());
+    std::fs::write(dir.path().join("random.parquet"), &big).unwrap();
+    assert_eq!(
+        read_parquet(&dir.path().join("random.parquet")).num_rows(),
+        800_000
+    );
+
+    // A run directory on S3: its outputs and recorded inputs as tables.
+    run_with(
+        &server,
+        &[
+            "run",
+            "--queries",
+            "s3://lake/emb/queries.parquet",
+            "--gallery",
+            "s3://lake/emb/gallery/",
+            "--bank",
+            "s3://lake/emb/bank/",
+            "--out",
+            "s3://lake/runs/a",
+        ],
+    )
+    .assert_success();
+    let joined = run_with(
+        &server,
+        &[
+            "sql",
+            "--run",
+            "s3://lake/runs/a",
+            "--format",
+            "csv",
+            "SELECT count(*) AS n FROM results r JOIN gallery g ON r.gallery_id = g.id",
+        ],
+    );
+    joined.assert_success();
+    assert_eq!(joined.stdout(), format!("n\n{}\n", 120 * 10 * 2));
+    assert_clean_bucket(&server);
+}
+
+#[test]
+fn faults_name_the_url_and_leave_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("lake");
+    let Some(mut server) = lake_server("faults_name_the_url_and_leave_nothing_behind", &local)
+    else {
+        return;
+    };
+    let run_args = |queries: &'static str, gallery: &'static str| {
+        vec![
+            "run",
+            "--queries",
+            queries,
+            "--gallery",
+            gallery,
+            "--bank",
+            "s3://lake/emb/bank/",
+            "--out",
+            "s3://lake/out/run",
+        ]
+    };
+    // A missing key, a missing prefix, a missing bucket: bad input (2), naming the URL.
+    for (queries, gallery, named) in [
+        (
+            "s3://lake/emb/nope.parquet",
+            "s3://lake/emb/gallery/",
+            "s3://lake/emb/nope.parquet",
+        ),
+        (
+            "s3://lake/emb/queries.parquet",
+            "s3://lake/emb/galleries/",
+            "s3://lake/emb/galleries/",
+        ),
+        (
+            "s3://lake/emb/queries.parquet",
+            "s3://no-such-bucket/g/",
+            "s3://no-such-bucket/g/",
+        ),
+    ] {
+        let output = run_with(&server, &run_args(queries, gallery));
+        assert_eq!(output.code(), Some(2), "{}", output.stderr());
+        assert!(output.stderr().contains(named), "{}", output.stderr());
+    }
+    // Secrets in a URL are refused before anything is sent, and not echoed.
+    let output = run_with(
+        &server,
+        &run_args(
+            "s3://lake/emb/queries.parquet?X-Amz-Signature=hubnorm-secret-s3cr3t-value-7f3a9c",
+            "s3://lake/emb/gallery/",
+        ),
+    );
+    assert_eq!(output.code(), Some(2), "{}", output.stderr());
+    assert!(
+        output.stderr().contains("must not carry"),
+        "{}",
+        output.stderr()
+    );
+    // http(s) is read-only.
+    let output = run_with(
+        &server,
+        &[
+            "stats",
+            "--gallery",
+            "s3://lake/emb/gallery/",
+            "--bank",
+            "s3://lake/emb/bank/",
+            "--out",
+            &format!("{}/lake/out/stats.parquet", server.endpoint()),
+        ],
+    );
+    assert_eq!(output.code(), Some(2), "{}", output.stderr());
+    assert!(output.stderr().contains("read-only"), "{}", output.stderr());
+    assert!(server.keys(BUCKET).iter().all(|k| !k.starts_with("out/")));
+    assert_clean_bucket(&server);
+
+    // Refused credentials (a server checking them): a message naming the
+    // URL, no secret, no output.
+    if let Some(refusing) = S3Server::start_refusing("faults (403)") {
+        let mut command = hubnorm(run_args(
+            "s3://lake/emb/queries.parquet",
+            "s3://lake/emb/gallery/",
+        ));
+        for (k, v) in refusing.env() {
+            command.env(k, v);
+        }
+        command.args(["--storage-option", "retry_timeout=5s"]);
+        let output = command.output();
+        let stderr = output.stderr();
+        assert!(matches!(output.code(), Some(1 | 2)), "{stderr}");
+        assert!(
+            stderr.contains("s3://lake/") && stderr.contains("access denied"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains(SECRET_KEY), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+
+    // A lost server: a failure (1) naming the URL once the retries are spent.
+    server.stop();
+    let mut command = hubnorm(run_args(
+        "s3://lake/emb/queries.parquet",
+        "s3://lake/emb/gallery/",
+    ));
+    for (k, v) in server.env() {
+        command.env(k, v);
+    }
+    command.args([
+        "--storage-option",
+        "retry_timeout=2s",
+        "--storage-option",
+        "max_retries=2",
+    ]);
+    let output = command.output();
+    let stderr = output.stderr();
+    assert_eq!(output.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("s3://lake/"), "{stderr}");
+    assert!(
+        !stderr.contains(SECRET_KEY) && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_server_lost_mid_read_or_mid_write_leaves_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("lake");
+    let Some(server) = lake_server(
+        "a_server_lost_mid_read_or_mid_write_leaves_no_output",
+        &local,
+    ) else {
+        return;
+    };
+    // A gallery of 5 MB: several ranged reads.
+    let mut r = rng(9);
+    let big = random_table(&mut r, "g", 80_000, 16);
+    write_table(
+        &dir.path().join("big.parquet"),
+        &big,
+        Layout::FixedF32,
+        false,
+    );
+    server.put_file(
+        BUCKET,
+        "big/gallery.parquet",
+        &dir.path().join("big.parquet"),
+    );
+    let through = |proxy: &common::s3::CutProxy, args: &[&str]| {
+        let mut command = hubnorm(args);
+        for (k, v) in server.env() {
+            command.env(k, v);
+        }
+        command.env("AWS_ENDPOINT", proxy.endpoint());
+        command.args([
+            "--storage-option",
+            "retry_timeout=2s",
+            "--storage-option",
+            "max_retries=2",
+        ]);
+        let output = command.output();
+        let stderr = output.stderr();
+        assert!(
+            !stderr.contains(SECRET_KEY) && !stderr.contains("panicked"),
+            "{stderr}"
+        );
+        eprintln!("hubnorm said: {stderr}");
+        output
+    };
+
+    // Lost after 2 MB of the gallery were read.
+    let proxy = common::s3::CutProxy::start(server.port, usize::MAX, 2 << 20);
+    let output = through(
+        &proxy,
+        &[
+            "stats",
+            "--gallery",
+            "s3://lake/big/gallery.parquet",
+            "--bank",
+            "s3://lake/emb/bank/",
+            "--no-checkpoint",
+            "--out",
+            "s3://lake/out/big_stats.parquet",
+        ],
+    );
+    let stderr = output.stderr();
+    assert!(
+        proxy.was_cut(),
+        "the read finished before the cut: {:?}: {stderr}",
+        proxy.traffic()
+    );
+    assert_eq!(output.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("s3://lake/big/gallery.parquet"), "{stderr}");
+    assert!(server.get(BUCKET, "out/big_stats.parquet").is_none());
+
+    // Lost after 10 MB of a 12 MB output were uploaded: the multipart
+    // upload is never completed, so no object appears.
+    let proxy = common::s3::CutProxy::start(server.port, 10 << 20, usize::MAX);
+    let output = through(
+        &proxy,
+        &[
+            "sql",
+            "--format",
+            "parquet",
+            "--out",
+            "s3://lake/out/cut.parquet",
+            "SELECT random() AS x, random() AS y FROM generate_series(1, 800000)",
+        ],
+    );
+    let stderr = output.stderr();
+    assert!(
+        proxy.was_cut(),
+        "the upload finished before the cut: {:?}: {stderr}",
+        proxy.traffic()
+    );
+    assert_eq!(output.code(), Some(1), "{:?}: {stderr}", output.status());
+    assert!(stderr.contains("s3://lake/out/cut.parquet"), "{stderr}");
+    assert!(server.get(BUCKET, "out/cut.parquet").is_none());
+    // The abort could not reach the store either: the started upload stays
+    // pending on the server (a lifecycle rule's job); nothing else does.
+    let pending = server.pending_uploads(BUCKET);
+    assert!(
+        pending.iter().all(|k| k == "out/cut.parquet"),
+        "{pending:?}"
+    );
+    eprintln!("pending multipart uploads after the cut: {pending:?}");
+}
+
+#[test]
+fn a_checkpoint_on_s3_resumes_to_the_same_bytes() {
+    let Some(server) = S3Server::start_or_skip("a_checkpoint_on_s3_resumes_to_the_same_bytes")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    write_case(
+        dir.path(),
+        &CaseShape {
+            seed: 4242,
+            gallery: 12_000,
+            queries: 10,
+            bank: 8_000,
+            dim: 64,
+            noise: 0.3,
+        },
+    );
+    server.create_bucket(BUCKET);
+    for name in ["gallery", "bank"] {
+        server.put_file(
+            BUCKET,
+            &format!("in/{name}.parquet"),
+            &dir.path().join(format!("{name}.parquet")),
+        );
+    }
+    let stats = |out: &str, extra: &[&str]| {
+        let mut args = vec![
+            "stats",
+            "--gallery",
+            "s3://lake/in/gallery.parquet",
+            "--bank",
+            "s3://lake/in/bank.parquet",
+            "--methods",
+            "is,dis,nnn",
+            "--memory-limit",
+            "36M",
+            "--threads",
+            "1",
+            "--out",
+        ];
+        args.push(out);
+        args.extend(extra);
+        let mut command = hubnorm(&args);
+        for (k, v) in server.env() {
+            command.env(k, v);
+        }
+        command
+    };
+    stats("s3://lake/out/reference.parquet", &["--no-checkpoint"])
+        .output()
+        .assert_success();
+
+    // Killed once a chunk is saved under the checkpoint prefix.
+    let saved = || {
+        server
+            .keys(BUCKET)
+            .iter()
+            .any(|k| k.starts_with("out/stats.parquet.checkpoint/rows-"))
+    };
+    let mut child = stats(
+        "s3://lake/out/stats.parquet",
+        &["--checkpoint-interval", "0"],
+    )
+    .spawn();
+    let start = std::time::Instant::now();
+    while !saved() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before saving a chunk (make the gallery larger or the limit smaller)"
+        );
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(120),
+            "no checkpoint"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(server.get(BUCKET, "out/stats.parquet").is_none());
+
+    let resumed = stats("s3://lake/out/stats.parquet", &["--resume"]).output();
+    resumed.assert_success();
+    assert!(
+        resumed.stdout().contains("resumed after"),
+        "{}",
+        resumed.stdout()
+    );
+    assert_eq!(
+        server.get(BUCKET, "out/stats.parquet").unwrap(),
+        server.get(BUCKET, "out/reference.parquet").unwrap(),
+        "the resumed run's bytes differ from an uninterrupted run's"
+    );
+    assert!(
+        server
+            .keys(BUCKET)
+            .iter()
+            .all(|k| !k.contains(".checkpoint/")),
+        "the checkpoint outlived the run: {:?}",
+        server.keys(BUCKET)
+    );
+}
+
+/// `http(s)://` inputs are read by ranges from any HTTP server (here a
+/// minimal one of the test's), and give the local run's results.
+#[test]
+fn http_inputs_are_read_by_ranges() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("lake");
+    std::fs::create_dir_all(&local).unwrap();
+    write_lake(&local);
+    let port = common::s3::serve_http(&local);
+    let url = |p: &str| format!("http://127.0.0.1:{port}/{p}");
+    let out = dir.path().join("out");
+    for (queries, gallery, bank, to) in [
+        (
+            url("queries.parquet"),
+            url("gallery/part-0.parquet"),
+            url("bank/part-0.parquet"),
+            "http",
+        ),
+        (
+            local.join("queries.parquet").display().to_string(),
+            local.join("gallery/part-0.parquet").display().to_string(),
+            local.join("bank/part-0.parquet").display().to_string(),
+            "local",
+        ),
+    ] {
+        hubnorm([
+            "run",
+            "--queries",
+            &queries,
+            "--gallery",
+            &gallery,
+            "--bank",
+            &bank,
+            "--skip-missing",
+            "--out",
+            &out.join(to).display().to_string(),
+        ])
+        .output()
+        .assert_success();
+    }
+    assert_same_output(
+        &out.join("http/results.parquet"),
+        &out.join("local/results.parquet"),
+    );
+}
