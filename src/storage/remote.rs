@@ -595,45 +595,33 @@ fn store_for_base(
     }
     let settings = settings().read().unwrap_or_else(|e| e.into_inner());
     let options = &settings.options;
+    // The cloud builders share one sequence (options, then retries) on
+    // different types: each option a builder's config key type does not
+    // parse is not its own (options were checked against every store).
+    macro_rules! configured {
+        ($builder:expr) => {{
+            let mut builder = $builder;
+            for (k, v) in options {
+                if let Ok(key) = k.parse() {
+                    builder = builder.with_config(key, v);
+                }
+            }
+            builder
+                .with_retry(settings.retry.clone())
+                .build()
+                .map(|s| Arc::new(s) as _)
+        }};
+    }
     let built: object_store::Result<Arc<dyn ObjectStore>> = match scheme {
         ObjectStoreScheme::AmazonS3 => {
-            let mut builder = object_store::aws::AmazonS3Builder::from_env().with_url(url.as_str());
-            for (k, v) in options {
-                if let Ok(key) = k.parse() {
-                    builder = builder.with_config(key, v);
-                }
-            }
-            builder
-                .with_retry(settings.retry.clone())
-                .build()
-                .map(|s| Arc::new(s) as _)
+            configured!(object_store::aws::AmazonS3Builder::from_env().with_url(url.as_str()))
         }
-        ObjectStoreScheme::GoogleCloudStorage => {
-            let mut builder =
-                object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
-            for (k, v) in options {
-                if let Ok(key) = k.parse() {
-                    builder = builder.with_config(key, v);
-                }
-            }
-            builder
-                .with_retry(settings.retry.clone())
-                .build()
-                .map(|s| Arc::new(s) as _)
-        }
-        ObjectStoreScheme::MicrosoftAzure => {
-            let mut builder =
-                object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url.as_str());
-            for (k, v) in options {
-                if let Ok(key) = k.parse() {
-                    builder = builder.with_config(key, v);
-                }
-            }
-            builder
-                .with_retry(settings.retry.clone())
-                .build()
-                .map(|s| Arc::new(s) as _)
-        }
+        ObjectStoreScheme::GoogleCloudStorage => configured!(
+            object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url.as_str())
+        ),
+        ObjectStoreScheme::MicrosoftAzure => configured!(
+            object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url.as_str())
+        ),
         ObjectStoreScheme::Http => {
             let mut builder = object_store::http::HttpBuilder::new().with_url(base);
             // The URL itself says plain HTTP.
