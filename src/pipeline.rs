@@ -745,7 +745,7 @@ pub(crate) fn run_uncommitted(
             summary: &summary,
             run: &run_id,
         })
-            .map_err(|e| HubnormError::Internal(e.to_string()))?;
+        .map_err(|e| HubnormError::Internal(e.to_string()))?;
         let summary_file =
             write_text_atomically(&job.out_dir.join("summary.json"), &json, job.overwrite)?;
         Ok(RunProducts {
