@@ -77,8 +77,9 @@ impl PlanRequest {
         let batch_rows = (self.budget / 32 / row_bytes).clamp(MIN_BATCH_ROWS, MAX_BATCH_ROWS);
         // A decoded batch, its repetition/definition levels and one page
         // buffer; with object-store inputs, the ranged reads' windows too.
-        let reader_bytes =
-            4 * batch_rows * row_bytes + (1 << 20) + crate::storage::read_buffer_bytes();
+        let reader_bytes = 4 * batch_rows * row_bytes
+            + (1 << 20)
+            + crate::storage::read_buffer_bytes(batch_rows * row_bytes);
         let fixed = FIXED_OVERHEAD_BYTES
             + reader_bytes
             + self.threads.max(1) * tile_workspace_bytes(self.dim)

@@ -76,6 +76,21 @@ impl<'a> BlockReader<'a> {
             roots.extend(columns.target);
         }
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
+        if let Some(remote) = &probe {
+            // Ranged reads fetch the projected columns only.
+            let schema = builder.parquet_schema();
+            let leaves: Vec<usize> = (0..schema.num_columns())
+                .filter(|&leaf| roots.contains(&schema.get_column_root_idx(leaf)))
+                .collect();
+            let chunks = builder
+                .metadata()
+                .row_groups()
+                .iter()
+                .flat_map(|g| leaves.iter().map(move |&leaf| g.column(leaf).byte_range()))
+                .map(|(start, length)| start..start.saturating_add(length))
+                .collect();
+            remote.set_chunks(chunks);
+        }
         // The projected batch keeps the file's column order.
         roots.sort_unstable();
         let position = |c: usize| roots.iter().position(|&r| r == c).expect("projected");
@@ -97,6 +112,11 @@ impl<'a> BlockReader<'a> {
         } else {
             table.options.batch_rows.min(self.block_rows).max(1)
         };
+        if let Some(remote) = &probe {
+            // Windows the size of a decoded batch: what the plan counted.
+            let dim = table.dim.max(1);
+            remote.set_window_bytes(crate::storage::window_bytes_for(batch_rows * dim * 4));
+        }
         let skip = std::mem::take(&mut self.skip_in_next_part);
         let mut builder = builder.with_projection(mask).with_batch_size(batch_rows);
         // Row groups that end before `skip` are not read at all. The rows of

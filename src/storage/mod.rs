@@ -250,15 +250,22 @@ pub(crate) fn expand_remote(url: &ObjectUrl) -> Result<Vec<PathBuf>> {
     url.expand()
 }
 
-/// Bytes the memory plan counts per Parquet reader for ranged reads from an
-/// object store (the read windows and their prefetches): 0 while no
-/// embedding table of an object store is open in this process.
-pub fn read_buffer_bytes() -> usize {
+/// Bytes the memory plan counts per Parquet reader, whose decoded record
+/// batches take `batch_bytes`, for ranged reads from an object store (the
+/// read windows and their prefetches): 0 while no embedding table of an
+/// object store is open in this process.
+pub fn read_buffer_bytes(batch_bytes: usize) -> usize {
     if REMOTE_TABLES.load(Ordering::Relaxed) > 0 {
-        remote::READ_BUFFER_BYTES
+        remote::read_buffer_bytes_for(batch_bytes)
     } else {
         0
     }
+}
+
+/// The read window of a remote reader whose decoded batches take
+/// `batch_bytes` (what [`read_buffer_bytes`] counts).
+pub(crate) fn window_bytes_for(batch_bytes: usize) -> usize {
+    remote::window_bytes_for(batch_bytes)
 }
 
 /// Embedding tables with parts in an object store, alive now.

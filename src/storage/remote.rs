@@ -684,24 +684,39 @@ where
 
 // ------------------------------------------------------------ ranged reads
 
-/// Bytes one ranged GET reads ahead in a column chunk (a page larger than
-/// this is read whole). A reader keeps at most [`READ_STREAMS`] windows (one
-/// per column it reads), each with one prefetch of the same size.
-const READ_WINDOW_BYTES: usize = 1 << 20;
-const READ_STREAMS: usize = 4;
+/// Bytes one ranged GET reads ahead (a page larger than this is read
+/// whole), between these bounds: a reader of embedding tables takes half the
+/// size of one decoded record batch ([`window_bytes_for`]), so the window
+/// grows with the batch the memory plan sized (a few percent of the limit).
+/// Each request costs a round trip whatever its size (tens of milliseconds
+/// on S3), so larger windows read faster.
+const MIN_WINDOW_BYTES: usize = 1 << 20;
+const MAX_WINDOW_BYTES: usize = 8 << 20;
+/// A reader keeps at most this many windows (one per place it reads: the
+/// id, embedding and target columns at most), each with one prefetch of the
+/// same size.
+const READ_STREAMS: usize = 3;
 /// Bytes read from the end of an object at open: the footer usually fits,
 /// so opening costs one request.
 const TAIL_BYTES: u64 = 64 << 10;
-/// What the memory plan counts per remote Parquet reader: per stream its
-/// window, the prefetch, and the previous window while the decoder still
-/// holds a page of it (pages are slices of a window, not copies); and the
-/// tail read at open.
-pub(crate) const READ_BUFFER_BYTES: usize =
-    READ_STREAMS * 3 * READ_WINDOW_BYTES + TAIL_BYTES as usize;
+
+/// The read window of a reader whose decoded record batches take
+/// `batch_bytes`.
+pub(crate) fn window_bytes_for(batch_bytes: usize) -> usize {
+    (batch_bytes / 2).clamp(MIN_WINDOW_BYTES, MAX_WINDOW_BYTES)
+}
+
+/// What the memory plan counts per remote Parquet reader whose decoded
+/// batches take `batch_bytes`: per stream its window, the prefetch, and the
+/// previous window while the decoder still holds a page of it (pages are
+/// slices of a window, not copies); and the tail read at open.
+pub(crate) fn read_buffer_bytes_for(batch_bytes: usize) -> usize {
+    READ_STREAMS * 3 * window_bytes_for(batch_bytes) + TAIL_BYTES as usize
+}
 
 /// An object read by ranges, for the parquet crate's synchronous reader
 /// (its [`parquet::file::reader::ChunkReader`]): page headers and pages are
-/// served from windows of [`READ_WINDOW_BYTES`] fetched by ranged GETs,
+/// served from windows of 1 to 8 MiB fetched by ranged GETs,
 /// each window's successor prefetched while the current one is decoded. The
 /// reader reads one column chunk page by page, so only the windows of the
 /// columns it reads are held: memory stays bounded whatever the row-group
@@ -718,6 +733,8 @@ struct RemoteInner {
     shown: String,
     size: u64,
     state: Mutex<Windows>,
+    /// Bytes per window ([`window_bytes_for`]).
+    window: std::sync::atomic::AtomicUsize,
     /// The first failed request, for the block reader's message.
     failure: Mutex<Option<String>>,
 }
@@ -769,6 +786,7 @@ impl RemoteFile {
                 shown: url.to_string(),
                 size: meta.size,
                 state: Mutex::new(Windows::default()),
+                window: std::sync::atomic::AtomicUsize::new(MIN_WINDOW_BYTES),
                 failure: Mutex::new(None),
             }),
         };
@@ -799,10 +817,30 @@ impl RemoteFile {
 
     /// Tells the reader where the column chunks lie, so that windows stop
     /// at a chunk's end instead of reading into the next one.
+    ///
+    /// Adjacent chunks are merged into one run: the columns of a row group
+    /// are read together, so one window serves all of them (one request
+    /// where a window per chunk would make one per column and row group).
     pub(crate) fn set_chunks(&self, mut chunks: Vec<Range<u64>>) {
         chunks.sort_by_key(|r| r.start);
+        let mut runs: Vec<Range<u64>> = Vec::with_capacity(chunks.len());
+        for chunk in chunks {
+            match runs.last_mut() {
+                Some(run) if chunk.start <= run.end => run.end = run.end.max(chunk.end),
+                _ => runs.push(chunk),
+            }
+        }
         let mut state = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.chunks = Arc::new(chunks);
+        state.chunks = Arc::new(runs);
+    }
+
+    /// Reads in windows of `bytes` (within [`window_bytes_for`]'s bounds)
+    /// from now on.
+    pub fn set_window_bytes(&self, bytes: usize) {
+        self.inner.window.store(
+            bytes.clamp(MIN_WINDOW_BYTES, MAX_WINDOW_BYTES),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// The failure of a request this file made, if one failed.
@@ -831,11 +869,9 @@ impl RemoteFile {
     /// Where a window starting at `start` ends: a window's length on, but
     /// not past the end of its column chunk or of the object.
     fn window_end(&self, chunks: &[Range<u64>], start: u64, at_least: u64) -> u64 {
-        let chunk_end = chunks
-            .iter()
-            .find(|c| c.start <= start && start < c.end)
-            .map_or(self.inner.size, |c| c.end);
-        (start + READ_WINDOW_BYTES as u64)
+        let chunk_end = run_holding(chunks, start).map_or(self.inner.size, |c| c.end);
+        let window = self.inner.window.load(std::sync::atomic::Ordering::Relaxed);
+        (start + window as u64)
             .min(chunk_end)
             .max(at_least)
             .min(self.inner.size)
@@ -915,7 +951,7 @@ impl RemoteFile {
     /// Starts fetching the window after `window`, within its column chunk.
     fn prefetch_after(&self, chunks: &[Range<u64>], window: &mut Window) {
         let start = window.end();
-        let in_chunk = chunks.iter().any(|c| c.start < start && start < c.end);
+        let in_chunk = run_holding(chunks, start).is_some_and(|c| c.start < start);
         if start >= self.inner.size || !in_chunk {
             window.prefetch = None;
             return;
@@ -949,6 +985,12 @@ impl RemoteFile {
         }
         Ok(Bytes::from(out))
     }
+}
+
+/// The run of `runs` (sorted, disjoint) that holds `offset`.
+fn run_holding(runs: &[Range<u64>], offset: u64) -> Option<&Range<u64>> {
+    let i = runs.partition_point(|r| r.end <= offset);
+    runs.get(i).filter(|r| r.start <= offset)
 }
 
 fn parquet_error(message: String) -> parquet::errors::ParquetError {

@@ -75,6 +75,9 @@ impl RemoteFile {
     pub(crate) fn set_chunks(&self, _: Vec<std::ops::Range<u64>>) {
         match *self {}
     }
+    pub fn set_window_bytes(&self, _: usize) {
+        match *self {}
+    }
     pub fn failure(&self) -> Option<String> {
         match *self {}
     }
@@ -116,4 +119,10 @@ pub(crate) fn redact(message: &str) -> String {
 }
 
 /// No object can be read in this build.
-pub(crate) const READ_BUFFER_BYTES: usize = 0;
+pub(crate) fn read_buffer_bytes_for(_: usize) -> usize {
+    0
+}
+
+pub(crate) fn window_bytes_for(batch_bytes: usize) -> usize {
+    batch_bytes
+}
