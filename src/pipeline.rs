@@ -251,6 +251,23 @@ pub fn check_same_run(files: &[&Path]) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a file of a run folder that sits beside another run's outputs
+/// (the other files `hubnorm run` writes there): which of them is stale
+/// cannot be told, so none is read.
+fn check_beside_its_run(file: &Path) -> Result<()> {
+    if recorded_run(file)?.is_none() {
+        return Ok(());
+    }
+    let mut files = vec![file.to_path_buf()];
+    for name in RUN_OUTPUTS {
+        let sibling = file.with_file_name(name);
+        if sibling != file && crate::storage::exists(&sibling)? {
+            files.push(sibling);
+        }
+    }
+    check_same_run(&files.iter().map(PathBuf::as_path).collect::<Vec<_>>())
+}
+
 // ---------------------------------------------------------------- pass 2 output
 
 /// Pass 2 into an (uncommitted) results file.
@@ -458,6 +475,9 @@ pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary
     inputs.extend(stats.as_deref().map(|s| ("stats", s)));
     refuse_output_in_inputs(&job.out, &inputs)?;
     refuse_existing(&job.out, job.overwrite)?;
+    if let Some(stats) = &job.stats {
+        check_beside_its_run(stats)?;
+    }
     with_threads(job.options.threads, || {
         let queries = open_table("queries", &job.queries, &job.options, true)?;
         let gallery = open_table("gallery", &job.gallery, &job.options, false)?;

@@ -6,7 +6,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -152,30 +151,6 @@ fn large_case(dir: &Path) {
             noise: 0.3,
         },
     );
-}
-
-/// Sends signal `name` to `child` (which may have ended already).
-fn signal(child: &Child, name: &str) {
-    Command::new("kill")
-        .args([&format!("-{name}"), &child.id().to_string()])
-        .stderr(Stdio::null())
-        .status()
-        .unwrap();
-}
-
-/// Waits until `ready` holds (polled every few milliseconds), or panics.
-fn wait_for(what: &str, child: &mut Child, mut ready: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ready() {
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("the run ended ({status}) before {what}");
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(3));
-    }
 }
 
 fn args(list: &[&str]) -> Vec<String> {

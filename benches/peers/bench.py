@@ -38,7 +38,8 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, HERE)
 
-JOBS_ALL = ["peak", "topk", "is-pass1", "is-pass2", "dis", "nnn", "sn", "hubness", "memory", "scaling"]
+JOBS_ALL = ["peak", "topk", "is-pass1", "is-pass2", "dis", "nnn", "sn", "hubness", "object-store", "memory",
+            "scaling"]
 RAW_FIELDS = ["run_id", "job", "size", "tool", "threads", "repeat", "wall_s", "cpu_s", "max_rss_mib",
               "gflop", "status", "check", "gflops_reported", "n_queries", "n_gallery", "n_bank", "dim",
               "loadavg", "note"]
@@ -88,6 +89,11 @@ JOB_TEXT = {
           "POT: `ot.sinkhorn(method='sinkhorn_log', numItermax=10, stopThr=0)` on the transposed problem "
           "(its first update is then METHODS.md's source update; f = −τ·log_u). GFLOP counts the GEMM "
           "once: 2·d·(bank + queries)·gallery, although every iteration sweeps the matrix twice.",
+    "object-store": "`hubnorm run --methods is` (both passes) on local files against the same run with every "
+                    "input and output on a local S3-compatible server (moto, started by the harness on "
+                    "127.0.0.1; inputs uploaded once, untimed): what reading through ranged GETs and writing by "
+                    "upload costs. The S3 run's outputs are downloaded and checked against the local run's. "
+                    "GFLOP = 2·d·(bank + queries)·gallery.",
     "hubness": "k-occurrence skewness (k = 10, all gallery items) of the same neighbour lists (hubnorm `run "
                "--methods none`'s results.parquet). hubnorm `report`; peer: pyarrow + numpy bincount + "
                "`scipy.stats.skew`. Checked against summary.json of `hubnorm run`.",
@@ -322,6 +328,7 @@ class Bench:
         # Untimed preparation (the statistics that pass-2 jobs read) uses every usable core whatever
         # --threads says: at 1M a 1-thread pass 1 would add 14 unmeasured minutes.
         self.prep_threads = len(os.sched_getaffinity(0))
+        self._s3 = None  # the object-store job's server: None before use, False when it cannot start
 
     # -- logging -------------------------------------------------------------------------------
     def log(self, msg):
@@ -482,6 +489,16 @@ class Bench:
                                     "--bank", data.bank, "--methods", "none", "--k", str(K),
                                     "--bootstrap", "0", "--out", os.path.join(d, "run")])
 
+    def s3_server(self):
+        """The harness's S3-compatible server, started on first use; None (logged) when moto is missing."""
+        if self._s3 is None:
+            try:
+                self._s3 = MotoServer(self.work, self.log)
+            except (OSError, RuntimeError) as e:
+                self.log(f"object-store: no S3 server ({e}); install moto[server] into the bench venv")
+                self._s3 = False
+        return self._s3 or None
+
     # -- peer commands -------------------------------------------------------------------------
     def peer(self, job, data, *extra, out="out.npz"):
         def steps(rdir, threads):
@@ -598,6 +615,26 @@ class Bench:
                 # results of logsumexp, the plan): 1.86 GB peak RSS for 10k x 5k on the dev data
                 Tool("pot-sinkhorn-log", self.peer("sn-pot", data, *flags),
                      peer=True, need=inp_all + 9 * nb * ng * 4, check=chk),
+            ]
+        if job == "object-store":
+            s3 = self.s3_server()
+            if s3 is None:
+                return None, []
+            remote = s3.upload(data)
+            run = lambda q, g, b, out: [self.hub, "run", "--queries", q, "--gallery", g, "--bank", b,  # noqa: E731
+                                        "--methods", "is", "--k", str(K), "--bootstrap", "0", "--out", out]
+
+            def s3_out(rdir):
+                return f"s3://{s3.bucket}/out/{os.path.relpath(rdir, self.work)}"
+
+            def check(ref, mine):
+                s3.download(s3_out(mine), mine, ("results.parquet", "gallery_stats.parquet"))
+                return check_hubnorm_pair(ref, mine, data)
+            return both, [
+                Tool("hubnorm-local", lambda rdir, t: [run(data.queries, data.gallery, data.bank,
+                                                           os.path.join(rdir, "run")) + hc(t)]),
+                Tool("hubnorm-s3", lambda rdir, t: [run(*remote, s3_out(rdir)) + hc(t)], env=s3.env,
+                     check=lambda ref, mine: check(ref and os.path.join(ref, "run"), mine), checked=True),
             ]
         if job == "hubness":
             run_dir = self.prep_run_none(data)
@@ -741,6 +778,8 @@ class Bench:
             self.job_memory()
         if "scaling" in a.jobs:
             self.job_scaling()
+        if self._s3:
+            self._s3.stop()
         write_setup(self, started=False)
         self.raw.close()
         self.cmdlog.close()
@@ -748,6 +787,70 @@ class Bench:
         if not a.keep_work:
             shutil.rmtree(self.work, ignore_errors=True)
         self.log(f"wrote {self.out}/{{setup.md,raw.csv,commands.log,summary.md}}")
+
+
+class MotoServer:
+    """moto's S3 server on a free port of 127.0.0.1 for the object-store job, with a bucket, the inputs
+    uploaded once per size, and the environment hubnorm needs to reach it. Ended by its process id."""
+
+    bucket = "bench"
+
+    def __init__(self, work, log):
+        import socket
+        exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
+        if not os.access(exe, os.X_OK):
+            raise RuntimeError(f"{exe} not found")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{port}"
+        self.log_file = open(os.path.join(work, "moto.log"), "w")
+        self.proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=self.log_file,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.env = {"AWS_ENDPOINT": self.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
+                    "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+        self.uploaded = {}
+        self.log_ = log
+        import time
+        for _ in range(100):
+            try:
+                self.client().create_bucket(Bucket=self.bucket)
+                break
+            except Exception:  # noqa: BLE001 - not listening yet
+                time.sleep(0.2)
+        else:
+            self.stop()
+            raise RuntimeError(f"moto_server did not answer on {self.endpoint}")
+        log(f"object-store: moto_server (pid {self.proc.pid}) on {self.endpoint}")
+
+    def client(self):
+        import boto3
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id="testing", aws_secret_access_key="testing")
+
+    def upload(self, data):
+        """(queries, gallery, bank) as s3:// URLs, uploaded on first use."""
+        key = (data.queries, data.gallery, data.bank)
+        if key not in self.uploaded:
+            urls = []
+            for role, path in zip(("queries", "gallery", "bank"), key):
+                name = f"in/{data.name}/{role}.parquet"
+                self.log_(f"object-store: uploading {path} to s3://{self.bucket}/{name}")
+                self.client().upload_file(path, self.bucket, name)
+                urls.append(f"s3://{self.bucket}/{name}")
+            self.uploaded[key] = tuple(urls)
+        return self.uploaded[key]
+
+    def download(self, url, into, names):
+        prefix = url.removeprefix(f"s3://{self.bucket}/")
+        for name in names:
+            self.client().download_file(self.bucket, f"{prefix}/{name}", os.path.join(into, name))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=10)
+        self.log_file.close()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1209,7 +1312,7 @@ def summarize(out_dir):
         p = peak.get(t, float("nan"))
         return g.gflops / p * 100 if p and not math.isnan(p) and not math.isnan(g.gflops) else float("nan")
 
-    job_order = ["topk", "is-pass1", "is-pass2", "dis", "nnn", "sn", "hubness"]
+    job_order = ["topk", "is-pass1", "is-pass2", "dis", "nnn", "sn", "hubness", "object-store"]
     for job in job_order:
         keys = [k for k in G if k[0] == job]
         if not keys:
@@ -1236,6 +1339,12 @@ def summarize(out_dir):
                         cells = [g.status, "—", "—", "—", "—"]
                     L.append(f"| {size} | {t} | {k[2]} | {g.n}/{g.repeats} | " + " | ".join(cells)
                              + f" | {ratio_text if not is_hub else '—'} | {esc(g.check or ('reference' if is_hub and g.n else '—'))} |")
+        if job == "object-store":
+            L += [""] + [
+                f"- {k[1]}, {k[3]} thread(s): the S3 run takes {G[k].wall / G[loc].wall:.2f}× the local run's "
+                f"median wall time (target ≤ 1.25×)"
+                for k in keys if k[2] == "hubnorm-s3" and G[k].n
+                for loc in [(k[0], k[1], "hubnorm-local", k[3])] if loc in G and G[loc].n]
         L.append("")
 
     # targets

@@ -12,9 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path as Key;
-use object_store::{
-    ObjectStore, ObjectStoreExt, ObjectStoreScheme, PutPayload, RetryConfig, WriteMultipart,
-};
+use object_store::{ObjectStore, ObjectStoreExt, ObjectStoreScheme, PutPayload, RetryConfig};
 use url::Url;
 
 use crate::error::{HubnormError, Result};
@@ -316,7 +314,7 @@ impl ObjectUrl {
         let key = self.key.clone();
         let spool_path = spool.to_path_buf();
         let shown = self.to_string();
-        block_on(async move { upload(store, key, spool_path, shown).await })?
+        block_on_to_end(async move { upload(store, key, spool_path, shown).await })?
     }
 }
 
@@ -336,6 +334,8 @@ fn identity_of(meta: &object_store::ObjectMeta) -> super::Identity {
 /// `(UPLOAD_CONCURRENCY + 1) × UPLOAD_PART_BYTES`. Smaller files go in one PUT.
 const UPLOAD_PART_BYTES: usize = 8 << 20;
 const UPLOAD_CONCURRENCY: usize = 2;
+/// How long a failed or stopped upload waits for its abort to be answered.
+const ABORT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 async fn upload(
     store: Arc<dyn ObjectStore>,
@@ -350,48 +350,60 @@ async fn upload(
     if size <= UPLOAD_PART_BYTES as u64 {
         let mut data = Vec::with_capacity(size as usize);
         file.read_to_end(&mut data).map_err(io)?;
-        crate::cancel::check()?;
-        store
-            .put(&key, PutPayload::from(data))
-            .await
+        unless_stopped(store.put(&key, PutPayload::from(data)))
+            .await?
             .map_err(|e| failed("PUT", e))?;
         return Ok(());
     }
-    let upload = store
+    let mut upload = store
         .put_multipart(&key)
         .await
         .map_err(|e| failed("multipart upload", e))?;
-    let mut writer = WriteMultipart::new_with_chunk_size(upload, UPLOAD_PART_BYTES);
-    let mut buffer = vec![0u8; UPLOAD_PART_BYTES];
+    // Parts are sent by hand rather than through `WriteMultipart`, whose
+    // `finish` sends the last part and cannot be stopped halfway.
+    let mut in_flight = futures::stream::FuturesUnordered::new();
     let outcome: Result<()> = async {
         loop {
             crate::cancel::check()?;
-            let n = read_full(&mut file, &mut buffer).map_err(io)?;
+            let mut part = vec![0u8; UPLOAD_PART_BYTES];
+            let n = read_full(&mut file, &mut part).map_err(io)?;
             if n == 0 {
-                return Ok(());
+                break;
             }
-            writer
-                .wait_for_capacity(UPLOAD_CONCURRENCY)
-                .await
-                .map_err(|e| failed("multipart upload", e))?;
-            writer.write(&buffer[..n]);
+            part.truncate(n);
+            while in_flight.len() >= UPLOAD_CONCURRENCY {
+                wait_for_a_part(&mut in_flight, &failed).await?;
+            }
+            in_flight.push(upload.put_part(PutPayload::from(part)));
         }
+        while !in_flight.is_empty() {
+            wait_for_a_part(&mut in_flight, &failed).await?;
+        }
+        unless_stopped(upload.complete())
+            .await?
+            .map_err(|e| failed("multipart upload", e))?;
+        Ok(())
     }
     .await;
-    match outcome {
-        Ok(()) => {
-            // `finish` aborts the upload itself when completing fails.
-            writer
-                .finish()
-                .await
-                .map_err(|e| failed("multipart upload", e))?;
-            Ok(())
-        }
-        Err(e) => {
-            // Nothing may stay behind: no object, no orphaned parts.
-            let _ = writer.abort().await;
-            Err(e)
-        }
+    if outcome.is_err() {
+        // Nothing may stay behind: no object, no orphaned parts. A server
+        // that does not answer keeps them (only its lifecycle rules can
+        // remove them), but not the user waiting.
+        drop(in_flight);
+        let _ = tokio::time::timeout(ABORT_WAIT, upload.abort()).await;
+    }
+    outcome
+}
+
+/// Waits, stoppably, for one of the parts in flight to be stored.
+async fn wait_for_a_part(
+    in_flight: &mut futures::stream::FuturesUnordered<object_store::UploadPart>,
+    failed: &impl Fn(&str, object_store::Error) -> HubnormError,
+) -> Result<()> {
+    use futures::StreamExt;
+    match unless_stopped(in_flight.next()).await? {
+        Some(Err(e)) => Err(failed("multipart upload", e)),
+        Some(Ok(())) | None => Ok(()),
     }
 }
 
@@ -669,10 +681,22 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
-/// Runs `future` on the shared runtime and waits for it. Usable from any
-/// thread, a tokio worker included (the future runs on the shared
-/// runtime's threads; the caller only waits).
+/// Runs `future` on the shared runtime and waits for it, or until a stop is
+/// requested (Ctrl-C): a request stalled on a slow or lost server must not
+/// hold the run, so the future is then dropped, which cancels its request.
+/// Usable from any thread, a tokio worker included (the future runs on the
+/// shared runtime's threads; the caller only waits).
 fn block_on<F>(future: F) -> Result<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    block_on_to_end(unless_stopped(future))?
+}
+
+/// [`block_on`] for work that must not be dropped halfway (an upload, which
+/// aborts its parts itself when stopped).
+fn block_on_to_end<F>(future: F) -> Result<F::Output>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
@@ -680,6 +704,22 @@ where
     let handle = runtime().spawn(future);
     futures::executor::block_on(handle)
         .map_err(|e| HubnormError::Internal(format!("object-store request failed: {e}")))
+}
+
+/// How often a wait on the network looks for a requested stop.
+const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// `future`'s output, or `Err(Interrupted)` once a stop is requested while
+/// it is still pending. Runs on the shared runtime (it needs its timer).
+async fn unless_stopped<F: Future>(future: F) -> Result<F::Output> {
+    tokio::pin!(future);
+    let mut poll = tokio::time::interval(STOP_POLL);
+    loop {
+        tokio::select! {
+            output = &mut future => return Ok(output),
+            _ = poll.tick() => crate::cancel::check()?,
+        }
+    }
 }
 
 // ------------------------------------------------------------ ranged reads
@@ -894,7 +934,12 @@ impl RemoteFile {
                 let window = &mut state.streams[i];
                 if offset >= window.end() {
                     let (start, task) = window.prefetch.take().expect("matched on it");
-                    let data = futures::executor::block_on(task)
+                    let data = block_on(task)
+                        .and_then(|joined| {
+                            joined.map_err(|e| {
+                                HubnormError::Internal(format!("object-store request failed: {e}"))
+                            })
+                        })
                         .map_err(|e| e.to_string())
                         .and_then(|r| {
                             r.map_err(|e| failure_text(storage_error(&self.inner.shown, "GET", e)))

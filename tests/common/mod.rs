@@ -11,6 +11,7 @@ use std::fs::File;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use arrow::array::{
     Array, ArrayRef, AsArray, FixedSizeListArray, Float16Array, Float32Array, Float64Array,
@@ -552,3 +553,27 @@ pub fn assert_ranking_matches(
 }
 
 pub mod reference;
+
+/// Sends signal `name` to `child` (which may have ended already).
+pub fn signal(child: &Child, name: &str) {
+    Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+}
+
+/// Waits until `ready` holds (polled every few milliseconds), or panics.
+pub fn wait_for(what: &str, child: &mut Child, mut ready: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ready() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the run ended ({status}) before {what}");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(3));
+    }
+}

@@ -343,6 +343,23 @@ impl CutProxy {
     /// A proxy to `target` on 127.0.0.1 that cuts itself once more than
     /// `cut_after_up` bytes went to the server or `cut_after_down` came back.
     pub fn start(target: u16, cut_after_up: usize, cut_after_down: usize) -> CutProxy {
+        CutProxy::start_with(target, cut_after_up, cut_after_down, false)
+    }
+
+    /// A proxy to `target` on which the connection that carries the
+    /// `stall_after_up`-th byte to the server stalls: what the client sends
+    /// on it from then on is swallowed (the request never completes), while
+    /// other connections pass. [`CutProxy::was_cut`] says when it stalled.
+    pub fn stalling(target: u16, stall_after_up: usize) -> CutProxy {
+        CutProxy::start_with(target, stall_after_up, usize::MAX, true)
+    }
+
+    fn start_with(
+        target: u16,
+        cut_after_up: usize,
+        cut_after_down: usize,
+        stall: bool,
+    ) -> CutProxy {
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         use std::sync::Arc;
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -359,7 +376,7 @@ impl CutProxy {
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { continue };
-                if cut.load(Ordering::SeqCst) {
+                if cut.load(Ordering::SeqCst) && !stall {
                     drop(client);
                     continue;
                 }
@@ -376,7 +393,7 @@ impl CutProxy {
                     (server, client, down.clone(), cut_after_down),
                 ] {
                     let cut = cut.clone();
-                    std::thread::spawn(move || pump(from, to, &cut, &counter, limit));
+                    std::thread::spawn(move || pump(from, to, &cut, &counter, limit, stall));
                 }
             }
         });
@@ -387,20 +404,29 @@ impl CutProxy {
             cut: &AtomicBool,
             counter: &AtomicUsize,
             limit: usize,
+            stall: bool,
         ) {
             from.set_read_timeout(Some(Duration::from_millis(20)))
                 .unwrap();
             let mut buffer = vec![0u8; 64 << 10];
+            let mut stalled = false;
             loop {
-                if cut.load(Ordering::SeqCst) {
+                if cut.load(Ordering::SeqCst) && !stall {
                     break;
                 }
                 match from.read(&mut buffer) {
                     Ok(0) => break,
+                    Ok(_) if stalled => {}
                     Ok(n) => {
                         if counter.fetch_add(n, Ordering::SeqCst) + n > limit {
-                            cut.store(true, Ordering::SeqCst);
-                            break;
+                            let first = !cut.swap(true, Ordering::SeqCst);
+                            if !stall {
+                                break;
+                            }
+                            if first {
+                                stalled = true;
+                                continue;
+                            }
                         }
                         if to.write_all(&buffer[..n]).is_err() {
                             break;
