@@ -90,9 +90,10 @@ JOB_TEXT = {
           "(its first update is then METHODS.md's source update; f = −τ·log_u). GFLOP counts the GEMM "
           "once: 2·d·(bank + queries)·gallery, although every iteration sweeps the matrix twice.",
     "object-store": "`hubnorm run --methods is` (both passes) on local files against the same run with every "
-                    "input and output on a local S3-compatible server (moto, started by the harness on "
-                    "127.0.0.1; inputs uploaded once, untimed): what reading through ranged GETs and writing by "
-                    "upload costs. The S3 run's outputs are downloaded and checked against the local run's. "
+                    "input and output on a local S3-compatible server started by the harness on 127.0.0.1 "
+                    "(`hubnorm-s3-moto`: moto, Python; `hubnorm-s3-s3s-fs`: s3s-fs, Rust; inputs uploaded once, "
+                    "untimed). The server runs on the same cores as hubnorm, so its own CPU time counts against "
+                    "the S3 run. The S3 runs' outputs are downloaded and checked against the local run's. "
                     "GFLOP = 2·d·(bank + queries)·gallery.",
     "hubness": "k-occurrence skewness (k = 10, all gallery items) of the same neighbour lists (hubnorm `run "
                "--methods none`'s results.parquet). hubnorm `report`; peer: pyarrow + numpy bincount + "
@@ -328,7 +329,7 @@ class Bench:
         # Untimed preparation (the statistics that pass-2 jobs read) uses every usable core whatever
         # --threads says: at 1M a 1-thread pass 1 would add 14 unmeasured minutes.
         self.prep_threads = len(os.sched_getaffinity(0))
-        self._s3 = None  # the object-store job's server: None before use, False when it cannot start
+        self._s3 = {}  # the object-store job's servers by kind: started on first use, None if they cannot
 
     # -- logging -------------------------------------------------------------------------------
     def log(self, msg):
@@ -489,15 +490,22 @@ class Bench:
                                     "--bank", data.bank, "--methods", "none", "--k", str(K),
                                     "--bootstrap", "0", "--out", os.path.join(d, "run")])
 
-    def s3_server(self):
-        """The harness's S3-compatible server, started on first use; None (logged) when moto is missing."""
-        if self._s3 is None:
+    def s3_server(self, kind):
+        """The harness's S3-compatible server of `kind` (see --s3-servers), started on first use; None
+        (logged) when it cannot start."""
+        if kind not in self._s3:
             try:
-                self._s3 = MotoServer(self.work, self.log)
+                self._s3[kind] = LocalS3Server(kind, self.args, self.work, self.log)
             except (OSError, RuntimeError) as e:
-                self.log(f"object-store: no S3 server ({e}); install moto[server] into the bench venv")
-                self._s3 = False
-        return self._s3 or None
+                self.log(f"object-store: no {kind} server ({e})")
+                self._s3[kind] = None
+        return self._s3[kind]
+
+    def stop_s3_servers(self):
+        for server in self._s3.values():
+            if server:
+                server.stop()
+        self._s3 = {}
 
     # -- peer commands -------------------------------------------------------------------------
     def peer(self, job, data, *extra, out="out.npz"):
@@ -617,25 +625,24 @@ class Bench:
                      peer=True, need=inp_all + 9 * nb * ng * 4, check=chk),
             ]
         if job == "object-store":
-            s3 = self.s3_server()
-            if s3 is None:
-                return None, []
-            remote = s3.upload(data)
             run = lambda q, g, b, out: [self.hub, "run", "--queries", q, "--gallery", g, "--bank", b,  # noqa: E731
                                         "--methods", "is", "--k", str(K), "--bootstrap", "0", "--out", out]
+            tools = [Tool("hubnorm-local", lambda rdir, t: [run(data.queries, data.gallery, data.bank,
+                                                                os.path.join(rdir, "run")) + hc(t)])]
+            for kind in self.args.s3_servers:
+                s3 = self.s3_server(kind)
+                if s3 is None:
+                    continue
+                remote = s3.upload(data)
 
-            def s3_out(rdir):
-                return f"s3://{s3.bucket}/out/{os.path.relpath(rdir, self.work)}"
-
-            def check(ref, mine):
-                s3.download(s3_out(mine), mine, ("results.parquet", "gallery_stats.parquet"))
-                return check_hubnorm_pair(ref, mine, data)
-            return both, [
-                Tool("hubnorm-local", lambda rdir, t: [run(data.queries, data.gallery, data.bank,
-                                                           os.path.join(rdir, "run")) + hc(t)]),
-                Tool("hubnorm-s3", lambda rdir, t: [run(*remote, s3_out(rdir)) + hc(t)], env=s3.env,
-                     check=lambda ref, mine: check(ref and os.path.join(ref, "run"), mine), checked=True),
-            ]
+                def check(ref, mine, s3=s3):
+                    s3.download(s3.out_url(self.work, mine), mine, ("results.parquet", "gallery_stats.parquet"))
+                    return check_hubnorm_pair(ref and os.path.join(ref, "run"), mine, data)
+                tools.append(Tool(f"hubnorm-s3-{kind}",
+                                  lambda rdir, t, s3=s3, remote=remote: [run(*remote, s3.out_url(self.work, rdir))
+                                                                         + hc(t)],
+                                  env=s3.env, check=check, checked=True))
+            return both, tools if len(tools) > 1 else []
         if job == "hubness":
             run_dir = self.prep_run_none(data)
             if not run_dir:
@@ -778,8 +785,7 @@ class Bench:
             self.job_memory()
         if "scaling" in a.jobs:
             self.job_scaling()
-        if self._s3:
-            self._s3.stop()
+        self.stop_s3_servers()
         write_setup(self, started=False)
         self.raw.close()
         self.cmdlog.close()
@@ -789,24 +795,37 @@ class Bench:
         self.log(f"wrote {self.out}/{{setup.md,raw.csv,commands.log,summary.md}}")
 
 
-class MotoServer:
-    """moto's S3 server on a free port of 127.0.0.1 for the object-store job, with a bucket, the inputs
-    uploaded once per size, and the environment hubnorm needs to reach it. Ended by its process id."""
+class LocalS3Server:
+    """An S3-compatible server on a free port of 127.0.0.1 for the object-store job, with a bucket, the
+    inputs uploaded once per size, and the environment hubnorm needs to reach it; ended by its process id.
+    `moto`: moto_server from the bench venv (Python; it spends about 20 CPU-seconds serving one 100k run,
+    on the cores hubnorm computes on). `s3s-fs`: the s3s-fs binary (Rust, files on disk; `cargo install
+    s3s-fs --features binary`), at --s3s-fs or on PATH."""
 
     bucket = "bench"
 
-    def __init__(self, work, log):
+    def __init__(self, kind, args, work, log):
         import socket
-        exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
-        if not os.access(exe, os.X_OK):
-            raise RuntimeError(f"{exe} not found")
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
+        if kind == "moto":
+            exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
+            argv = [exe, "-H", "127.0.0.1", "-p", str(port)]
+        elif kind == "s3s-fs":
+            exe = args.s3s_fs or shutil.which("s3s-fs") or ""
+            root = os.path.join(work, "s3s-fs")
+            os.makedirs(root, exist_ok=True)
+            argv = [exe, "--host", "127.0.0.1", "--port", str(port), "--access-key", "testing",
+                    "--secret-key", "testing", root]
+        else:
+            raise RuntimeError(f"unknown S3 server {kind!r}")
+        if not exe or not os.access(exe, os.X_OK):
+            raise RuntimeError(f"{kind}: no executable ({exe or 'not on PATH'})")
+        self.kind = kind
         self.endpoint = f"http://127.0.0.1:{port}"
-        self.log_file = open(os.path.join(work, "moto.log"), "w")
-        self.proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=self.log_file,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.log_file = open(os.path.join(work, f"{kind}.log"), "w")
+        self.proc = subprocess.Popen(argv, stdout=self.log_file, stderr=subprocess.STDOUT, start_new_session=True)
         self.env = {"AWS_ENDPOINT": self.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
                     "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
         self.uploaded = {}
@@ -820,8 +839,8 @@ class MotoServer:
                 time.sleep(0.2)
         else:
             self.stop()
-            raise RuntimeError(f"moto_server did not answer on {self.endpoint}")
-        log(f"object-store: moto_server (pid {self.proc.pid}) on {self.endpoint}")
+            raise RuntimeError(f"{kind} did not answer on {self.endpoint}")
+        log(f"object-store: {kind} (pid {self.proc.pid}) on {self.endpoint}")
 
     def client(self):
         import boto3
@@ -835,11 +854,15 @@ class MotoServer:
             urls = []
             for role, path in zip(("queries", "gallery", "bank"), key):
                 name = f"in/{data.name}/{role}.parquet"
-                self.log_(f"object-store: uploading {path} to s3://{self.bucket}/{name}")
+                self.log_(f"object-store: uploading {path} to {self.kind} s3://{self.bucket}/{name}")
                 self.client().upload_file(path, self.bucket, name)
                 urls.append(f"s3://{self.bucket}/{name}")
             self.uploaded[key] = tuple(urls)
         return self.uploaded[key]
+
+    def out_url(self, work, rdir):
+        """Where the run of repeat folder `rdir` writes."""
+        return f"s3://{self.bucket}/out/{os.path.relpath(rdir, work)}"
 
     def download(self, url, into, names):
         prefix = url.removeprefix(f"s3://{self.bucket}/")
@@ -849,7 +872,11 @@ class MotoServer:
     def stop(self):
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=10)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
         self.log_file.close()
 
 
@@ -1341,9 +1368,9 @@ def summarize(out_dir):
                              + f" | {ratio_text if not is_hub else '—'} | {esc(g.check or ('reference' if is_hub and g.n else '—'))} |")
         if job == "object-store":
             L += [""] + [
-                f"- {k[1]}, {k[3]} thread(s): the S3 run takes {G[k].wall / G[loc].wall:.2f}× the local run's "
+                f"- {k[1]}, {k[3]} thread(s), {k[2]}: the S3 run takes {G[k].wall / G[loc].wall:.2f}× the local run's "
                 f"median wall time (target ≤ 1.25×)"
-                for k in keys if k[2] == "hubnorm-s3" and G[k].n
+                for k in keys if k[2].startswith("hubnorm-s3") and G[k].n
                 for loc in [(k[0], k[1], "hubnorm-local", k[3])] if loc in G and G[loc].n]
         L.append("")
 
@@ -1489,6 +1516,9 @@ def main(argv=None):
                    help="skip the sn job above this many bank × gallery pairs (default 2e9: dev and 10k run, 100k "
                         "and 1m do not; no dense peer fits there, and hubnorm recomputes 2·T = 20 sweeps of the "
                         "matrix when it exceeds --memory-limit, about 40 min per run at 100k)")
+    p.add_argument("--s3-servers", default="moto",
+                   help="S3-compatible servers of the object-store job: comma list of moto, s3s-fs (default moto)")
+    p.add_argument("--s3s-fs", default=None, help="the s3s-fs binary (default: on PATH)")
     p.add_argument("--summarize", metavar="DIR", help="only regenerate DIR/summary.md from DIR/raw.csv")
     a = p.parse_args(argv)
 
@@ -1502,6 +1532,7 @@ def main(argv=None):
             p.error(f"unknown size {s!r} (choose from {', '.join(SIZE_ORDER)})")
     a.threads = [int(t) for t in a.threads.split(",")]
     a.jobs = [j.strip() for j in a.jobs.split(",") if j.strip()]
+    a.s3_servers = [x.strip() for x in a.s3_servers.split(",") if x.strip()]
     for j in a.jobs:
         if j not in JOBS_ALL:
             p.error(f"unknown job {j!r} (choose from {', '.join(JOBS_ALL)})")
@@ -1544,6 +1575,7 @@ def main(argv=None):
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        b.stop_s3_servers()
         print("\ninterrupted; summary of what was measured so far:", flush=True)
         b.raw.flush()
         try:

@@ -1,7 +1,7 @@
 //! Object stores: the URL type, the registry that builds stores on demand,
 //! the shared runtime, ranged Parquet reads and uploads.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io::Read;
 use std::ops::Range;
@@ -730,12 +730,16 @@ async fn unless_stopped<F: Future>(future: F) -> Result<F::Output> {
 /// grows with the batch the memory plan sized (a few percent of the limit).
 /// Each request costs a round trip whatever its size (tens of milliseconds
 /// on S3), so larger windows read faster.
-const MIN_WINDOW_BYTES: usize = 1 << 20;
+const MIN_WINDOW_BYTES: usize = 512 << 10;
 const MAX_WINDOW_BYTES: usize = 8 << 20;
 /// A reader keeps at most this many windows (one per place it reads: the
-/// id, embedding and target columns at most), each with one prefetch of the
-/// same size.
+/// id, embedding and target columns at most).
 const READ_STREAMS: usize = 3;
+/// Windows fetched ahead of each stream's current one, concurrently: one
+/// request at a time would read at one window per round trip, well below
+/// what a store serves (a local S3 server: about 45 MB/s with one, so a
+/// 150 MB gallery chunk kept the cores idle for seconds).
+const PREFETCH_DEPTH: usize = 4;
 /// Bytes read from the end of an object at open: the footer usually fits,
 /// so opening costs one request.
 const TAIL_BYTES: u64 = 64 << 10;
@@ -747,17 +751,17 @@ pub(crate) fn window_bytes_for(batch_bytes: usize) -> usize {
 }
 
 /// What the memory plan counts per remote Parquet reader whose decoded
-/// batches take `batch_bytes`: per stream its window, the prefetch, and the
-/// previous window while the decoder still holds a page of it (pages are
-/// slices of a window, not copies); and the tail read at open.
+/// batches take `batch_bytes`: per stream its window, the windows fetched
+/// ahead, and the previous window while the decoder still holds a page of
+/// it (pages are slices of a window, not copies); and the tail read at open.
 pub(crate) fn read_buffer_bytes_for(batch_bytes: usize) -> usize {
-    READ_STREAMS * 3 * window_bytes_for(batch_bytes) + TAIL_BYTES as usize
+    READ_STREAMS * (2 + PREFETCH_DEPTH) * window_bytes_for(batch_bytes) + TAIL_BYTES as usize
 }
 
 /// An object read by ranges, for the parquet crate's synchronous reader
 /// (its [`parquet::file::reader::ChunkReader`]): page headers and pages are
-/// served from windows of 1 to 8 MiB fetched by ranged GETs,
-/// each window's successor prefetched while the current one is decoded. The
+/// served from windows of 512 KiB to 8 MiB fetched by ranged GETs, the next
+/// [`PREFETCH_DEPTH`] windows fetched while the current one is decoded. The
 /// reader reads one column chunk page by page, so only the windows of the
 /// columns it reads are held: memory stays bounded whatever the row-group
 /// size (a whole-row-group fetch would not be).
@@ -791,8 +795,11 @@ struct Windows {
 struct Window {
     start: u64,
     data: Bytes,
-    /// The next window, being fetched: its start and the request.
-    prefetch: Option<(u64, tokio::task::JoinHandle<object_store::Result<Bytes>>)>,
+    /// The next windows, being fetched in order: each one's range and request.
+    prefetch: VecDeque<(
+        Range<u64>,
+        tokio::task::JoinHandle<object_store::Result<Bytes>>,
+    )>,
     used: u64,
 }
 
@@ -804,7 +811,7 @@ impl Window {
 
 impl Drop for Window {
     fn drop(&mut self) {
-        if let Some((_, task)) = self.prefetch.take() {
+        for (_, task) in self.prefetch.drain(..) {
             task.abort();
         }
     }
@@ -843,7 +850,7 @@ impl RemoteFile {
             state.streams.push(Window {
                 start,
                 data,
-                prefetch: None,
+                prefetch: VecDeque::new(),
                 used: 0,
             });
         }
@@ -927,13 +934,13 @@ impl RemoteFile {
         // A window holding `offset`, or one whose prefetch starts there.
         let found = state.streams.iter().position(|w| {
             (w.start <= offset && offset < w.end())
-                || w.prefetch.as_ref().is_some_and(|(s, _)| *s == offset)
+                || w.prefetch.front().is_some_and(|(r, _)| r.start == offset)
         });
         let index = match found {
             Some(i) => {
                 let window = &mut state.streams[i];
                 if offset >= window.end() {
-                    let (start, task) = window.prefetch.take().expect("matched on it");
+                    let (range, task) = window.prefetch.pop_front().expect("matched on it");
                     let data = block_on(task)
                         .and_then(|joined| {
                             joined.map_err(|e| {
@@ -953,7 +960,7 @@ impl RemoteFile {
                             return Err(message);
                         }
                     };
-                    window.start = start;
+                    window.start = range.start;
                     window.data = data;
                     self.prefetch_after(&chunks, window);
                 }
@@ -974,7 +981,7 @@ impl RemoteFile {
                 let mut window = Window {
                     start: offset,
                     data,
-                    prefetch: None,
+                    prefetch: VecDeque::new(),
                     used: clock,
                 };
                 self.prefetch_after(&chunks, &mut window);
@@ -993,18 +1000,20 @@ impl RemoteFile {
         Ok(window.data.slice(from..from + take))
     }
 
-    /// Starts fetching the window after `window`, within its column chunk.
+    /// Tops up the windows being fetched after `window` to
+    /// [`PREFETCH_DEPTH`], within its run of column chunks.
     fn prefetch_after(&self, chunks: &[Range<u64>], window: &mut Window) {
-        let start = window.end();
-        let in_chunk = run_holding(chunks, start).is_some_and(|c| c.start < start);
-        if start >= self.inner.size || !in_chunk {
-            window.prefetch = None;
-            return;
+        while window.prefetch.len() < PREFETCH_DEPTH {
+            let start = window.prefetch.back().map_or(window.end(), |(r, _)| r.end);
+            let in_chunk = run_holding(chunks, start).is_some_and(|c| c.start < start);
+            if start >= self.inner.size || !in_chunk {
+                return;
+            }
+            let end = self.window_end(chunks, start, start);
+            let (store, key) = (self.inner.store.clone(), self.inner.key.clone());
+            let task = runtime().spawn(async move { store.get_range(&key, start..end).await });
+            window.prefetch.push_back((start..end, task));
         }
-        let end = self.window_end(chunks, start, start);
-        let (store, key) = (self.inner.store.clone(), self.inner.key.clone());
-        let task = runtime().spawn(async move { store.get_range(&key, start..end).await });
-        window.prefetch = Some((start, task));
     }
 
     /// `length` bytes from `start` on.
