@@ -884,6 +884,147 @@ fn a_server_lost_mid_read_or_mid_write_leaves_no_output() {
     eprintln!("pending multipart uploads after the cut: {pending:?}");
 }
 
+/// `template` with `{in}` and `{out}` replaced by where the inputs and
+/// outputs live.
+fn fill(template: &[&str], inputs: &str, outputs: &str) -> Vec<String> {
+    template
+        .iter()
+        .map(|a| a.replace("{in}", inputs).replace("{out}", outputs))
+        .collect()
+}
+
+/// A text output with its places written as `{in}` and `{out}` (local
+/// `inputs`/`outputs`, or the bucket's), without the run's fingerprint.
+fn text_with_places(path: &Path, inputs: &str, outputs: &str) -> String {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .replace(inputs, "{in}")
+        .replace(outputs, "{out}")
+        .replace("s3://lake/emb", "{in}")
+        .replace("s3://lake/out", "{out}")
+        .lines()
+        .filter(|l| !l.contains("\"run\":"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn compare_tune_export_and_config_on_s3_match_the_local_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("lake");
+    let Some(server) = lake_server(
+        "compare_tune_export_and_config_on_s3_match_the_local_run",
+        &local,
+    ) else {
+        return;
+    };
+    let (local_in, local_out) = (local.display().to_string(), dir.path().join("out"));
+    let local_out_text = local_out.display().to_string();
+    let fetched = dir.path().join("fetched");
+    // Each command on local paths, then on URLs; every output fetched and
+    // compared with the local one.
+    let commands: [(&[&str], &[&str]); 4] = [
+        (
+            &[
+                "tune",
+                "--validation",
+                "{in}/queries.parquet",
+                "--gallery",
+                "{in}/gallery/",
+                "--bank",
+                "{in}/bank/",
+                "--methods",
+                "is",
+                "--grid",
+                "beta=10,30",
+                "--bootstrap",
+                "50",
+                "--out",
+                "{out}/tune",
+            ],
+            &["tune/tune.parquet", "tune/tuned.json"],
+        ),
+        (
+            &[
+                "compare",
+                "--queries",
+                "{in}/queries.parquet",
+                "--gallery",
+                "{in}/gallery/",
+                "--bank",
+                "{in}/bank/",
+                "--config",
+                "{out}/tune/tuned.json",
+                "--bootstrap",
+                "50",
+                "--out",
+                "{out}/compare",
+            ],
+            &[
+                "compare/compare.parquet",
+                "compare/compare.md",
+                "compare/report.parquet",
+                "compare/gallery_report.parquet",
+                "compare/results.parquet",
+            ],
+        ),
+        (
+            &[
+                "export",
+                "--gallery",
+                "{in}/gallery/",
+                "--stats",
+                "{out}/compare/gallery_stats.parquet",
+                "--config",
+                "{out}/tune/tuned.json",
+                "--out",
+                "{out}/export.parquet",
+            ],
+            &["export.parquet"],
+        ),
+        (
+            &[
+                "report",
+                "--results",
+                "{out}/compare/results.parquet",
+                "--gallery",
+                "{in}/gallery/",
+                "--queries",
+                "{in}/queries.parquet",
+                "--out",
+                "{out}/report",
+            ],
+            &["report/report.parquet", "report/gallery_report.parquet"],
+        ),
+    ];
+    for (template, outputs) in commands {
+        let on_disk = fill(template, &local_in, &local_out_text);
+        run_with(
+            &server,
+            &on_disk.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+        .assert_success();
+        let remote = fill(template, "s3://lake/emb", "s3://lake/out");
+        run_with(
+            &server,
+            &remote.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+        .assert_success();
+        for name in outputs {
+            let got = fetched.join(name);
+            std::fs::create_dir_all(got.parent().unwrap()).unwrap();
+            server.get_file(BUCKET, &format!("out/{name}"), &got);
+            if name.ends_with(".parquet") {
+                assert_same_output(&got, &local_out.join(name));
+            } else {
+                let text = |path: &Path| text_with_places(path, &local_in, &local_out_text);
+                assert_eq!(text(&got), text(&local_out.join(name)), "{name}");
+            }
+        }
+    }
+    assert_clean_bucket(&server);
+}
+
 #[test]
 fn ctrl_c_during_an_upload_aborts_it() {
     let Some(server) = S3Server::start_or_skip("ctrl_c_during_an_upload_aborts_it") else {

@@ -84,7 +84,12 @@ fn methods_for_stats(
 }
 
 pub fn export(args: ExportArgs) -> Result<()> {
-    let methods = methods_for_stats(&args.method, Some(&args.stats))?;
+    let mut methods = methods_for_stats(&args.method, Some(&args.stats))?;
+    // A config (e.g. tune's) lists the baseline beside the tuned method;
+    // the baseline has no correction to export.
+    if methods.len() > 1 {
+        methods.retain(|m| m.kind().name() != "none");
+    }
     let [method] = methods[..] else {
         return Err(HubnormError::Usage(
             "export takes one method (--method NAME)".into(),
