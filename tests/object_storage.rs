@@ -76,6 +76,15 @@ fn lake_server(test: &str, local: &Path) -> Option<S3Server> {
     Some(server)
 }
 
+/// A temporary folder, the lake written into its `lake/`, and the server
+/// holding it; `None` (the test skips) without a server.
+fn lake(test: &str) -> Option<(tempfile::TempDir, std::path::PathBuf, S3Server)> {
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("lake");
+    let server = lake_server(test, &local)?;
+    Some((dir, local, server))
+}
+
 /// `hubnorm ARGS` with the server's environment, checked for the secret.
 fn run_with(server: &S3Server, args: &[&str]) -> TestOutput {
     let mut command = hubnorm(args);
@@ -132,9 +141,7 @@ fn assert_clean_bucket(server: &S3Server) {
 
 #[test]
 fn run_stats_and_search_on_s3_match_the_local_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let local = dir.path().join("lake");
-    let Some(server) = lake_server("run_stats_and_search_on_s3_match_the_local_run", &local) else {
+    let Some((dir, local, server)) = lake("run_stats_and_search_on_s3_match_the_local_run") else {
         return;
     };
     let l = |p: &str| local.join(p).display().to_string();
@@ -420,9 +427,7 @@ fn run_stats_and_search_on_s3_match_the_local_run() {
 
 #[test]
 fn update_merges_new_parts_of_an_s3_prefix() {
-    let dir = tempfile::tempdir().unwrap();
-    let local = dir.path().join("lake");
-    let Some(server) = lake_server("update_merges_new_parts_of_an_s3_prefix", &local) else {
+    let Some((dir, local, server)) = lake("update_merges_new_parts_of_an_s3_prefix") else {
         return;
     };
     let l = |p: &str| local.join(p).display().to_string();
@@ -560,9 +565,7 @@ fn update_merges_new_parts_of_an_s3_prefix() {
 
 #[test]
 fn sql_reads_s3_tables_and_copies_to_s3() {
-    let dir = tempfile::tempdir().unwrap();
-    let local = dir.path().join("lake");
-    let Some(server) = lake_server("sql_reads_s3_tables_and_copies_to_s3", &local) else {
+    let Some((dir, local, server)) = lake("sql_reads_s3_tables_and_copies_to_s3") else {
         return;
     };
     let counted = run_with(
@@ -654,9 +657,7 @@ fn sql_reads_s3_tables_and_copies_to_s3() {
 
 #[test]
 fn faults_name_the_url_and_leave_nothing_behind() {
-    let dir = tempfile::tempdir().unwrap();
-    let local = dir.path().join("lake");
-    let Some(mut server) = lake_server("faults_name_the_url_and_leave_nothing_behind", &local)
+    let Some((dir, local, mut server)) = lake("faults_name_the_url_and_leave_nothing_behind")
     else {
         return;
     };
@@ -776,12 +777,8 @@ fn faults_name_the_url_and_leave_nothing_behind() {
 
 #[test]
 fn a_server_lost_mid_read_or_mid_write_leaves_no_output() {
-    let dir = tempfile::tempdir().unwrap();
-    let local = dir.path().join("lake");
-    let Some(server) = lake_server(
-        "a_server_lost_mid_read_or_mid_write_leaves_no_output",
-        &local,
-    ) else {
+    let Some((dir, local, server)) = lake("a_server_lost_mid_read_or_mid_write_leaves_no_output")
+    else {
         return;
     };
     // A gallery of 5 MB: several ranged reads.
@@ -910,12 +907,9 @@ fn text_with_places(path: &Path, inputs: &str, outputs: &str) -> String {
 
 #[test]
 fn compare_tune_export_and_config_on_s3_match_the_local_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let local = dir.path().join("lake");
-    let Some(server) = lake_server(
-        "compare_tune_export_and_config_on_s3_match_the_local_run",
-        &local,
-    ) else {
+    let Some((dir, local, server)) =
+        lake("compare_tune_export_and_config_on_s3_match_the_local_run")
+    else {
         return;
     };
     let (local_in, local_out) = (local.display().to_string(), dir.path().join("out"));
