@@ -84,6 +84,11 @@ pub enum HubnormError {
     #[error(transparent)]
     Blas(#[from] crate::kernel::gemm::blas::BlasError),
 
+    /// A cluster process or a cluster job failed: the scheduler cannot be
+    /// reached, a server cannot start, a job was lost.
+    #[error("cluster: {0}")]
+    Cluster(String),
+
     /// A bug in hubnorm.
     #[error("internal error: {0}")]
     Internal(String),
@@ -101,6 +106,7 @@ impl HubnormError {
             HubnormError::Io { .. }
             | HubnormError::Parquet { .. }
             | HubnormError::Arrow(_)
+            | HubnormError::Cluster(_)
             | HubnormError::Internal(_) => 1,
             HubnormError::Interrupted(_) => 130,
             HubnormError::Sql { exit_code, .. } | HubnormError::Storage { exit_code, .. } => {

@@ -22,7 +22,9 @@
 //! is pass 1, [`query`] is pass 2, [`report`] the hubness and quality figures,
 //! [`sink`] the atomic Parquet writers, [`stats_file`] the statistics file
 //! between the passes, [`pipeline`] wires them together, and [`sql`] is the
-//! SQL face (DataFusion functions, table functions, `hubnorm sql`).
+//! SQL face (DataFusion functions, table functions, `hubnorm sql`), and
+//! `cluster` (feature `cluster`) runs it on an Apache DataFusion Ballista
+//! cluster whose scheduler and executors are hubnorm processes.
 //! Each method lives in [`method`] (one module per method or family, and
 //! the registry every stage loops over). [`update`] merges new input parts
 //! into a stored stats file, and
@@ -49,6 +51,8 @@ pub mod bank;
 pub mod cache;
 pub mod cancel;
 pub mod checkpoint;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod error;
 pub mod evaluate;
 pub mod export;

@@ -66,6 +66,9 @@ pub struct SqlJob {
     pub out: Option<PathBuf>,
     pub overwrite: bool,
     pub options: SqlOptions,
+    /// The scheduler of a cluster to run the queries on (`df://HOST:PORT`),
+    /// instead of this process. Needs the `cluster` feature.
+    pub cluster: Option<String>,
 }
 
 /// What `hubnorm sql` did.
@@ -211,8 +214,21 @@ pub fn run_sql(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
     runtime.block_on(run_async(job, stdout))
 }
 
+/// The session the job's queries run in: this process's, or a cluster's.
+async fn open_session(job: &SqlJob) -> Result<SessionContext> {
+    match &job.cluster {
+        None => session(&job.options),
+        #[cfg(feature = "cluster")]
+        Some(url) => crate::cluster::session(&url.parse()?, &job.options).await,
+        #[cfg(not(feature = "cluster"))]
+        Some(url) => Err(HubnormError::Usage(format!(
+            "--cluster {url}: this hubnorm was built without the `cluster` feature (cargo build --release --features cluster)"
+        ))),
+    }
+}
+
 async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
-    let ctx = session(&job.options)?;
+    let ctx = open_session(job).await?;
     let mut outcome = SqlOutcome::default();
     let mut tables: Vec<(String, String)> = Vec::new();
     if let Some(dir) = &job.run_dir {
@@ -242,6 +258,11 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
             .statement_to_plan(statement)
             .await
             .map_err(|e| sql_error(e, source))?;
+        #[cfg(feature = "cluster")]
+        let plan = match job.cluster {
+            Some(_) => crate::cluster::absolute_paths(plan)?,
+            None => plan,
+        };
         let frame = ctx
             .execute_logical_plan(plan)
             .await

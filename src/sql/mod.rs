@@ -30,7 +30,7 @@ use std::sync::Arc;
 use datafusion::catalog::TableFunctionImpl;
 use datafusion::common::DataFusionError;
 use datafusion::execution::object_store::{DefaultObjectStoreRegistry, ObjectStoreRegistry};
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use object_store::ObjectStore;
@@ -69,7 +69,8 @@ impl SqlOptions {
         }
     }
 
-    fn partitions(&self) -> usize {
+    /// DataFusion's target partitions: one per thread.
+    pub(crate) fn partitions(&self) -> usize {
         match self.threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
@@ -122,9 +123,24 @@ impl Implementation {
     }
 }
 
+/// Where a session's queries run, which decides how its table functions
+/// are installed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// In this process: the table functions stream the native passes.
+    #[default]
+    Local,
+    /// On a cluster (`hubnorm sql --cluster`): the scalar and aggregate
+    /// functions run on the executors, which install them by name
+    /// ([`scalar_functions`], [`aggregate_functions`]); the table functions
+    /// are installed under their names but refuse to run, because their
+    /// single-partition streams cannot travel to an executor yet.
+    Cluster,
+}
+
 /// Every hubnorm SQL function with its documentation: the single list
 /// [`register_functions`] installs.
-fn functions(options: &SqlOptions) -> Vec<(FunctionDoc, Implementation)> {
+fn functions(options: &SqlOptions, placement: Placement) -> Vec<(FunctionDoc, Implementation)> {
     let docs = catalogue();
     let mut implementations: Vec<Implementation> = Vec::new();
     implementations.extend(scalar::functions().into_iter().map(Implementation::Scalar));
@@ -133,13 +149,35 @@ fn functions(options: &SqlOptions) -> Vec<(FunctionDoc, Implementation)> {
             .into_iter()
             .map(Implementation::Aggregate),
     );
-    implementations.push(Implementation::Table(Arc::new(table::StatsFunction {
-        options: options.clone(),
-    })));
-    implementations.push(Implementation::Table(Arc::new(table::SearchFunction {
-        options: options.clone(),
-    })));
+    match placement {
+        Placement::Local => {
+            implementations.push(Implementation::Table(Arc::new(table::StatsFunction {
+                options: options.clone(),
+            })));
+            implementations.push(Implementation::Table(Arc::new(table::SearchFunction {
+                options: options.clone(),
+            })));
+        }
+        Placement::Cluster => {
+            for name in ["hubnorm_stats", "hubnorm_search"] {
+                implementations.push(Implementation::Table(Arc::new(table::LocalOnly { name })));
+            }
+        }
+    }
     docs.into_iter().zip(implementations).collect()
+}
+
+/// The hubnorm scalar functions (`hub_dot`, ...), for a session built
+/// elsewhere: a cluster's scheduler and executors install them beside
+/// DataFusion's, so that plans naming them decode there.
+pub fn scalar_functions() -> Vec<ScalarUDF> {
+    scalar::functions()
+}
+
+/// The hubnorm aggregate functions (`hub_is_correction`, ...), for a
+/// session built elsewhere (see [`scalar_functions`]).
+pub fn aggregate_functions() -> Vec<AggregateUDF> {
+    aggregate::functions()
 }
 
 /// The documentation of every function, in registration order.
@@ -196,11 +234,21 @@ pub fn catalogue() -> Vec<FunctionDoc> {
     ]
 }
 
-/// Installs every hubnorm function into `ctx`. Refuses (and installs
-/// nothing) when a name would be registered twice or would replace a
-/// function the session already has.
+/// Installs every hubnorm function into `ctx`, for queries that run in
+/// this process. Refuses (and installs nothing) when a name would be
+/// registered twice or would replace a function the session already has.
 pub fn register_functions(ctx: &SessionContext, options: &SqlOptions) -> Result<()> {
-    let functions = functions(options);
+    register_functions_for(ctx, options, Placement::Local)
+}
+
+/// Installs every hubnorm function into `ctx`, for queries that run where
+/// `placement` says (see [`register_functions`]).
+pub fn register_functions_for(
+    ctx: &SessionContext,
+    options: &SqlOptions,
+    placement: Placement,
+) -> Result<()> {
+    let functions = functions(options, placement);
     let state = ctx.state();
     let mut seen = HashSet::new();
     for (doc, implementation) in &functions {
@@ -235,11 +283,7 @@ pub fn register_functions(ctx: &SessionContext, options: &SqlOptions) -> Result<
 /// The session hubnorm runs SQL in: a memory pool of `options.memory`,
 /// one partition per thread, and every hubnorm function.
 pub fn session(options: &SqlOptions) -> Result<SessionContext> {
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(options.memory.bytes(), 1.0)
-        .with_object_store_registry(Arc::new(StoreRegistry::default()))
-        .build_arc()
-        .map_err(|e| sql_error(e, None))?;
+    let runtime = runtime_env(options)?;
     let config = SessionConfig::new()
         .with_target_partitions(options.partitions())
         .with_information_schema(true);
@@ -248,13 +292,23 @@ pub fn session(options: &SqlOptions) -> Result<SessionContext> {
     Ok(ctx)
 }
 
+/// The runtime of a session in this process: a memory pool of
+/// `options.memory`, and hubnorm's object stores.
+pub(crate) fn runtime_env(options: &SqlOptions) -> Result<Arc<RuntimeEnv>> {
+    RuntimeEnvBuilder::new()
+        .with_memory_limit(options.memory.bytes(), 1.0)
+        .with_object_store_registry(Arc::new(StoreRegistry::default()))
+        .build_arc()
+        .map_err(|e| sql_error(e, None))
+}
+
 /// The session's object stores: those registered with it (local files
 /// among them), and for any other URL the store the native passes use,
 /// built on demand from the URL, the environment and `--storage-option`s
 /// ([`crate::storage`]), so `--table NAME=s3://...` and `COPY ... TO
 /// 's3://...'` reach the same stores as `hubnorm run`.
 #[derive(Debug, Default)]
-struct StoreRegistry {
+pub(crate) struct StoreRegistry {
     registered: DefaultObjectStoreRegistry,
 }
 

@@ -342,3 +342,21 @@ fn methods_from_stats_file(methods: &str, stats: &str) -> crate::Result<Vec<Meth
         })
         .collect())
 }
+
+/// A table function that runs on one machine only, installed under its name
+/// in a cluster session ([`super::Placement::Cluster`]) so that calling it
+/// is refused with the reason (exit code 2) instead of running it in the
+/// client or failing as an unknown function.
+#[derive(Debug)]
+pub(super) struct LocalOnly {
+    pub name: &'static str,
+}
+
+impl TableFunctionImpl for LocalOnly {
+    fn call(&self, _: &[Expr]) -> Result<Arc<dyn TableProvider>> {
+        Err(external(HubnormError::Usage(format!(
+            "{} runs on one machine only for now: its pass cannot be sent to a cluster yet; run this query without --cluster",
+            self.name
+        ))))
+    }
+}

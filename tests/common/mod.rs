@@ -4,6 +4,7 @@
 //! REPORTS.md rank and skewness), written independently of the library.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod s3;
 
 use std::ffi::OsStr;

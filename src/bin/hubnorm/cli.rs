@@ -51,6 +51,63 @@ pub enum Command {
     Sql(SqlArgs),
     /// Measure kernel and pass throughput on generated data.
     Bench(crate::bench::BenchArgs),
+    /// Run a process of an Apache DataFusion Ballista cluster with every
+    /// hubnorm function: a scheduler, or an executor (feature `cluster`).
+    Cluster(ClusterArgs),
+}
+
+/// `hubnorm cluster`.
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    #[command(subcommand)]
+    pub role: ClusterRole,
+}
+
+/// The processes of a cluster. Both log to stderr (RUST_LOG=warn|info|debug,
+/// default info) and stop on SIGINT or SIGTERM with exit code 0. Ballista
+/// has no authentication: keep their ports reachable only from a trusted
+/// network.
+#[derive(Debug, Subcommand)]
+pub enum ClusterRole {
+    /// The scheduler: plans the queries clients send (`hubnorm sql --cluster
+    /// df://HOST:PORT`) and hands their tasks to executors.
+    Scheduler(SchedulerArgs),
+    /// An executor: registers with the scheduler, runs tasks, and serves
+    /// their results over Arrow Flight.
+    Executor(ExecutorArgs),
+}
+
+/// `hubnorm cluster scheduler`.
+#[derive(Debug, Args)]
+pub struct SchedulerArgs {
+    /// Address to listen on (gRPC, and /healthz and /readyz over HTTP); port
+    /// 0 takes a free port, printed at start-up. Another address than
+    /// 127.0.0.1 makes the scheduler reachable from other machines.
+    #[arg(long, default_value = "127.0.0.1:50050")]
+    pub bind: std::net::SocketAddr,
+}
+
+/// `hubnorm cluster executor`.
+#[derive(Debug, Args)]
+pub struct ExecutorArgs {
+    /// The scheduler: HOST:PORT (or df://HOST:PORT).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub scheduler: String,
+    /// Address of the executor's Arrow Flight service, from which clients
+    /// and other executors fetch results; port 0 takes a free port. On
+    /// several machines, an address they can reach.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub bind: std::net::SocketAddr,
+    /// Task slots: tasks run at once, each on one thread (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Memory pool shared by the running tasks, e.g. 2GiB.
+    #[arg(long, default_value = "2GiB", value_parser = parse_memory)]
+    pub memory_limit: MemoryBudget,
+    /// Shuffle and result files, and spills (default: a fresh folder under
+    /// the system's temporary directory, removed at exit).
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
 }
 
 /// Column names, normalisation, memory and threads.
@@ -433,9 +490,17 @@ pub struct SqlArgs {
     /// Memory pool of the SQL session, e.g. 2GiB; a table function's pass gets half.
     #[arg(long, default_value = "2GiB", value_parser = parse_memory)]
     pub memory_limit: MemoryBudget,
-    /// Worker threads (0 = one per core).
+    /// Worker threads (0 = one per core); with --cluster, the partitions of
+    /// each stage (0 = one per core of this machine).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Run the queries on a cluster (`hubnorm cluster scheduler` and
+    /// executors) instead of this process; the rows come back here. Paths
+    /// must be readable from every executor. The table functions
+    /// hubnorm_stats and hubnorm_search are refused (one machine only for
+    /// now).
+    #[arg(long, value_name = "df://HOST:PORT")]
+    pub cluster: Option<String>,
 }
 
 fn parse_memory(s: &str) -> Result<MemoryBudget, String> {

@@ -2,6 +2,7 @@
 
 mod bench;
 mod cli;
+mod cluster;
 mod evaluate;
 mod progress;
 mod run;
@@ -24,19 +25,10 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = cli::Cli::parse();
-    // Ctrl-C (or SIGTERM) asks the passes to stop at their next block, so
-    // temporary files are removed and nothing half-written is renamed into
-    // place; a second one exits at once.
-    let installed = ctrlc::set_handler(|| {
-        if hubnorm::cancel::request() {
-            std::process::exit(130);
-        }
-        eprintln!("\nstopping after the current block (Ctrl-C again to stop at once)");
-    });
-    if let Err(err) = installed {
-        eprintln!(
-            "warning: no Ctrl-C handler ({err}); an interrupted run may leave temporary files"
-        );
+    // The cluster's servers listen for SIGINT and SIGTERM themselves (and
+    // Ballista's executor too), to leave the cluster cleanly.
+    if !matches!(cli.command, cli::Command::Cluster(_)) {
+        cancel_on_signals();
     }
     let outcome = blas_from_env()
         .and_then(|()| storage_options(&cli.storage_options))
@@ -50,6 +42,7 @@ fn main() -> ExitCode {
             cli::Command::Export(args) => run::export(args),
             cli::Command::Sql(args) => sql::sql(args),
             cli::Command::Bench(args) => bench::bench(args),
+            cli::Command::Cluster(args) => cluster::cluster(args),
         });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -64,6 +57,23 @@ fn main() -> ExitCode {
             eprintln!("{message}");
             ExitCode::from(err.exit_code() as u8)
         }
+    }
+}
+
+/// Ctrl-C (or SIGTERM) asks the passes to stop at their next block, so
+/// temporary files are removed and nothing half-written is renamed into
+/// place; a second one exits at once.
+fn cancel_on_signals() {
+    let installed = ctrlc::set_handler(|| {
+        if hubnorm::cancel::request() {
+            std::process::exit(130);
+        }
+        eprintln!("\nstopping after the current block (Ctrl-C again to stop at once)");
+    });
+    if let Err(err) = installed {
+        eprintln!(
+            "warning: no Ctrl-C handler ({err}); an interrupted run may leave temporary files"
+        );
     }
 }
 

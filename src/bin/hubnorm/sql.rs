@@ -59,6 +59,7 @@ pub fn sql(args: SqlArgs) -> Result<()> {
             threads: args.threads,
             ..SqlOptions::default()
         },
+        cluster: args.cluster.clone(),
     };
     let mut stdout = std::io::stdout().lock();
     let outcome = run_sql(&job, &mut stdout)?;

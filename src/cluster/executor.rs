@@ -1,0 +1,216 @@
+//! `hubnorm cluster executor`: Ballista's executor with hubnorm's functions,
+//! codecs and object stores.
+//!
+//! It registers with the scheduler by polling it for tasks, runs them with
+//! `threads` slots (concurrent tasks) and a memory pool of `memory` split
+//! between them, writes their shuffle and result partitions as Arrow IPC
+//! under its work directory, and serves those over Arrow Flight on its port.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ballista_core::registry::BallistaFunctionRegistry;
+use ballista_core::RuntimeProducer;
+use ballista_executor::executor_process::{start_executor_process, ExecutorProcessConfig};
+use ballista_executor::health::ExecutorHealth;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::prelude::SessionConfig;
+
+use crate::error::{HubnormError, Result};
+use crate::options::MemoryBudget;
+use crate::sql::StoreRegistry;
+
+use super::{
+    ballista_error, logical_codec, physical_codec, server_state, SchedulerAddress, SCHEDULING,
+};
+
+/// How long a stopping executor may take to tell the scheduler and finish
+/// its running tasks before the process ends anyway.
+const STOP_GRACE: Duration = Duration::from_secs(30);
+
+/// How long an executor keeps trying to reach its scheduler at start-up
+/// (so that the processes of a cluster may start in any order).
+const CONNECT_SECONDS: u16 = 30;
+
+/// Options of `hubnorm cluster executor`.
+#[derive(Debug, Clone)]
+pub struct ExecutorOptions {
+    /// The scheduler to register with.
+    pub scheduler: SchedulerAddress,
+    /// Where the Arrow Flight service listens (port 0: a free port, chosen
+    /// before start-up). Clients and other executors fetch partitions here,
+    /// so on several machines this is an address they can reach.
+    pub bind: SocketAddr,
+    /// Task slots, and the runtime's worker threads (0 = one per core).
+    pub threads: usize,
+    /// The memory pool, shared by the running tasks.
+    pub memory: MemoryBudget,
+    /// Shuffle and result partitions, and spill files; a fresh folder under
+    /// the system's temporary directory, removed at exit, when `None`.
+    pub work_dir: Option<PathBuf>,
+}
+
+/// What an executor is about to start with, for its start-up message.
+#[derive(Debug, Clone)]
+pub struct ExecutorStart {
+    /// The Arrow Flight address (port 0 resolved).
+    pub flight: SocketAddr,
+    /// The task slots.
+    pub slots: usize,
+    /// The work directory, absolute.
+    pub work_dir: PathBuf,
+}
+
+/// Runs an executor until SIGINT or SIGTERM (or the scheduler asks it to
+/// stop), then returns `Ok` (exit code 0): on a signal it tells the
+/// scheduler it is leaving, so its tasks go elsewhere, and waits for its
+/// running tasks up to 30 s. `on_start` is called before it connects.
+pub fn run_executor(
+    options: &ExecutorOptions,
+    on_start: impl FnOnce(&ExecutorStart),
+) -> Result<()> {
+    let slots = match options.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let flight = resolve_port(options.bind)?;
+    let work_dir = WorkDir::open(options.work_dir.as_deref(), flight.port())?;
+    let start = ExecutorStart {
+        flight,
+        slots,
+        work_dir: work_dir.path.clone(),
+    };
+    let health = ExecutorHealth::new();
+    let config = executor_config(options, &start, health.clone())?;
+    on_start(&start);
+    let runtime = super::runtime(slots)?;
+    let outcome = runtime.block_on(async {
+        let stop = super::stop_signal()?;
+        let executor = start_executor_process(Arc::new(config));
+        tokio::pin!(executor);
+        tokio::select! {
+            ended = &mut executor => ended.map_err(|e| ballista_error("executor", e)),
+            signal = stop => {
+                // Ballista heard the signal too, once it was registered: it
+                // tells the scheduler and drains its tasks. Before that (still
+                // connecting) there is nothing to wait for.
+                if !health.is_ready() {
+                    log::info!("{signal}: the executor stops before it registered");
+                    return Ok(());
+                }
+                log::info!("{signal}: the executor leaves the cluster");
+                match tokio::time::timeout(STOP_GRACE, executor).await {
+                    Ok(ended) => ended.map_err(|e| ballista_error("executor", e)),
+                    Err(_) => {
+                        log::warn!("running tasks did not finish within {STOP_GRACE:?}; stopping anyway");
+                        Ok(())
+                    }
+                }
+            }
+        }
+    });
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    drop(work_dir);
+    outcome
+}
+
+/// Ballista's executor configuration for `options`.
+fn executor_config(
+    options: &ExecutorOptions,
+    start: &ExecutorStart,
+    health: ExecutorHealth,
+) -> Result<ExecutorProcessConfig> {
+    let work_dir = start
+        .work_dir
+        .to_str()
+        .ok_or_else(|| {
+            HubnormError::Usage(format!(
+                "--work-dir {}: the path is not valid UTF-8",
+                start.work_dir.display()
+            ))
+        })?
+        .to_owned();
+    let registry = server_state(SessionConfig::default())
+        .map(|state| BallistaFunctionRegistry::from(&state))
+        .map_err(|e| HubnormError::Internal(format!("the executor's functions: {e}")))?;
+    let spill_dir = work_dir.clone();
+    // Each task's runtime: hubnorm's object stores and spill files under the
+    // work directory; Ballista adds the task's share of the memory pool.
+    let runtime: RuntimeProducer = Arc::new(move |_: &SessionConfig| {
+        RuntimeEnvBuilder::new()
+            .with_temp_file_path(spill_dir.clone())
+            .with_object_store_registry(Arc::new(StoreRegistry::default()))
+            .build_arc()
+    });
+    let ip = start.flight.ip();
+    Ok(ExecutorProcessConfig {
+        bind_host: ip.to_string(),
+        // What the scheduler tells clients and other executors to fetch
+        // from; for an unspecified address (0.0.0.0), the address the
+        // scheduler sees the executor's polls come from.
+        external_host: (!ip.is_unspecified()).then(|| ip.to_string()),
+        port: start.flight.port(),
+        scheduler_host: options.scheduler.host().to_owned(),
+        scheduler_port: options.scheduler.port(),
+        scheduler_connect_timeout_seconds: CONNECT_SECONDS,
+        task_scheduling_policy: SCHEDULING,
+        vcores: start.slots,
+        memory_pool_size: Some(options.memory.bytes() as u64),
+        work_dir: Some(work_dir),
+        override_function_registry: Some(Arc::new(registry)),
+        override_runtime_producer: Some(runtime),
+        override_logical_codec: Some(logical_codec()),
+        override_physical_codec: Some(physical_codec()),
+        health,
+        ..ExecutorProcessConfig::default()
+    })
+}
+
+/// `bind` with port 0 replaced by a port that is free now. Ballista binds
+/// its Flight service itself and announces the configured port, so the
+/// port must be known before start-up; another process could take it in
+/// between, and start-up then fails with "address in use".
+fn resolve_port(bind: SocketAddr) -> Result<SocketAddr> {
+    let listener =
+        std::net::TcpListener::bind(bind).map_err(|e| HubnormError::io(bind.to_string(), e))?;
+    listener
+        .local_addr()
+        .map_err(|e| HubnormError::io(bind.to_string(), e))
+}
+
+/// The executor's work directory: the one given (created if missing, kept),
+/// or a fresh one under the system's temporary directory, removed on drop.
+struct WorkDir {
+    path: PathBuf,
+    remove: bool,
+}
+
+impl WorkDir {
+    fn open(given: Option<&Path>, port: u16) -> Result<WorkDir> {
+        let (path, remove) = match given {
+            Some(dir) => (
+                std::path::absolute(dir).map_err(|e| HubnormError::io(dir, e))?,
+                false,
+            ),
+            None => (
+                std::env::temp_dir()
+                    .join(format!("hubnorm-executor-{}-{port}", std::process::id())),
+                true,
+            ),
+        };
+        std::fs::create_dir_all(&path).map_err(|e| HubnormError::io(&path, e))?;
+        Ok(WorkDir { path, remove })
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if self.remove {
+            if let Err(e) = std::fs::remove_dir_all(&self.path) {
+                log::warn!("could not remove {}: {e}", self.path.display());
+            }
+        }
+    }
+}
