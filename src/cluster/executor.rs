@@ -31,8 +31,10 @@ use super::{
 const STOP_GRACE: Duration = Duration::from_secs(30);
 
 /// How long an executor keeps trying to reach its scheduler at start-up
-/// (so that the processes of a cluster may start in any order).
-const CONNECT_SECONDS: u16 = 30;
+/// (so that the processes of a cluster may start in any order). hubnorm
+/// waits itself: Ballista 55.0.0's own retry loop never ends (it measures
+/// the time since an `Instant` it has just taken).
+const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Options of `hubnorm cluster executor`.
 #[derive(Debug, Clone)]
@@ -88,11 +90,19 @@ pub fn run_executor(
     let runtime = super::runtime(slots)?;
     let outcome = runtime.block_on(async {
         let stop = super::stop_signal()?;
+        tokio::pin!(stop);
+        tokio::select! {
+            reached = super::reach(&options.scheduler, CONNECT_PATIENCE) => reached?,
+            signal = &mut stop => {
+                log::info!("{signal}: the executor stops before it registered");
+                return Ok(());
+            }
+        }
         let executor = start_executor_process(Arc::new(config));
         tokio::pin!(executor);
         tokio::select! {
             ended = &mut executor => ended.map_err(|e| ballista_error("executor", e)),
-            signal = stop => {
+            signal = &mut stop => {
                 // Ballista heard the signal too, once it was registered: it
                 // tells the scheduler and drains its tasks. Before that (still
                 // connecting) there is nothing to wait for.
@@ -154,7 +164,8 @@ fn executor_config(
         port: start.flight.port(),
         scheduler_host: options.scheduler.host().to_owned(),
         scheduler_port: options.scheduler.port(),
-        scheduler_connect_timeout_seconds: CONNECT_SECONDS,
+        // One attempt: the scheduler answered just before (see `reach`).
+        scheduler_connect_timeout_seconds: 0,
         task_scheduling_policy: SCHEDULING,
         vcores: start.slots,
         memory_pool_size: Some(options.memory.bytes() as u64),

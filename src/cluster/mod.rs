@@ -29,6 +29,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ballista::prelude::{SessionConfigExt, SessionContextExt};
 use ballista_core::config::TaskSchedulingPolicy;
@@ -54,12 +55,12 @@ pub const DEFAULT_SCHEDULER_PORT: u16 = 50050;
 
 /// How the scheduler hands out tasks, on the scheduler and every executor
 /// (Ballista refuses an executor whose policy differs). Pull: each executor
-/// asks for work when it has a free slot and heartbeats with every ask, so
-/// it needs no port of its own beyond Arrow Flight and no address the
-/// scheduler must reach, a lost executor is noticed within seconds of its
-/// last poll rather than of a 60 s heartbeat, and the tasks spread by free
-/// slots. Push would save the poll interval (tens of milliseconds) per
-/// task, which matters little for hubnorm's long tasks.
+/// asks for work when it has a free slot, and heartbeats with every ask.
+/// Against push: an executor runs no gRPC server of its own (other
+/// processes reach only its Arrow Flight port), and its last heartbeat is
+/// never more than 5 s old (push: 60 s), so a short timeout can declare a
+/// lost executor lost without false alarms. Push would save the idle poll
+/// interval (50 ms) per task, which hubnorm's long tasks do not notice.
 pub const SCHEDULING: TaskSchedulingPolicy = TaskSchedulingPolicy::PullStaged;
 
 /// The logical extension codec of the client and the scheduler.
@@ -171,30 +172,35 @@ pub fn exposure_warning(role: &str, addr: SocketAddr) -> Option<String> {
     })
 }
 
-/// The session state of the scheduler (one per client session) and the
-/// source of the executors' function registry: Ballista's defaults (as its
-/// own binaries build them) with hubnorm's scalar and aggregate functions
-/// added, and hubnorm's object stores, so that `s3://` and the other URLs
-/// the rest of hubnorm reads resolve here too.
-pub fn server_state(config: SessionConfig) -> datafusion::common::Result<SessionState> {
+/// `builder` with Ballista's function lists (as its own binaries build
+/// them) extended with hubnorm's scalar and aggregate functions. These
+/// lists replace those `with_default_features` set.
+fn with_functions(builder: SessionStateBuilder) -> SessionStateBuilder {
     let mut scalars = ballista_scalar_functions();
     scalars.extend(sql::scalar_functions().into_iter().map(Arc::new));
     let mut aggregates = ballista_aggregate_functions();
     aggregates.extend(sql::aggregate_functions().into_iter().map(Arc::new));
-    let runtime = RuntimeEnvBuilder::new()
-        .with_object_store_registry(Arc::new(StoreRegistry::default()))
-        .build_arc()?;
-    Ok(SessionStateBuilder::new()
-        .with_default_features()
-        .with_config(config)
-        .with_runtime_env(runtime)
-        .with_optimizer_rules(ballista_core::optimizer::ballista_default_optimizer_rules())
-        // These replace the lists `with_default_features` set: hence the
-        // defaults above, extended.
+    builder
         .with_scalar_functions(scalars)
         .with_aggregate_functions(aggregates)
         .with_window_functions(ballista_window_functions())
-        .build())
+}
+
+/// The session state of the scheduler (one per client session) and the
+/// source of the executors' function registry: Ballista's default session
+/// with hubnorm's scalar and aggregate functions added, and hubnorm's
+/// object stores, so that `s3://` and the other URLs the rest of hubnorm
+/// reads resolve here too.
+pub fn server_state(config: SessionConfig) -> datafusion::common::Result<SessionState> {
+    let runtime = RuntimeEnvBuilder::new()
+        .with_object_store_registry(Arc::new(StoreRegistry::default()))
+        .build_arc()?;
+    let builder = SessionStateBuilder::new()
+        .with_default_features()
+        .with_config(config)
+        .with_runtime_env(runtime)
+        .with_optimizer_rules(ballista_core::optimizer::ballista_default_optimizer_rules());
+    Ok(with_functions(builder).build())
 }
 
 /// The configuration a client session sends with its queries: Ballista's
@@ -211,8 +217,10 @@ fn client_config(options: &SqlOptions) -> SessionConfig {
 
 /// A SQL session whose queries run on the cluster of `scheduler`, with every
 /// hubnorm function (the table functions refuse to run: see
-/// [`Placement::Cluster`]). Nothing connects until the first query.
+/// [`Placement::Cluster`]). Fails (exit code 1) when the scheduler does
+/// not accept connections; Ballista itself connects at the first query.
 pub async fn session(scheduler: &SchedulerAddress, options: &SqlOptions) -> Result<SessionContext> {
+    reach(scheduler, Duration::ZERO).await?;
     let state = SessionStateBuilder::new()
         .with_default_features()
         .with_config(client_config(options))
@@ -232,20 +240,14 @@ pub async fn session(scheduler: &SchedulerAddress, options: &SqlOptions) -> Resu
 /// the tokio runtime. Its plans take the same way as on a real cluster
 /// (codecs, functions by name, shuffles over Arrow Flight), so tests use it.
 pub async fn standalone_session(options: &SqlOptions) -> Result<SessionContext> {
-    let mut scalars = ballista_scalar_functions();
-    scalars.extend(sql::scalar_functions().into_iter().map(Arc::new));
-    let mut aggregates = ballista_aggregate_functions();
-    aggregates.extend(sql::aggregate_functions().into_iter().map(Arc::new));
     // The scheduler and the executor take this state as it is (its functions
     // and stores); the client's copy is upgraded by Ballista, which drops
     // hubnorm's functions, installed again below.
-    let state = SessionStateBuilder::new()
+    let builder = SessionStateBuilder::new()
         .with_default_features()
         .with_config(client_config(options))
-        .with_runtime_env(sql::runtime_env(options)?)
-        .with_scalar_functions(scalars)
-        .with_aggregate_functions(aggregates)
-        .build();
+        .with_runtime_env(sql::runtime_env(options)?);
+    let state = with_functions(builder).build();
     let ctx = SessionContext::standalone_with_state(state)
         .await
         .map_err(|e| HubnormError::Cluster(format!("in-process cluster: {e}")))?;
@@ -313,6 +315,33 @@ fn stop_signal() -> Result<impl std::future::Future<Output = &'static str>> {
         }
     })
 }
+
+/// Waits until the scheduler at `scheduler` accepts a TCP connection,
+/// trying every half second for `patience` (at least once).
+async fn reach(scheduler: &SchedulerAddress, patience: Duration) -> Result<()> {
+    let address = format!("{}:{}", scheduler.host(), scheduler.port());
+    let start = Instant::now();
+    loop {
+        let error =
+            match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&address))
+                .await
+            {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {CONNECT_TIMEOUT:?}"),
+            };
+        if start.elapsed() >= patience {
+            return Err(HubnormError::Cluster(format!(
+                "cannot reach the scheduler at {scheduler}: {error}"
+            )));
+        }
+        log::warn!("cannot reach the scheduler at {scheduler} yet ({error}); retrying");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// How long one attempt to reach a scheduler may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A Ballista error as a hubnorm error.
 fn ballista_error(context: &str, e: ballista_core::error::BallistaError) -> HubnormError {

@@ -91,7 +91,10 @@ impl log::Log for StderrLog {
 
     fn log(&self, record: &log::Record) {
         if self.enabled(record.metadata()) {
-            eprintln!(
+            use std::io::Write;
+            // A closed stderr must not stop a server: the line is lost.
+            let _ = writeln!(
+                std::io::stderr().lock(),
                 "{} {:<5} {}: {}",
                 humantime::format_rfc3339_millis(std::time::SystemTime::now()),
                 record.level(),
