@@ -15,8 +15,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
-use common::cluster::Cluster;
-use common::{hubnorm, queries_near, random_table, rng, write_table, Layout};
+use common::cluster::{Cluster, Env};
+use common::s3::{S3Server, SECRET_KEY};
+use common::{hubnorm, queries_near, random_table, read_parquet, rng, write_table, Layout};
 use hubnorm::options::MethodSpec;
 use hubnorm::pipeline::{run, RunJob};
 use hubnorm::progress::Silent;
@@ -227,9 +228,10 @@ fn sql(cwd: &Path, cluster: Option<&str>, args: &[&str]) -> common::TestOutput {
 /// A scheduler and two one-slot executors, each a `hubnorm cluster`
 /// process started in a folder of its own (not the client's), answer every
 /// query of `hubnorm sql --cluster` as a local `hubnorm sql` does, over a
-/// run directory and over tables given by paths relative to the client;
-/// the table functions are refused with exit code 2; and SIGTERM stops
-/// every process with exit code 0.
+/// run directory and over tables given by paths relative to the client (and
+/// `COPY ... TO` a relative path writes where the client means); the table
+/// functions are refused with exit code 2; and SIGTERM stops every process
+/// with exit code 0.
 #[test]
 fn cluster_of_hubnorm_processes_answers_like_local_sql() {
     let dir = tempfile::tempdir().unwrap();
@@ -273,6 +275,21 @@ fn cluster_of_hubnorm_processes_answers_like_local_sql() {
     remote.assert_success();
     assert_eq!(local.stdout(), remote.stdout(), "relative paths");
 
+    // COPY ... TO a relative path: planned by the scheduler and written by
+    // the executors, where the client means it.
+    let copied = sql(
+        &data,
+        Some(&url),
+        &[
+            "--table",
+            "g=gallery",
+            "COPY (SELECT id FROM g) TO 'copied.parquet' STORED AS PARQUET",
+        ],
+    );
+    copied.assert_success();
+    assert_eq!(read_parquet(&data.join("copied.parquet")).num_rows(), 300);
+    assert!(!elsewhere.join("copied.parquet").exists());
+
     // The table functions are refused, not run on the client.
     let refused = sql(
         &data,
@@ -288,22 +305,115 @@ fn cluster_of_hubnorm_processes_answers_like_local_sql() {
         refused.stderr()
     );
 
-    // Both executors ran tasks.
-    let logs = cluster.logs();
+    // Both executors ran tasks, and each process stops on SIGTERM with exit
+    // code 0, the executors after leaving the cluster.
     for (role, status, log) in cluster.stop() {
         assert!(status.success(), "{role} stopped with {status}:\n{log}");
         if role.starts_with("executor") {
+            assert!(log.contains("Finished task"), "{role} ran no task:\n{log}");
             assert!(
                 log.contains("Executor stopped"),
-                "{role} did not stop cleanly:\n{log}"
+                "{role} did not leave:\n{log}"
             );
         }
     }
-    drop(logs);
+}
+
+/// `s3://` tables on a cluster: every process resolves them through
+/// hubnorm's object-store registry with its own environment, so the
+/// executors read them as the client does. An executor that cannot read an
+/// object (here: its environment points at another S3 server, which has no
+/// such bucket) fails the query with exit code 1 and a message naming the
+/// object; no process prints the secret key.
+#[test]
+fn cluster_reads_object_storage_and_names_what_an_executor_cannot() {
+    let test = "cluster_reads_object_storage_and_names_what_an_executor_cannot";
+    let Some(lake) = S3Server::start_or_skip(test) else {
+        return;
+    };
+    let Some(elsewhere) = S3Server::start_or_skip(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    write_data(&data);
+    lake.create_bucket("lake");
+    lake.put_dir("lake", "emb/gallery", &data.join("gallery"));
+    lake.put_file("lake", "emb/queries.parquet", &data.join("queries.parquet"));
+    let query = [
+        "--table",
+        "g=s3://lake/emb/gallery/",
+        "--table",
+        "q=s3://lake/emb/queries.parquet",
+        "SELECT q.id, max(hub_dot(q.embedding, g.embedding)) AS best FROM q CROSS JOIN g \
+         GROUP BY q.id ORDER BY q.id",
+    ];
+    let with_env = |command: &mut common::TestCommand, env: &Env| {
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        command.output()
+    };
+    let no_secret = |what: &str, text: &str| {
+        assert!(
+            !text.contains(SECRET_KEY),
+            "{what} shows the secret key:\n{text}"
+        );
+    };
+
+    let local = with_env(
+        hubnorm(["sql", "--format", "csv"])
+            .args(query)
+            .current_dir(&data),
+        &lake.env(),
+    );
+    local.assert_success();
+    let cluster = Cluster::start(
+        &data,
+        &dir.path().join("logs-lake"),
+        &lake.env(),
+        &[lake.env()],
+    );
+    let remote = with_env(
+        hubnorm(["sql", "--format", "csv", "--cluster", &cluster.url()])
+            .args(query)
+            .current_dir(&data),
+        &lake.env(),
+    );
+    remote.assert_success();
+    assert_same_rows("s3 tables", &local.stdout(), &remote.stdout());
+    no_secret("a log", &cluster.logs());
+    drop(cluster);
+
+    // The scheduler (which lists the files) reaches the lake; the executor
+    // (which reads them) reaches a server without it.
+    let cluster = Cluster::start(
+        &data,
+        &dir.path().join("logs-elsewhere"),
+        &lake.env(),
+        &[elsewhere.env()],
+    );
+    let failed = with_env(
+        hubnorm(["sql", "--cluster", &cluster.url()])
+            .args(query)
+            .current_dir(&data),
+        &lake.env(),
+    );
+    assert_eq!(failed.code(), Some(1), "{}", failed.stderr());
+    assert!(
+        failed.stderr().contains("emb/gallery/part-0.parquet")
+            || failed.stderr().contains("emb/gallery/part-1.parquet")
+            || failed.stderr().contains("emb/queries.parquet"),
+        "the error does not name the object: {}",
+        failed.stderr()
+    );
+    no_secret("the client", &failed.stderr());
+    no_secret("a log", &cluster.logs());
 }
 
 /// A scheduler address that is not one is refused with exit code 2; one
-/// nobody listens on fails the query with exit code 1 and names it.
+/// nobody listens on fails the query with exit code 1 and names it, and an
+/// executor waits for it (stopping on SIGTERM with exit code 0 meanwhile).
 #[test]
 fn unreachable_or_malformed_scheduler_addresses_are_errors() {
     let dir = tempfile::tempdir().unwrap();
@@ -327,8 +437,41 @@ fn unreachable_or_malformed_scheduler_addresses_are_errors() {
     );
     assert_eq!(unreachable.code(), Some(1), "{}", unreachable.stderr());
     assert!(
-        unreachable.stderr().contains(&format!("127.0.0.1:{port}")),
+        unreachable.stderr().contains(&format!(
+            "cannot reach the scheduler at df://127.0.0.1:{port}"
+        )),
         "{}",
         unreachable.stderr()
+    );
+
+    // An executor waits for its scheduler, and SIGTERM stops it meanwhile.
+    let log = dir.path().join("executor.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let mut executor = std::process::Command::new(env!("CARGO_BIN_EXE_hubnorm"))
+        .args([
+            "cluster",
+            "executor",
+            "--bind",
+            "127.0.0.1:0",
+            "--threads",
+            "1",
+        ])
+        .args(["--scheduler", &format!("127.0.0.1:{port}")])
+        .stdin(std::process::Stdio::null())
+        .stdout(file.try_clone().unwrap())
+        .stderr(file)
+        .spawn()
+        .unwrap();
+    common::wait_for("the executor to retry", &mut executor, || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("cannot reach the scheduler")
+    });
+    common::signal(&executor, "TERM");
+    let status = executor.wait().unwrap();
+    assert!(
+        status.success(),
+        "{status}: {}",
+        std::fs::read_to_string(&log).unwrap()
     );
 }

@@ -68,9 +68,7 @@ impl Process {
         if let Ok(Some(status)) = self.child.try_wait() {
             return status;
         }
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
+        super::signal(&self.child, "TERM");
         let start = Instant::now();
         while start.elapsed() < grace {
             if let Ok(Some(status)) = self.child.try_wait() {
