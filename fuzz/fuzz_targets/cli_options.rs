@@ -293,6 +293,8 @@ fn exercise(command: Command) -> Result<()> {
         }
         // Parsing is all: running it would benchmark.
         Command::Bench(_) => {}
+        // Parsing is all: the cluster's processes serve until stopped.
+        Command::Cluster(_) => {}
     }
     Ok(())
 }
