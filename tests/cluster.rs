@@ -230,8 +230,8 @@ fn sql(cwd: &Path, cluster: Option<&str>, args: &[&str]) -> common::TestOutput {
 /// query of `hubnorm sql --cluster` as a local `hubnorm sql` does, over a
 /// run directory and over tables given by paths relative to the client (and
 /// `COPY ... TO` a relative path writes where the client means); the table
-/// functions are refused with exit code 2; and SIGTERM stops every process
-/// with exit code 0.
+/// functions are refused with exit code 2; and SIGTERM (the executors) and
+/// SIGINT (the scheduler) stop every process with exit code 0.
 #[test]
 fn cluster_of_hubnorm_processes_answers_like_local_sql() {
     let dir = tempfile::tempdir().unwrap();
@@ -305,8 +305,8 @@ fn cluster_of_hubnorm_processes_answers_like_local_sql() {
         refused.stderr()
     );
 
-    // Both executors ran tasks, and each process stops on SIGTERM with exit
-    // code 0, the executors after leaving the cluster.
+    // Both executors ran tasks, and each process stops with exit code 0: the
+    // executors on SIGTERM after leaving the cluster, the scheduler on SIGINT.
     for (role, status, log) in cluster.stop() {
         assert!(status.success(), "{role} stopped with {status}:\n{log}");
         if role.starts_with("executor") {

@@ -63,12 +63,12 @@ impl Process {
         }
     }
 
-    /// SIGTERM, then its exit status (SIGKILL after `grace`).
-    fn stop(&mut self, grace: Duration) -> ExitStatus {
+    /// Signal `name` (TERM, INT), then its exit status (SIGKILL after `grace`).
+    fn stop(&mut self, name: &str, grace: Duration) -> ExitStatus {
         if let Ok(Some(status)) = self.child.try_wait() {
             return status;
         }
-        super::signal(&self.child, "TERM");
+        super::signal(&self.child, name);
         let start = Instant::now();
         while start.elapsed() < grace {
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -204,15 +204,18 @@ impl Cluster {
             .join("\n")
     }
 
-    /// Stops the executors, then the scheduler, each by SIGTERM to its
-    /// process id; their exit statuses in that order, with their logs.
+    /// Stops the executors by SIGTERM, then the scheduler by SIGINT (Ctrl-C),
+    /// each signal sent to its process id; their exit statuses in that
+    /// order, with their logs.
     pub fn stop(mut self) -> Vec<(String, ExitStatus, String)> {
         self.stopped = true;
         let mut statuses = Vec::new();
-        for process in self.executors.iter_mut().chain([&mut self.scheduler]) {
-            let status = process.stop(Duration::from_secs(60));
+        for process in &mut self.executors {
+            let status = process.stop("TERM", Duration::from_secs(60));
             statuses.push((process.role.clone(), status, process.log_text()));
         }
+        let status = self.scheduler.stop("INT", Duration::from_secs(60));
+        statuses.push(("scheduler".into(), status, self.scheduler.log_text()));
         statuses
     }
 }
@@ -226,7 +229,7 @@ impl Drop for Cluster {
             eprintln!("cluster logs:\n{}", self.logs());
         }
         for process in self.executors.iter_mut().chain([&mut self.scheduler]) {
-            process.stop(Duration::from_secs(5));
+            process.stop("TERM", Duration::from_secs(5));
         }
     }
 }
