@@ -61,7 +61,7 @@ impl Banks {
             gallery,
             bank: &self.bank,
             gallery_bank: self.gallery_bank.as_ref(),
-            index,
+            index: Some(index),
         }
     }
 

@@ -83,7 +83,7 @@ pub fn human_bytes(bytes: u64) -> String {
 
 /// A seeded uniform subsample of each bank (`--bank-sample N`); the seed
 /// also draws `sinkhorn-pp`'s pseudo-test set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BankSample {
     /// Rows kept (all rows when the bank is smaller; `u64::MAX`: no sample,
     /// only a seed).
@@ -91,8 +91,19 @@ pub struct BankSample {
     pub seed: u64,
 }
 
+/// Where a pass runs when not in this process (`--cluster`, `--shards`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterJob {
+    /// The scheduler, `df://HOST:PORT`.
+    pub scheduler: String,
+    /// Shards the pass is cut into: tasks, each computed on its own by one
+    /// executor slot. More shards than slots balance the load; each shard
+    /// reads the banks once.
+    pub shards: usize,
+}
+
 /// How embedding tables are read.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ReadOptions {
     /// Name of the id column (Utf8, LargeUtf8 or Int64).
     pub id_column: String,

@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
 use serde::Serialize;
 
 use crate::checkpoint::{checkpoint_dir, Checkpoint, CheckpointOptions};
@@ -14,7 +13,7 @@ use crate::inputs::{
     bank_metadata, check_bank_sizes, check_methods, common_metadata, open_banks, open_table,
     table_metadata, with_threads, Banks,
 };
-use crate::options::{BankSample, MethodKind, MethodSpec, PassOptions};
+use crate::options::{BankSample, ClusterJob, MethodKind, MethodSpec, PassOptions};
 use crate::progress::Progress;
 use crate::query::load_plan;
 use crate::query::results::{results_schema, search_into};
@@ -24,7 +23,7 @@ use crate::sink::{
     refuse_existing, refuse_output_in_inputs, write_text_atomically, AtomicFile, ParquetSink,
 };
 use crate::source::EmbeddingTable;
-use crate::stats_file::{methods_json, write_stats, StatsInputs};
+use crate::stats_file::{methods_json, stats_of_rows, write_stats, StatsInputs, StatsPlan};
 
 pub use crate::query::results::{MethodOutcome, MethodSummary, SKEWNESS_K};
 pub use crate::stats_file::stats_file_methods;
@@ -426,6 +425,65 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome
     })
 }
 
+/// `hubnorm stats --cluster`: pass 1 of `job` computed by the cluster of
+/// `cluster`, in shards of gallery rows, into the same file `run_stats`
+/// writes, bit for bit, written and committed here once every shard is in.
+/// No checkpoint: a task lost with its executor is run again by the
+/// scheduler.
+pub fn run_stats_on(job: &StatsJob, cluster: &ClusterJob) -> Result<StatsOutcome> {
+    let methods = stats_methods(job)?;
+    check_shardable(&methods)?;
+    if job.checkpoint.resume {
+        return Err(HubnormError::Usage(
+            "--resume: a cluster run keeps no checkpoint (the scheduler runs lost tasks again)"
+                .into(),
+        ));
+    }
+    refuse_output_in_inputs(&job.out, &stats_inputs(job))?;
+    refuse_existing(&job.out, job.overwrite)?;
+    #[cfg(not(feature = "cluster"))]
+    return Err(without_cluster(&cluster.scheduler));
+    #[cfg(feature = "cluster")]
+    with_stats_inputs(job, &methods, |inputs, metadata| {
+        let plan = StatsPlan::new(inputs, &methods, metadata)?;
+        let mut sink = ParquetSink::create(
+            &job.out,
+            plan.schema.clone(),
+            plan.metadata.clone(),
+            job.overwrite,
+        )?;
+        let mut spec = crate::sql::pass::PassSpec::stats(job, &methods, inputs.gallery.id_kind)
+            .sharded(inputs.gallery.rows, cluster.shards)
+            .with_absolute_paths()?;
+        spec.shard_column = true;
+        // One task per executor slot, one thread per task.
+        spec.threads = 1;
+        let options = crate::sql::SqlOptions {
+            memory: job.options.memory,
+            threads: job.options.threads,
+            read: job.options.read.clone(),
+        };
+        crate::cluster::passes::pass_rows(
+            &cluster.scheduler.parse()?,
+            spec,
+            &options,
+            &mut |batch| sink.write(batch),
+        )?;
+        let path = sink.finish()?;
+        Ok(StatsOutcome {
+            path,
+            resumed_rows: 0,
+        })
+    })
+}
+
+/// The error for `--cluster` in a build without the `cluster` feature.
+pub fn without_cluster(scheduler: &str) -> HubnormError {
+    HubnormError::Usage(format!(
+        "--cluster {scheduler}: this hubnorm was built without the `cluster` feature (cargo build --release --features cluster)"
+    ))
+}
+
 /// The inputs of a stats job, as (role, spec) pairs.
 fn stats_inputs(job: &StatsJob) -> Vec<(&str, &str)> {
     let mut inputs = vec![
@@ -519,12 +577,80 @@ pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary
     })
 }
 
-/// The schema of `hubnorm stats`'s output for `job` (reads file metadata only).
-pub fn stats_schema(job: &StatsJob) -> Result<SchemaRef> {
+/// The methods of `job`, checked for a stats pass.
+pub fn stats_methods(job: &StatsJob) -> Result<Vec<MethodSpec>> {
     let methods = check_methods(&job.methods, job.gallery_bank.is_some())?;
     refuse_protocol(&methods, "stats")?;
-    let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
-    Ok(crate::bank::StatsLayout::new(&methods).schema(gallery.id_kind))
+    Ok(methods)
+}
+
+/// Refuses `methods` unless pass 1 can compute any range of gallery rows on
+/// its own, as a cluster's tasks do (see
+/// [`crate::bank::driver::StatsPlan::rows_are_independent`]).
+pub fn check_shardable(methods: &[MethodSpec]) -> Result<()> {
+    let dependent: Vec<&str> = methods
+        .iter()
+        .filter(|m| m.method().columns(m).iter().any(|c| c.late))
+        .map(|m| m.kind().name())
+        .collect();
+    if dependent.is_empty() {
+        return Ok(());
+    }
+    Err(HubnormError::Usage(format!(
+        "{} cannot run on a cluster yet: their statistics need every gallery row at once (the activation sets of dis and dual-dis, the Sinkhorn potentials of sn and dbsn), while a cluster computes pass 1 in independent shards of gallery rows; run them without --cluster",
+        dependent.join(", ")
+    )))
+}
+
+/// The stats rows of gallery rows `gallery_rows` alone (a cluster task's
+/// shard of `job`), batch by batch into `emit`, in gallery order: the
+/// rows the whole pass writes for them. The methods must pass
+/// [`check_shardable`].
+pub fn stream_stats_rows(
+    job: &StatsJob,
+    gallery_rows: std::ops::Range<u64>,
+    progress: &dyn Progress,
+    emit: &mut (dyn FnMut(&RecordBatch) -> Result<()> + Send),
+) -> Result<()> {
+    let methods = stats_methods(job)?;
+    check_shardable(&methods)?;
+    with_threads(job.options.threads, || {
+        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        if gallery_rows.end > gallery.rows || gallery_rows.start > gallery_rows.end {
+            return Err(HubnormError::input(
+                &job.gallery,
+                None,
+                None,
+                format!(
+                    "has {} rows, but this shard is rows {}..{}: the gallery changed after the job was planned",
+                    gallery.rows, gallery_rows.start, gallery_rows.end
+                ),
+            ));
+        }
+        let banks = open_banks(
+            &job.bank,
+            job.gallery_bank.as_deref(),
+            job.bank_sample,
+            &methods,
+            &gallery,
+            &job.options,
+        )?;
+        let inputs = StatsInputs {
+            gallery: &gallery,
+            bank: &banks.bank,
+            gallery_bank: banks.gallery_bank.as_ref(),
+            index: None,
+        };
+        let plan = StatsPlan::new(&inputs, &methods, Vec::new())?;
+        stats_of_rows(
+            &inputs,
+            &plan,
+            gallery_rows,
+            &job.options,
+            progress,
+            |batch| emit(&batch),
+        )
+    })
 }
 
 /// `hubnorm stats` as a stream of record batches into `sink` (`job.out`
@@ -536,8 +662,7 @@ pub fn stream_stats(
     progress: &dyn Progress,
     sink: &mut (dyn crate::stats_file::StatsSink + Send),
 ) -> Result<()> {
-    let methods = check_methods(&job.methods, job.gallery_bank.is_some())?;
-    refuse_protocol(&methods, "stats")?;
+    let methods = stats_methods(job)?;
     with_stats_inputs(job, &methods, |inputs, metadata| {
         crate::stats_file::stream_stats(
             inputs,
@@ -551,13 +676,6 @@ pub fn stream_stats(
         )?;
         Ok(())
     })
-}
-
-/// The schema of `hubnorm search`'s results for `job` (reads file metadata only).
-pub fn search_schema(job: &SearchJob) -> Result<SchemaRef> {
-    let queries = open_table("queries", &job.queries, &job.options, false)?;
-    let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
-    Ok(results_schema(queries.id_kind, gallery.id_kind))
 }
 
 /// `hubnorm search` as a stream of record batches into `emit` (`job.out`

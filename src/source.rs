@@ -7,6 +7,7 @@
 //! problem is reported with the file, the row within that file and the column.
 
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -28,7 +29,7 @@ pub use blocks::{normalise_ids, BlockReader};
 pub use parts::{PartRecord, TablePart};
 
 /// The kind of ids a table has, after normalisation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum IdKind {
     Int64,
     Utf8,
@@ -391,6 +392,15 @@ impl EmbeddingTable {
             reader.skip_in_next_part = start - self.parts[part].first_row;
         }
         reader.next_global_row = start;
+        Ok(reader)
+    }
+
+    /// Reads blocks of at most `block_rows` rows of global rows `rows` (a
+    /// shard of the table), as [`EmbeddingTable::blocks_from`] reads from
+    /// its start; the last block ends at the range's end.
+    pub fn blocks_in(&self, block_rows: usize, rows: Range<u64>) -> Result<BlockReader<'_>> {
+        let mut reader = self.blocks_from(block_rows, rows.start)?;
+        reader.end_row = rows.end;
         Ok(reader)
     }
 

@@ -13,7 +13,9 @@ use crate::error::{HubnormError, Result};
 use crate::ids::{id_at, IdIndex};
 use crate::method::{ColumnKind, ColumnValues, MethodKind, MethodSpec};
 
-pub use crate::bank::driver::{stream_stats, write_stats, SinkhornReport, StatsInputs, StatsSink};
+pub use crate::bank::driver::{
+    stats_of_rows, stream_stats, write_stats, SinkhornReport, StatsInputs, StatsPlan, StatsSink,
+};
 
 pub(crate) fn floats_json(values: &[f64]) -> String {
     serde_json::Value::from(values.to_vec()).to_string()

@@ -201,7 +201,7 @@ fn partial_stats(
             gallery,
             bank,
             gallery_bank,
-            index: &index,
+            index: Some(&index),
         },
         methods,
         &scratch,

@@ -200,8 +200,26 @@ fn standalone_cluster_answers_like_a_local_session() {
             }
             assert_same_rows(name, &outputs[0], &outputs[1]);
         }
+        // hubnorm_stats travels as a PassTable and, on the executor, as a
+        // PassExec of two shards (one per partition): the rows of the local pass.
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        let stats = format!(
+            "SELECT gallery_id, is_beta20_correction FROM hubnorm_stats('{}', '{}', 'is') ORDER BY gallery_id",
+            path("gallery"),
+            path("bank.parquet")
+        );
+        let mut outputs = Vec::new();
+        for ctx in [&local, &cluster] {
+            let frame = ctx.sql(&stats).await.unwrap();
+            outputs.push(csv(&frame.collect().await.unwrap()));
+        }
+        assert_eq!(outputs[0], outputs[1], "hubnorm_stats");
         let refused = cluster
-            .sql("SELECT * FROM hubnorm_stats('gallery', 'bank.parquet', 'is')")
+            .sql(&format!(
+                "SELECT * FROM hubnorm_search('{}', '{}', '', 'none')",
+                path("queries.parquet"),
+                path("gallery")
+            ))
             .await
             .map(|_| ())
             .unwrap_err();
@@ -210,7 +228,7 @@ fn standalone_cluster_answers_like_a_local_session() {
         assert!(
             message
                 .to_string()
-                .contains("hubnorm_stats runs on one machine only"),
+                .contains("hubnorm_search runs on one machine only"),
             "{message}"
         );
     });
@@ -229,9 +247,10 @@ fn sql(cwd: &Path, cluster: Option<&str>, args: &[&str]) -> common::TestOutput {
 /// process started in a folder of its own (not the client's), answer every
 /// query of `hubnorm sql --cluster` as a local `hubnorm sql` does, over a
 /// run directory and over tables given by paths relative to the client (and
-/// `COPY ... TO` a relative path writes where the client means); the table
-/// functions are refused with exit code 2; and SIGTERM (the executors) and
-/// SIGINT (the scheduler) stop every process with exit code 0.
+/// `COPY ... TO` a relative path writes where the client means); pass 1
+/// (`hubnorm stats --cluster`, `hubnorm_stats`) gives the local rows, bit
+/// for bit; and SIGTERM (the executors) and SIGINT (the scheduler) stop
+/// every process with exit code 0.
 #[test]
 fn cluster_of_hubnorm_processes_answers_like_local_sql() {
     let dir = tempfile::tempdir().unwrap();
@@ -290,17 +309,85 @@ fn cluster_of_hubnorm_processes_answers_like_local_sql() {
     assert_eq!(read_parquet(&data.join("copied.parquet")).num_rows(), 300);
     assert!(!elsewhere.join("copied.parquet").exists());
 
-    // The table functions are refused, not run on the client.
+    // Pass 1 on the cluster: `hubnorm stats --cluster` in shards of gallery
+    // rows that cross the gallery's two parts (170 rows, then 130) at rows
+    // that are not multiples of any tile, with paths relative to the client:
+    // the file is the local one, bit for bit.
+    let methods = "is,nnn,csls,gc,dn,mp,ls,nicdm,dissim-local,dsl";
+    let stats = |cluster: Option<&str>, out: &str| {
+        let mut command = hubnorm([
+            "stats",
+            "--gallery",
+            "gallery",
+            "--bank",
+            "bank.parquet",
+            "--methods",
+            methods,
+            "--out",
+            out,
+            "--quiet",
+        ]);
+        if let Some(url) = cluster {
+            command.args(["--cluster", url, "--shards", "7"]);
+        }
+        command.current_dir(&data).output()
+    };
+    stats(None, "local_stats.parquet").assert_success();
+    stats(Some(&url), "cluster_stats.parquet").assert_success();
+    let bytes = |name: &str| std::fs::read(data.join(name)).unwrap();
+    assert!(
+        bytes("local_stats.parquet") == bytes("cluster_stats.parquet"),
+        "the cluster's stats file differs from the local one"
+    );
+    // Methods whose statistics need every gallery row at once are refused,
+    // with the reason, before any output.
+    let refused = hubnorm([
+        "stats",
+        "--gallery",
+        "gallery",
+        "--bank",
+        "bank.parquet",
+        "--methods",
+        "is,dis",
+        "--out",
+        "dis.parquet",
+        "--cluster",
+        &url,
+    ])
+    .current_dir(&data)
+    .output();
+    assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
+    assert!(
+        refused.stderr().contains("dis cannot run on a cluster"),
+        "{}",
+        refused.stderr()
+    );
+    assert!(!data.join("dis.parquet").exists());
+
+    // The table function hubnorm_stats runs on the cluster too (one task
+    // per shard, two shards with --threads 2), with the local rows.
+    let query =
+        "SELECT * FROM hubnorm_stats('gallery', 'bank.parquet', 'is,nnn,gc') ORDER BY gallery_id";
+    let local = hubnorm(["sql", "--threads", "2", query])
+        .current_dir(&data)
+        .output();
+    local.assert_success();
+    let remote = hubnorm(["sql", "--threads", "2", "--cluster", &url, query])
+        .current_dir(&data)
+        .output();
+    remote.assert_success();
+    assert_eq!(local.stdout(), remote.stdout(), "hubnorm_stats");
+    // hubnorm_search is not sharded yet: refused, not run on the client.
     let refused = sql(
         &data,
         Some(&url),
-        &["SELECT * FROM hubnorm_stats('gallery', 'bank.parquet', 'is')"],
+        &["SELECT * FROM hubnorm_search('queries.parquet', 'gallery', 'local_stats.parquet', 'is')"],
     );
     assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
     assert!(
         refused
             .stderr()
-            .contains("hubnorm_stats runs on one machine only"),
+            .contains("hubnorm_search runs on one machine only"),
         "{}",
         refused.stderr()
     );
@@ -474,4 +561,115 @@ fn unreachable_or_malformed_scheduler_addresses_are_errors() {
         "{status}: {}",
         std::fs::read_to_string(&log).unwrap()
     );
+}
+
+/// Waits (at most a minute) until `condition` holds, polling every 20 ms.
+fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !condition() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Losing processes mid-job. An executor killed (SIGKILL) while it runs a
+/// task of `hubnorm stats --cluster`: the scheduler notices (here after
+/// `--executor-timeout 3`), runs its tasks again on the other executor,
+/// and the file is the local one, bit for bit. The scheduler killed
+/// mid-job: the client fails with exit code 1 and a message naming the
+/// scheduler, and writes nothing.
+#[test]
+fn lost_executors_are_replaced_and_a_lost_scheduler_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let mut r = rng(31);
+    // Enough work per shard (about a second) that a kill lands mid-task.
+    write_table(
+        &data.join("gallery.parquet"),
+        &random_table(&mut r, "g", 12_000, 96),
+        Layout::FixedF32,
+        false,
+    );
+    write_table(
+        &data.join("bank.parquet"),
+        &random_table(&mut r, "b", 12_000, 96),
+        Layout::FixedF32,
+        false,
+    );
+    let stats = |cluster: Option<&str>, out: &str| {
+        let mut command = hubnorm([
+            "stats",
+            "--gallery",
+            "gallery.parquet",
+            "--bank",
+            "bank.parquet",
+            "--methods",
+            "is,nnn",
+            "--out",
+            out,
+            "--quiet",
+        ]);
+        if let Some(url) = cluster {
+            command.args(["--cluster", url, "--shards", "8"]);
+        }
+        command.current_dir(&data);
+        command
+    };
+    stats(None, "local.parquet").output().assert_success();
+
+    let mut cluster = Cluster::start_with(
+        &data,
+        &dir.path().join("logs"),
+        &["--executor-timeout", "3"],
+        &vec![],
+        &[vec![], vec![]],
+    );
+    let url = cluster.url();
+    let client = stats(Some(&url), "after_kill.parquet").spawn();
+    wait_until("executor 1 to receive a task", || {
+        cluster.executor_log(1).contains("Received task")
+    });
+    cluster.kill_executor(1);
+    let output = client.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "the job did not survive the executor's loss: {}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        cluster.logs()
+    );
+    let bytes = |name: &str| std::fs::read(data.join(name)).unwrap();
+    assert!(
+        bytes("local.parquet") == bytes("after_kill.parquet"),
+        "the stats file computed after an executor's loss differs from the local one"
+    );
+    assert!(
+        cluster.executor_log(0).contains("Received task"),
+        "the remaining executor ran nothing:\n{}",
+        cluster.logs()
+    );
+
+    let received = |cluster: &Cluster| cluster.executor_log(0).matches("Received task").count();
+    let before = received(&cluster);
+    let client = stats(Some(&url), "after_scheduler.parquet").spawn();
+    wait_until("executor 0 to receive a task of the second job", || {
+        received(&cluster) > before
+    });
+    cluster.kill_scheduler();
+    let output = client.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&url),
+        "the error does not name the scheduler: {stderr}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains("after_scheduler"))
+        .collect();
+    assert!(left.is_empty(), "partial output left: {left:?}");
 }

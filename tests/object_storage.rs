@@ -565,7 +565,7 @@ fn update_merges_new_parts_of_an_s3_prefix() {
 
 #[test]
 fn sql_reads_s3_tables_and_copies_to_s3() {
-    let Some((dir, local, server)) = lake("sql_reads_s3_tables_and_copies_to_s3") else {
+    let Some((dir, _local, server)) = lake("sql_reads_s3_tables_and_copies_to_s3") else {
         return;
     };
     let counted = run_with(
@@ -657,7 +657,7 @@ fn sql_reads_s3_tables_and_copies_to_s3() {
 
 #[test]
 fn faults_name_the_url_and_leave_nothing_behind() {
-    let Some((dir, local, mut server)) = lake("faults_name_the_url_and_leave_nothing_behind")
+    let Some((_dir, _local, mut server)) = lake("faults_name_the_url_and_leave_nothing_behind")
     else {
         return;
     };
@@ -777,7 +777,7 @@ fn faults_name_the_url_and_leave_nothing_behind() {
 
 #[test]
 fn a_server_lost_mid_read_or_mid_write_leaves_no_output() {
-    let Some((dir, local, server)) = lake("a_server_lost_mid_read_or_mid_write_leaves_no_output")
+    let Some((dir, _local, server)) = lake("a_server_lost_mid_read_or_mid_write_leaves_no_output")
     else {
         return;
     };

@@ -3,15 +3,18 @@
 //! `gallery_stats.parquet` handed to a sink (a file, or the SQL table
 //! function's stream) as soon as they are known.
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
 
+use crate::bank::pass::ResumePoint;
 use crate::bank::sinkhorn::{sinkhorn_potentials, SinkhornRequest};
 use crate::bank::{
-    compute_bank_statistics, BankInput, BankMoments, BankPassRequest, RowMoments, StatsLayout,
+    compute_bank_statistics, BankInput, BankMoments, BankPassRequest, RowMoments, StatsChunk,
+    StatsLayout,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{HubnormError, Result};
@@ -29,7 +32,9 @@ pub struct StatsInputs<'a> {
     pub gallery: &'a EmbeddingTable,
     pub bank: &'a EmbeddingTable,
     pub gallery_bank: Option<&'a EmbeddingTable>,
-    pub index: &'a IdIndex,
+    /// The gallery's id index, when the caller holds one during the pass
+    /// (counted against the memory budget).
+    pub index: Option<&'a IdIndex>,
 }
 
 /// Rows per block of the moments' read: a few MiB of f32 at common widths,
@@ -130,6 +135,127 @@ pub fn write_stats(
     Ok((file, reports))
 }
 
+/// What pass 1 writes, known before it starts: the layout of the methods'
+/// columns, the bank moments of `dn` and `mp`, and the stats file's schema
+/// and metadata.
+#[derive(Debug)]
+pub struct StatsPlan {
+    pub layout: StatsLayout,
+    pub moments: Option<BankMoments>,
+    /// The stats file's schema.
+    pub schema: SchemaRef,
+    /// The stats file's metadata: the caller's, then the methods and the
+    /// moments (Sinkhorn reports are added when the sweeps end).
+    pub metadata: Vec<(String, String)>,
+}
+
+impl StatsPlan {
+    /// The plan of `methods` over `inputs` (reads the tables once when a
+    /// method needs their moments).
+    pub fn new(
+        inputs: &StatsInputs<'_>,
+        methods: &[MethodSpec],
+        mut metadata: Vec<(String, String)>,
+    ) -> Result<Self> {
+        let layout = StatsLayout::new(methods);
+        let moments = bank_moments(
+            &layout,
+            inputs.bank,
+            inputs.gallery_bank.unwrap_or(inputs.gallery),
+        )?;
+        if let Some(moments) = &moments {
+            metadata.extend(layout.file_metadata(moments));
+        }
+        metadata.push(("hubnorm.methods".into(), methods_json(layout.methods())));
+        let schema = layout.schema(inputs.gallery.id_kind);
+        Ok(StatsPlan {
+            layout,
+            moments,
+            schema,
+            metadata,
+        })
+    }
+
+    /// Whether every column of a gallery row is known once the banks have
+    /// streamed past it (no activation sets, no Sinkhorn potentials, which
+    /// need every gallery row): then any range of gallery rows can be
+    /// computed on its own, as a cluster task does.
+    pub fn rows_are_independent(&self) -> bool {
+        self.layout.columns().1.is_empty()
+    }
+
+    /// The columns written as each gallery chunk finishes: the id and the
+    /// early columns.
+    fn early_schema(&self) -> SchemaRef {
+        let early = self.layout.columns().0.len();
+        Arc::new(Schema::new(self.schema.fields()[..1 + early].to_vec()))
+    }
+
+    /// The bank pass over `gallery_rows` of `inputs`, from `resume` when set.
+    fn pass_request<'a>(
+        &'a self,
+        inputs: &StatsInputs<'a>,
+        options: &PassOptions,
+        gallery_rows: Range<u64>,
+        resume: Option<&'a ResumePoint>,
+    ) -> BankPassRequest<'a> {
+        let layout = &self.layout;
+        BankPassRequest {
+            gallery: inputs.gallery,
+            gallery_rows,
+            bank: Some(BankInput {
+                table: inputs.bank,
+                request: layout.bank_request(),
+            }),
+            gallery_bank: inputs
+                .gallery_bank
+                .filter(|_| layout.needs_gallery_bank_tiles())
+                .map(|table| BankInput {
+                    table,
+                    request: layout.gallery_bank_request(),
+                }),
+            budget: options.memory.bytes(),
+            resident_bytes: inputs.index.map_or(0, IdIndex::memory_bytes)
+                + self.moments.as_ref().map_or(0, BankMoments::memory_bytes),
+            output_row_bytes: layout.output_row_bytes(inputs.bank.rows),
+            resume,
+        }
+    }
+
+    /// The early columns of a finished chunk, as a batch of `early_schema`.
+    fn chunk_batch(&self, chunk: &StatsChunk<'_>, early_schema: &SchemaRef) -> Result<RecordBatch> {
+        let mut columns = vec![chunk.gallery.ids.clone()];
+        columns.extend(self.layout.chunk_columns(chunk, self.moments.as_ref())?);
+        Ok(RecordBatch::try_new(early_schema.clone(), columns)?)
+    }
+}
+
+/// The stats rows of gallery rows `gallery_rows` alone, each finished
+/// chunk handed to `on_batch` in gallery order: a cluster task's shard of
+/// pass 1. Only for a plan whose rows are independent
+/// ([`StatsPlan::rows_are_independent`]); the rows are those a whole pass
+/// writes for these gallery rows, bit for bit.
+pub fn stats_of_rows(
+    inputs: &StatsInputs<'_>,
+    plan: &StatsPlan,
+    gallery_rows: Range<u64>,
+    options: &PassOptions,
+    progress: &dyn Progress,
+    mut on_batch: impl FnMut(RecordBatch) -> Result<()>,
+) -> Result<()> {
+    if !plan.rows_are_independent() {
+        return Err(HubnormError::Internal(
+            "a shard of pass 1 was asked for methods whose columns need every gallery row".into(),
+        ));
+    }
+    let schema = plan.early_schema();
+    let request = plan.pass_request(inputs, options, gallery_rows, None);
+    compute_bank_statistics(&request, progress, |chunk| {
+        on_batch(plan.chunk_batch(&chunk, &schema)?)
+    })?;
+    Ok(())
+}
+
 /// Pass 1 into `sink`: each gallery chunk's rows as soon as the banks have
 /// streamed past it, or, when some column is known only at the end
 /// (activation sets, Sinkhorn potentials), after the last chunk, joined
@@ -143,7 +269,7 @@ pub fn stream_stats(
     methods: &[MethodSpec],
     spool: &Path,
     options: &PassOptions,
-    mut metadata: Vec<(String, String)>,
+    metadata: Vec<(String, String)>,
     progress: &dyn Progress,
     sink: &mut dyn StatsSink,
     mut checkpoint: Option<&mut Checkpoint>,
@@ -154,18 +280,18 @@ pub fn stream_stats(
         gallery_bank,
         index,
     } = *inputs;
-    let layout = StatsLayout::new(methods);
-    let moments = bank_moments(&layout, bank, gallery_bank.unwrap_or(gallery))?;
-    if let Some(moments) = &moments {
-        metadata.extend(layout.file_metadata(moments));
-    }
-    metadata.push(("hubnorm.methods".into(), methods_json(layout.methods())));
-    let schema = layout.schema(gallery.id_kind);
-    let (early, late) = layout.columns();
+    let plan = StatsPlan::new(inputs, methods, metadata)?;
+    let StatsPlan {
+        layout,
+        moments,
+        schema,
+        metadata,
+    } = &plan;
+    let mut metadata = metadata.clone();
     // Activation columns are known only after the last chunk: the other
     // columns go to a scratch file first and are copied next to them then.
-    let direct = late.is_empty();
-    let early_schema = Arc::new(Schema::new(schema.fields()[..1 + early.len()].to_vec()));
+    let direct = plan.rows_are_independent();
+    let early_schema = plan.early_schema();
     let mut spool_sink = if direct {
         sink.begin(schema.clone(), metadata.clone())?;
         None
@@ -212,28 +338,9 @@ pub fn stream_stats(
             ),
         )?;
     }
-    let request = BankPassRequest {
-        gallery,
-        bank: Some(BankInput {
-            table: bank,
-            request: layout.bank_request(),
-        }),
-        gallery_bank: gallery_bank
-            .filter(|_| layout.needs_gallery_bank_tiles())
-            .map(|table| BankInput {
-                table,
-                request: layout.gallery_bank_request(),
-            }),
-        budget: options.memory.bytes(),
-        resident_bytes: index.memory_bytes()
-            + moments.as_ref().map_or(0, BankMoments::memory_bytes),
-        output_row_bytes: layout.output_row_bytes(bank.rows),
-        resume: resume.as_ref(),
-    };
+    let request = plan.pass_request(inputs, options, 0..gallery.rows, resume.as_ref());
     let output = compute_bank_statistics(&request, progress, |chunk| {
-        let mut columns = vec![chunk.gallery.ids.clone()];
-        columns.extend(layout.chunk_columns(&chunk, moments.as_ref())?);
-        let batch = RecordBatch::try_new(early_schema.clone(), columns)?;
+        let batch = plan.chunk_batch(&chunk, &early_schema)?;
         match &mut spool_sink {
             Some(spool) => spool.write(&batch)?,
             None => sink.write(&batch)?,
@@ -287,7 +394,7 @@ pub fn stream_stats(
                 iterations,
                 tolerance: options.sinkhorn_tolerance,
                 budget: options.memory.bytes(),
-                resident_bytes: index.memory_bytes()
+                resident_bytes: index.map_or(0, IdIndex::memory_bytes)
                     + moments.as_ref().map_or(0, BankMoments::memory_bytes)
                     + potentials
                         .iter()

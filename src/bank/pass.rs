@@ -2,6 +2,8 @@
 //! bank block past it (the query bank, then the gallery bank when one is
 //! used) and fold the similarity tiles into per-item state.
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 use crate::bank::states::ActivationState;
@@ -23,9 +25,11 @@ pub struct BankInput<'a> {
 }
 
 /// What pass 1 needs besides the progress sink.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct BankPassRequest<'a> {
     pub gallery: &'a EmbeddingTable,
+    /// The gallery rows to compute: all of them, or a cluster task's shard.
+    pub gallery_rows: Range<u64>,
     /// The query bank (B) and its statistics.
     pub bank: Option<BankInput<'a>>,
     /// The gallery bank (G_B) and its statistics.
@@ -166,7 +170,7 @@ pub fn compute_bank_statistics(
             + activation_bytes(&request.gallery_bank),
         outer_row_bytes,
         inner_row_bytes,
-        outer_total_rows: gallery.rows as usize,
+        outer_total_rows: (request.gallery_rows.end - request.gallery_rows.start) as usize,
         inner_total_rows: inner_total as usize,
         outer_align: TILE_COLS,
         inner_align: TILE_ROWS,
@@ -180,9 +184,9 @@ pub fn compute_bank_statistics(
     };
     output.bank_activation = activation_of(&request.bank);
     output.gallery_bank_activation = activation_of(&request.gallery_bank);
-    let mut start_row = 0;
+    let mut start_row = request.gallery_rows.start;
     if let Some(resume) = &request.resume {
-        start_row = resume.gallery_rows;
+        start_row = start_row.max(resume.gallery_rows);
         output.bank_activation.merge(&resume.bank_activation);
         output
             .gallery_bank_activation
@@ -191,12 +195,16 @@ pub fn compute_bank_statistics(
     let mut rows_done = RowProgress::start(
         progress,
         "pass 1: gallery items",
-        gallery.rows,
+        request.gallery_rows.end - request.gallery_rows.start,
         inner_total.max(1),
     );
-    rows_done.advance(start_row as usize, inner_total.max(1) as usize);
+    rows_done.advance(
+        (start_row - request.gallery_rows.start) as usize,
+        inner_total.max(1) as usize,
+    );
     let gallery_chunks = gallery.with_batch_rows(plan.batch_rows);
-    let mut chunks = gallery_chunks.blocks_from(plan.outer_rows, start_row)?;
+    let mut chunks =
+        gallery_chunks.blocks_in(plan.outer_rows, start_row..request.gallery_rows.end)?;
     // The banks (read whole when they are cached) and the first gallery chunk
     // are decoded side by side when the budget has room for the second
     // reader: no tile can start before both are in memory.

@@ -8,10 +8,9 @@
 //! partitions from the executors over Arrow Flight. So every side must agree
 //! on three things, each with one home here:
 //!
-//! - **the codecs** ([`logical_codec`], [`physical_codec`]): the logical
-//!   one between client and scheduler, the physical one between scheduler
-//!   and executors. Ballista's own for now, set explicitly on every side so
-//!   that hubnorm's plan nodes can join them in one place;
+//! - **the codecs** ([`codec`]): the logical one between client and
+//!   scheduler, the physical one between scheduler and executors; Ballista's
+//!   own, wrapped to carry hubnorm's passes ([`crate::sql::pass`]);
 //! - **the functions** ([`server_state`]): plans name the `hub_*` scalar and
 //!   aggregate functions, which the scheduler's sessions and the executors'
 //!   function registry resolve by name;
@@ -22,7 +21,9 @@
 //! object-store registry and the client makes local paths absolute. The
 //! design and what is not done yet: docs/cluster.md.
 
+pub mod codec;
 pub mod executor;
+pub mod passes;
 pub mod scheduler;
 
 use std::fmt;
@@ -36,7 +37,6 @@ use ballista_core::config::TaskSchedulingPolicy;
 use ballista_core::extension::{
     ballista_aggregate_functions, ballista_scalar_functions, ballista_window_functions,
 };
-use ballista_core::serde::{BallistaLogicalExtensionCodec, BallistaPhysicalExtensionCodec};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::LogicalPlan;
@@ -64,17 +64,14 @@ pub const DEFAULT_SCHEDULER_PORT: u16 = 50050;
 pub const SCHEDULING: TaskSchedulingPolicy = TaskSchedulingPolicy::PullStaged;
 
 /// The logical extension codec of the client and the scheduler.
-/// Ballista's own: hubnorm's plans hold no custom logical node or table
-/// provider yet (the table functions are refused on a cluster).
 pub fn logical_codec() -> Arc<dyn LogicalExtensionCodec> {
-    Arc::new(BallistaLogicalExtensionCodec::default())
+    Arc::new(codec::LogicalCodec::default())
 }
 
 /// The physical extension codec of the scheduler and the executors (and
-/// of the client, which Ballista asks for it). Ballista's own, for its
-/// shuffle nodes; hubnorm has no custom execution plan yet.
+/// of the client, which Ballista asks for it).
 pub fn physical_codec() -> Arc<dyn PhysicalExtensionCodec> {
-    Arc::new(BallistaPhysicalExtensionCodec::default())
+    Arc::new(codec::PhysicalCodec::default())
 }
 
 /// The address of a cluster's scheduler: `df://HOST:PORT` (`--cluster`), or
@@ -211,13 +208,16 @@ fn client_config(options: &SqlOptions) -> SessionConfig {
         .with_target_partitions(options.partitions())
         .with_information_schema(true)
         .with_ballista_job_name("hubnorm sql")
+        // One partition per task: a pass's shard is one task, with the
+        // memory of one slot (the default packs a task with as many
+        // partitions as the executor has free slots).
+        .set_usize("ballista.scheduler.max_partitions_per_task", 1)
         .with_ballista_logical_extension_codec(logical_codec())
         .with_ballista_physical_extension_codec(physical_codec())
 }
 
 /// A SQL session whose queries run on the cluster of `scheduler`, with every
-/// hubnorm function (the table functions refuse to run: see
-/// [`Placement::Cluster`]). Fails (exit code 1) when the scheduler does
+/// hubnorm function (placed as [`Placement::Cluster`] says). Fails (exit code 1) when the scheduler does
 /// not accept connections; Ballista itself connects at the first query.
 pub async fn session(scheduler: &SchedulerAddress, options: &SqlOptions) -> Result<SessionContext> {
     reach(scheduler, Duration::ZERO).await?;

@@ -25,12 +25,18 @@ use super::{ballista_error, logical_codec, physical_codec, server_state, SCHEDUL
 pub struct SchedulerOptions {
     /// Where to listen (port 0: any free port, reported to `on_listening`).
     pub bind: SocketAddr,
+    /// How long an executor may go without a heartbeat before it counts as
+    /// lost (its tasks, and the outputs it held, are then run again on the
+    /// others). Executors heartbeat with every poll for work, at least every
+    /// 5 s, so Ballista's 180 s would only delay recovery.
+    pub executor_timeout: Duration,
 }
 
 impl Default for SchedulerOptions {
     fn default() -> Self {
         SchedulerOptions {
             bind: SocketAddr::from(([127, 0, 0, 1], super::DEFAULT_SCHEDULER_PORT)),
+            executor_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -66,6 +72,10 @@ async fn serve(options: &SchedulerOptions, on_listening: impl FnOnce(SocketAddr)
         override_session_builder: Some(Arc::new(server_state)),
         override_logical_codec: Some(logical_codec()),
         override_physical_codec: Some(physical_codec()),
+        executor_timeout_seconds: options.executor_timeout.as_secs().max(1),
+        // Look for lost executors a few times per timeout.
+        expire_dead_executor_interval_seconds: (options.executor_timeout.as_secs() / 3)
+            .clamp(1, 15),
         ..SchedulerConfig::default()
     };
     config

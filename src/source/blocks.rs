@@ -27,6 +27,8 @@ pub struct BlockReader<'a> {
     pub(super) skip_in_next_part: u64,
     current: Option<PartReader>,
     pub(super) next_global_row: u64,
+    /// The row the reader stops before (the table's end unless a range was asked).
+    pub(super) end_row: u64,
 }
 
 struct PartReader {
@@ -54,6 +56,7 @@ impl<'a> BlockReader<'a> {
             skip_in_next_part: 0,
             current: None,
             next_global_row: 0,
+            end_row: u64::MAX,
         }
     }
 
@@ -192,7 +195,10 @@ impl<'a> BlockReader<'a> {
         let mut rows = 0usize;
         let first_row = self.next_global_row;
         let mut block_dim = if self.peek_dimension { None } else { Some(dim) };
-        while rows < self.block_rows {
+        let block_rows = self
+            .block_rows
+            .min(usize::try_from(self.end_row.saturating_sub(first_row)).unwrap_or(usize::MAX));
+        while rows < block_rows {
             if self.current.is_none() && !self.open_part()? {
                 break;
             }
@@ -219,7 +225,7 @@ impl<'a> BlockReader<'a> {
                 }
             }
             let (batch, offset) = part.pending.as_ref().expect("set above");
-            let take = (batch.num_rows() - offset).min(self.block_rows - rows);
+            let take = (batch.num_rows() - offset).min(block_rows - rows);
             let slice = batch.slice(*offset, take);
             let slice_first_row = part.batch_first_row + *offset as u64;
             let opts = &self.table.options;

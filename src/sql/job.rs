@@ -221,9 +221,7 @@ async fn open_session(job: &SqlJob) -> Result<SessionContext> {
         #[cfg(feature = "cluster")]
         Some(url) => crate::cluster::session(&url.parse()?, &job.options).await,
         #[cfg(not(feature = "cluster"))]
-        Some(url) => Err(HubnormError::Usage(format!(
-            "--cluster {url}: this hubnorm was built without the `cluster` feature (cargo build --release --features cluster)"
-        ))),
+        Some(url) => Err(crate::pipeline::without_cluster(url)),
     }
 }
 

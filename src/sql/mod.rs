@@ -7,7 +7,8 @@
 //! - scalar functions over embeddings and scores ([`scalar`]);
 //! - aggregates over long-format similarity or result tables that adapt the
 //!   native pass's mergeable statistics ([`aggregate`]);
-//! - the two passes as streaming table functions ([`table`]).
+//! - the two passes as streaming table functions ([`table`]), partitioned
+//!   plans that a cluster can run ([`pass`]).
 //!
 //! [`job`] runs SQL text with a run's inputs and outputs registered as tables.
 
@@ -21,6 +22,7 @@ macro_rules! bad_input {
 
 pub mod aggregate;
 pub mod job;
+pub mod pass;
 pub mod scalar;
 pub mod table;
 
@@ -132,10 +134,27 @@ pub enum Placement {
     Local,
     /// On a cluster (`hubnorm sql --cluster`): the scalar and aggregate
     /// functions run on the executors, which install them by name
-    /// ([`scalar_functions`], [`aggregate_functions`]); the table functions
-    /// are installed under their names but refuse to run, because their
-    /// single-partition streams cannot travel to an executor yet.
+    /// ([`scalar_functions`], [`aggregate_functions`]); `hubnorm_stats` is
+    /// cut into shards of gallery rows, one task each ([`pass`]);
+    /// `hubnorm_search` refuses to run (it is not sharded yet).
     Cluster,
+}
+
+impl Placement {
+    /// `path` as every process of the pass must name it: on a cluster, a
+    /// local path made absolute (the executors' working directories are
+    /// not the client's); URLs as they are.
+    pub(crate) fn path(self, path: String) -> Result<String> {
+        if self == Placement::Local || crate::storage::is_url(&path) {
+            return Ok(path);
+        }
+        let absolute =
+            std::path::absolute(&path).map_err(|e| HubnormError::io(path.as_str(), e))?;
+        absolute
+            .to_str()
+            .map(str::to_owned)
+            .ok_or_else(|| HubnormError::Usage(format!("{path}: the path is not valid UTF-8")))
+    }
 }
 
 /// Every hubnorm SQL function with its documentation: the single list
@@ -149,21 +168,18 @@ fn functions(options: &SqlOptions, placement: Placement) -> Vec<(FunctionDoc, Im
             .into_iter()
             .map(Implementation::Aggregate),
     );
-    match placement {
-        Placement::Local => {
-            implementations.push(Implementation::Table(Arc::new(table::StatsFunction {
-                options: options.clone(),
-            })));
-            implementations.push(Implementation::Table(Arc::new(table::SearchFunction {
-                options: options.clone(),
-            })));
-        }
-        Placement::Cluster => {
-            for name in ["hubnorm_stats", "hubnorm_search"] {
-                implementations.push(Implementation::Table(Arc::new(table::LocalOnly { name })));
-            }
-        }
-    }
+    implementations.push(Implementation::Table(Arc::new(table::StatsFunction {
+        options: options.clone(),
+        placement,
+    })));
+    implementations.push(Implementation::Table(match placement {
+        Placement::Local => Arc::new(table::SearchFunction {
+            options: options.clone(),
+        }),
+        Placement::Cluster => Arc::new(table::LocalOnly {
+            name: "hubnorm_search",
+        }),
+    }));
     docs.into_iter().zip(implementations).collect()
 }
 

@@ -5,137 +5,24 @@
 //! SELECT * FROM hubnorm_search('queries/', 'gallery/', 'gallery_stats.parquet', 'is', 10);
 //! ```
 //!
-//! Each is a [`StreamingTable`] over one [`PartitionStream`] that runs the
-//! native pass on a blocking thread and hands its record batches over a
-//! bounded channel as they are made (a finished gallery chunk for stats, a
-//! query block for search), so they compose with joins, filters, `LIMIT`
-//! and `COPY ... TO`. Before starting, the pass reserves its memory budget
-//! from the session's memory pool and runs within it.
+//! Each returns a [`PassTable`] ([`super::pass`]): its batches stream as
+//! the pass makes them, so they compose with joins, filters, `LIMIT` and
+//! `COPY ... TO`. On one machine the pass is one partition; on a cluster,
+//! `hubnorm_stats` is cut into shards of gallery rows, one task each.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::catalog::streaming::StreamingTable;
 use datafusion::catalog::{TableFunctionImpl, TableProvider};
 use datafusion::common::{plan_err, Result, ScalarValue};
-use datafusion::execution::memory_pool::MemoryConsumer;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::Expr;
-use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
-use datafusion::physical_plan::streaming::PartitionStream;
 
 use crate::error::HubnormError;
-use crate::options::{MemoryBudget, MethodKind, MethodSpec, PassOptions};
+use crate::options::{MethodKind, MethodSpec};
 use crate::pipeline::{self, SearchJob, StatsJob};
-use crate::progress::Silent;
-use crate::stats_file::StatsSink;
 
-use super::{external, SqlOptions};
-
-/// Which pass a table function runs.
-#[derive(Debug, Clone)]
-enum Pass {
-    Stats(StatsJob),
-    Search(SearchJob),
-}
-
-impl Pass {
-    fn name(&self) -> &'static str {
-        match self {
-            Pass::Stats(_) => "hubnorm_stats",
-            Pass::Search(_) => "hubnorm_search",
-        }
-    }
-
-    fn options_mut(&mut self) -> &mut PassOptions {
-        match self {
-            Pass::Stats(job) => &mut job.options,
-            Pass::Search(job) => &mut job.options,
-        }
-    }
-}
-
-/// One pass as a partition stream.
-#[derive(Debug)]
-struct PassStream {
-    schema: SchemaRef,
-    pass: Pass,
-    /// Bytes reserved from the session's pool, and the pass's budget.
-    budget: usize,
-}
-
-/// Scratch files of streamed stats passes get distinct names.
-static SPOOLS: AtomicUsize = AtomicUsize::new(0);
-
-impl PartitionStream for PassStream {
-    fn schema(&self) -> &SchemaRef {
-        &self.schema
-    }
-
-    fn execute(&self, ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
-        // Two batches in flight: the pass waits when the consumer is slower.
-        let mut builder = RecordBatchReceiverStreamBuilder::new(self.schema.clone(), 2);
-        let tx = builder.tx();
-        let pool = ctx.memory_pool().clone();
-        let mut pass = self.pass.clone();
-        let budget = self.budget;
-        builder.spawn_blocking(move || {
-            let reservation = MemoryConsumer::new(pass.name()).register(&pool);
-            reservation.try_grow(budget)?;
-            pass.options_mut().memory = MemoryBudget(budget);
-            let closed = || HubnormError::Interrupted("the query stopped reading".into());
-            let mut send =
-                |batch: &RecordBatch| tx.blocking_send(Ok(batch.clone())).map_err(|_| closed());
-            let outcome = match &pass {
-                Pass::Stats(job) => {
-                    let spool = std::env::temp_dir().join(format!(
-                        "hubnorm-sql-{}-{}.spool",
-                        std::process::id(),
-                        SPOOLS.fetch_add(1, Ordering::Relaxed)
-                    ));
-                    let mut sink = ChannelSink { send: &mut send };
-                    pipeline::stream_stats(job, &spool, &Silent, &mut sink)
-                }
-                Pass::Search(job) => pipeline::stream_search(job, &Silent, &mut send),
-            };
-            match outcome {
-                // A consumer that stopped early (LIMIT) is not an error.
-                Err(HubnormError::Interrupted(_)) if tx.is_closed() => Ok(()),
-                other => other.map_err(external),
-            }
-        });
-        builder.build()
-    }
-}
-
-/// Stats rows into the channel (the schema is known before the pass).
-struct ChannelSink<'a> {
-    send: &'a mut (dyn FnMut(&RecordBatch) -> crate::Result<()> + Send),
-}
-
-impl StatsSink for ChannelSink<'_> {
-    fn begin(&mut self, _: SchemaRef, _: Vec<(String, String)>) -> crate::Result<()> {
-        Ok(())
-    }
-    fn write(&mut self, batch: &RecordBatch) -> crate::Result<()> {
-        (self.send)(batch)
-    }
-}
-
-fn provider(schema: SchemaRef, pass: Pass, options: &SqlOptions) -> Result<Arc<dyn TableProvider>> {
-    let stream = PassStream {
-        schema: schema.clone(),
-        pass,
-        budget: options.pass_budget(),
-    };
-    Ok(Arc::new(StreamingTable::try_new(
-        schema,
-        vec![Arc::new(stream)],
-    )?))
-}
+use super::pass::{PassSpec, PassTable};
+use super::{external, Placement, SqlOptions};
 
 // ------------------------------------------------------------------ arguments
 
@@ -239,6 +126,7 @@ pub fn parse_methods(methods: &str, parameters: &str) -> crate::Result<Vec<Metho
 #[derive(Debug)]
 pub(super) struct StatsFunction {
     pub options: SqlOptions,
+    pub placement: Placement,
 }
 
 impl TableFunctionImpl for StatsFunction {
@@ -272,8 +160,17 @@ impl TableFunctionImpl for StatsFunction {
             options: self.options.pass_options(),
             checkpoint: Default::default(),
         };
-        let schema = pipeline::stats_schema(&job).map_err(external)?;
-        provider(schema, Pass::Stats(job), &self.options)
+        let (spec, rows) = PassSpec::for_stats(&job).map_err(external)?;
+        let spec = match self.placement {
+            Placement::Local => spec,
+            Placement::Cluster => {
+                pipeline::check_shardable(&job.methods).map_err(external)?;
+                spec.sharded(rows, self.options.partitions())
+                    .with_absolute_paths()
+                    .map_err(external)?
+            }
+        };
+        Ok(Arc::new(PassTable::new(spec).map_err(external)?))
     }
 }
 
@@ -316,8 +213,8 @@ impl TableFunctionImpl for SearchFunction {
             overwrite: false,
             options: self.options.pass_options(),
         };
-        let schema = pipeline::search_schema(&job).map_err(external)?;
-        provider(schema, Pass::Search(job), &self.options)
+        let spec = PassSpec::for_search(&job).map_err(external)?;
+        Ok(Arc::new(PassTable::new(spec).map_err(external)?))
     }
 }
 

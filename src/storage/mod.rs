@@ -31,6 +31,8 @@ mod remote;
 
 #[cfg(feature = "cloud")]
 pub(crate) use remote::store_for_url;
+#[cfg(feature = "cluster")]
+pub(crate) use remote::unless_stopped;
 pub use remote::{ObjectUrl, RemoteFile, RemoteRead};
 
 /// What a path names: a local file or folder, or an object (or prefix) in an

@@ -710,8 +710,8 @@ where
 const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// `future`'s output, or `Err(Interrupted)` once a stop is requested while
-/// it is still pending. Runs on the shared runtime (it needs its timer).
-async fn unless_stopped<F: Future>(future: F) -> Result<F::Output> {
+/// it is still pending. Runs on a tokio runtime (it needs its timer).
+pub(crate) async fn unless_stopped<F: Future>(future: F) -> Result<F::Output> {
     tokio::pin!(future);
     let mut poll = tokio::time::interval(STOP_POLL);
     loop {

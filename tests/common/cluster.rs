@@ -94,15 +94,22 @@ impl Cluster {
     /// of `executor_envs` (one task slot each), all in `cwd`, logging into
     /// `logs`, and waits until every executor has registered.
     pub fn start(cwd: &Path, logs: &Path, scheduler_env: &Env, executor_envs: &[Env]) -> Cluster {
+        Self::start_with(cwd, logs, &[], scheduler_env, executor_envs)
+    }
+
+    /// [`Cluster::start`] with more arguments for the scheduler.
+    pub fn start_with(
+        cwd: &Path,
+        logs: &Path,
+        scheduler_args: &[&str],
+        scheduler_env: &Env,
+        executor_envs: &[Env],
+    ) -> Cluster {
         std::fs::create_dir_all(logs).unwrap();
         let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let scheduler = Process::start(
-            "scheduler",
-            &args(&["cluster", "scheduler", "--bind", "127.0.0.1:0"]),
-            cwd,
-            scheduler_env,
-            logs,
-        );
+        let mut scheduler_command = args(&["cluster", "scheduler", "--bind", "127.0.0.1:0"]);
+        scheduler_command.extend(args(scheduler_args));
+        let scheduler = Process::start("scheduler", &scheduler_command, cwd, scheduler_env, logs);
         let mut cluster = Cluster {
             scheduler,
             executors: Vec::new(),
@@ -193,6 +200,23 @@ impl Cluster {
         let mut response = String::new();
         stream.read_to_string(&mut response)?;
         Ok(response)
+    }
+
+    /// The log of executor `i`.
+    pub fn executor_log(&self, i: usize) -> String {
+        self.executors[i].log_text()
+    }
+
+    /// Kills executor `i` with SIGKILL (no notice to the scheduler).
+    pub fn kill_executor(&mut self, i: usize) {
+        self.executors[i].child.kill().unwrap();
+        self.executors[i].child.wait().unwrap();
+    }
+
+    /// Kills the scheduler with SIGKILL.
+    pub fn kill_scheduler(&mut self) {
+        self.scheduler.child.kill().unwrap();
+        self.scheduler.child.wait().unwrap();
     }
 
     /// Every process's log, for a failure message.

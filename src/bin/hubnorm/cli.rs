@@ -85,6 +85,11 @@ pub struct SchedulerArgs {
     /// 127.0.0.1 makes the scheduler reachable from other machines.
     #[arg(long, default_value = "127.0.0.1:50050")]
     pub bind: std::net::SocketAddr,
+    /// Seconds without a heartbeat after which an executor counts as lost
+    /// and its tasks run again on the others (executors heartbeat at least
+    /// every 5 s).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub executor_timeout: u64,
 }
 
 /// `hubnorm cluster executor`.
@@ -296,7 +301,37 @@ pub struct StatsArgs {
     #[arg(long)]
     pub out: PathBuf,
     #[command(flatten)]
+    pub cluster: ClusterJobArgs,
+    #[command(flatten)]
     pub common: CommonArgs,
+}
+
+/// Running a pass on a cluster instead of this process.
+#[derive(Debug, Clone, Args)]
+pub struct ClusterJobArgs {
+    /// Compute the pass on a cluster (`hubnorm cluster scheduler` and
+    /// executors) instead of this process; the output is written here, the
+    /// same file bit for bit. Inputs must be readable from every executor
+    /// (shared storage or URLs). Methods whose statistics need every gallery
+    /// row at once (dis, dual-dis, sn, dbsn) are refused.
+    #[arg(long, value_name = "df://HOST:PORT", conflicts_with_all = ["update", "resume"])]
+    pub cluster: Option<String>,
+    /// With --cluster: shards of gallery rows, one task each (more shards
+    /// than executor slots balance the load; each reads the banks once).
+    #[arg(long, default_value_t = 16, requires = "cluster", value_parser = clap::value_parser!(u32).range(1..))]
+    pub shards: u32,
+}
+
+impl ClusterJobArgs {
+    /// The cluster to run on, when one is named.
+    pub fn job(&self) -> Option<hubnorm::options::ClusterJob> {
+        self.cluster
+            .as_ref()
+            .map(|scheduler| hubnorm::options::ClusterJob {
+                scheduler: scheduler.clone(),
+                shards: self.shards as usize,
+            })
+    }
 }
 
 #[derive(Debug, Args)]

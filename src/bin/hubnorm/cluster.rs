@@ -20,7 +20,11 @@ pub fn cluster(args: ClusterArgs) -> Result<()> {
             if let Some(warning) = exposure_warning("scheduler", args.bind) {
                 eprintln!("warning: {warning}");
             }
-            run_scheduler(&SchedulerOptions { bind: args.bind }, |addr| {
+            let options = SchedulerOptions {
+                bind: args.bind,
+                executor_timeout: std::time::Duration::from_secs(args.executor_timeout),
+            };
+            run_scheduler(&options, |addr| {
                 eprintln!(
                     "hubnorm cluster scheduler listening on {addr} (clients: --cluster {}, executors: --scheduler {addr})",
                     SchedulerAddress::from(addr)

@@ -53,7 +53,10 @@ pub fn stats(args: StatsArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let outcome = pipeline::run_stats(&job, progress.as_ref())?;
+    let outcome = match args.cluster.job() {
+        Some(cluster) => pipeline::run_stats_on(&job, &cluster)?,
+        None => pipeline::run_stats(&job, progress.as_ref())?,
+    };
     if !args.common.quiet {
         if outcome.resumed_rows > 0 {
             println!(

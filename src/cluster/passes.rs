@@ -1,0 +1,228 @@
+//! The client side of a pass on a cluster: the pass goes to the scheduler
+//! as a sharded [`PassTable`], and its rows come back here, shard after
+//! shard, into the same sinks as a one-machine run (so the outputs are
+//! committed here, once every task has finished).
+//!
+//! Ballista hands a job's result partitions over in the order their tasks
+//! finished, so each row carries its shard ([`SHARD_COLUMN`]): the rows of
+//! the next shard due go straight to the sink, those of later shards wait
+//! in scratch Arrow files and follow in turn.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ballista_core::execution_plans::DistributedQueryExec;
+use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
+use ballista_core::serde::protobuf::CancelJobParams;
+use datafusion::arrow::array::{AsArray, RecordBatch};
+use datafusion::arrow::datatypes::{Schema, SchemaRef, UInt32Type};
+use datafusion::arrow::ipc::reader::FileReader;
+use datafusion::arrow::ipc::writer::FileWriter;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_proto::protobuf::LogicalPlanNode;
+use futures::StreamExt;
+
+use crate::error::{HubnormError, Result};
+use crate::sql::pass::{PassSpec, PassTable, SHARD_COLUMN};
+use crate::sql::SqlOptions;
+
+use super::SchedulerAddress;
+
+/// How long a client tries to cancel its job on the scheduler after a stop.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs the sharded pass `spec` on the cluster of `scheduler` and hands its
+/// rows to `emit` in shard order, without the shard column. `spec` must be
+/// sharded with [`PassSpec::shard_column`] set.
+pub fn pass_rows(
+    scheduler: &SchedulerAddress,
+    spec: PassSpec,
+    options: &SqlOptions,
+    emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
+) -> Result<()> {
+    if spec.shards.is_empty() || !spec.shard_column {
+        return Err(HubnormError::Internal(
+            "a pass sent to a cluster must be sharded with its shard column".into(),
+        ));
+    }
+    super::runtime(options.threads)?.block_on(async {
+        let ctx = super::session(scheduler, options).await?;
+        let cluster_error = |e: datafusion::error::DataFusionError| {
+            HubnormError::Cluster(format!("{scheduler}: {}", e.strip_backtrace()))
+        };
+        let frame = ctx
+            .read_table(Arc::new(PassTable::new(spec.clone())?))
+            .map_err(cluster_error)?;
+        let plan = frame.create_physical_plan().await.map_err(cluster_error)?;
+        let mut stream = plan.execute(0, ctx.task_ctx()).map_err(cluster_error)?;
+        let mut order = ShardOrder::new(&spec, plan.schema())?;
+        loop {
+            let next = match crate::storage::unless_stopped(stream.next()).await {
+                Ok(next) => next,
+                Err(stop) => {
+                    cancel(scheduler, plan.as_ref()).await;
+                    return Err(stop);
+                }
+            };
+            match next {
+                Some(batch) => order.push(batch.map_err(cluster_error)?, emit)?,
+                None => break,
+            }
+        }
+        order.finish()
+    })
+}
+
+/// Asks the scheduler to cancel the job of `plan` (best effort: the stop is
+/// what the user sees, whether or not the scheduler answers).
+async fn cancel(scheduler: &SchedulerAddress, plan: &dyn ExecutionPlan) {
+    let Some(job_id) = plan
+        .downcast_ref::<DistributedQueryExec<LogicalPlanNode>>()
+        .and_then(DistributedQueryExec::job_id)
+    else {
+        return;
+    };
+    let url = format!("http://{}:{}", scheduler.host(), scheduler.port());
+    let request = async {
+        let mut client = SchedulerGrpcClient::connect(url).await.ok()?;
+        client
+            .cancel_job(CancelJobParams {
+                job_id: job_id.to_string(),
+            })
+            .await
+            .ok()
+    };
+    if tokio::time::timeout(CANCEL_TIMEOUT, request)
+        .await
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        log::warn!("could not cancel job {job_id} on {scheduler}");
+    }
+}
+
+/// Puts the rows of a sharded pass back in shard order.
+struct ShardOrder {
+    /// Rows each shard must have.
+    expected: Vec<u64>,
+    received: Vec<u64>,
+    /// The shard whose rows go to the sink now.
+    next: usize,
+    /// Rows of shards that came early, by shard.
+    waiting: Vec<Option<(PathBuf, FileWriter<File>)>>,
+    scratch: tempfile::TempDir,
+    /// The rows' schema without the shard column.
+    schema: SchemaRef,
+}
+
+impl ShardOrder {
+    fn new(spec: &PassSpec, schema: SchemaRef) -> Result<Self> {
+        let shards = spec.partitions();
+        let last = schema.fields().len().checked_sub(1);
+        if last.map(|i| schema.field(i).name().as_str()) != Some(SHARD_COLUMN) {
+            return Err(HubnormError::Internal(format!(
+                "the cluster's rows have no {SHARD_COLUMN} column"
+            )));
+        }
+        let fields = schema.fields()[..schema.fields().len() - 1].to_vec();
+        let scratch = tempfile::Builder::new()
+            .prefix("hubnorm-shards-")
+            .tempdir()
+            .map_err(|e| HubnormError::io(std::env::temp_dir(), e))?;
+        Ok(ShardOrder {
+            expected: spec.shards.windows(2).map(|w| w[1] - w[0]).collect(),
+            received: vec![0; shards],
+            next: 0,
+            waiting: (0..shards).map(|_| None).collect(),
+            scratch,
+            schema: Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())),
+        })
+    }
+
+    /// Takes one batch from the cluster (all its rows from one shard).
+    fn push(
+        &mut self,
+        batch: RecordBatch,
+        emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
+    ) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        let tags = batch
+            .columns()
+            .last()
+            .expect("checked")
+            .as_primitive::<UInt32Type>();
+        let shard = tags.value(0) as usize;
+        if shard >= self.expected.len() || tags.iter().any(|t| t != Some(shard as u32)) {
+            return Err(HubnormError::Cluster(format!(
+                "the cluster returned a batch with rows of shard {shard} mixed with others, or of a shard that does not exist"
+            )));
+        }
+        self.received[shard] += batch.num_rows() as u64;
+        if self.received[shard] > self.expected[shard] {
+            return Err(HubnormError::Cluster(format!(
+                "the cluster returned more than the {} rows of shard {shard} (a task ran twice?)",
+                self.expected[shard]
+            )));
+        }
+        let rows = RecordBatch::try_new(
+            self.schema.clone(),
+            batch.columns()[..batch.num_columns() - 1].to_vec(),
+        )?;
+        if shard == self.next {
+            emit(&rows)?;
+        } else {
+            self.wait(shard, &rows)?;
+        }
+        self.advance(emit)
+    }
+
+    /// Keeps `rows` of `shard` in its scratch file until its turn.
+    fn wait(&mut self, shard: usize, rows: &RecordBatch) -> Result<()> {
+        if self.waiting[shard].is_none() {
+            let path = self.scratch.path().join(format!("shard-{shard}.arrow"));
+            let file = File::create(&path).map_err(|e| HubnormError::io(&path, e))?;
+            let writer = FileWriter::try_new(file, &self.schema)?;
+            self.waiting[shard] = Some((path, writer));
+        }
+        let (_, writer) = self.waiting[shard].as_mut().expect("created above");
+        writer.write(rows)?;
+        Ok(())
+    }
+
+    /// Moves on past every complete shard, emitting the rows that waited for
+    /// the shards that are due.
+    fn advance(&mut self, emit: &mut dyn FnMut(&RecordBatch) -> Result<()>) -> Result<()> {
+        while self.next < self.expected.len()
+            && self.received[self.next] == self.expected[self.next]
+        {
+            self.next += 1;
+            if let Some((path, mut writer)) = self.waiting.get_mut(self.next).and_then(Option::take)
+            {
+                writer.finish()?;
+                drop(writer);
+                let file = File::open(&path).map_err(|e| HubnormError::io(&path, e))?;
+                for rows in FileReader::try_new(file, None)? {
+                    emit(&rows?)?;
+                }
+                std::fs::remove_file(&path).map_err(|e| HubnormError::io(&path, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that every shard came back whole.
+    fn finish(self) -> Result<()> {
+        match (0..self.expected.len()).find(|&s| self.received[s] != self.expected[s]) {
+            None => Ok(()),
+            Some(shard) => Err(HubnormError::Cluster(format!(
+                "the cluster returned {} of the {} rows of shard {shard}",
+                self.received[shard], self.expected[shard]
+            ))),
+        }
+    }
+}

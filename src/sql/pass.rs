@@ -1,0 +1,614 @@
+//! A pass as a partitioned DataFusion table: [`PassTable`] and its plan
+//! [`PassExec`], built from a [`PassSpec`] that every process of a cluster
+//! can rebuild them from.
+//!
+//! Partition `i` of a sharded spec computes the rows of shard `i` alone:
+//! for `hubnorm_stats`, gallery rows `shards[i]..shards[i + 1]` against the
+//! whole banks (a gallery row's statistics need every bank row and no other
+//! gallery row, for the methods whose columns are known per chunk: see
+//! [`crate::bank::driver::StatsPlan::rows_are_independent`]). So a
+//! scheduler spreads the shards over executors as one task each, and their
+//! rows are those of the one-machine pass bit for bit. An unsharded spec has
+//! one partition that runs the whole pass, as on one machine.
+//!
+//! Each partition runs the native pass on a blocking thread and hands its
+//! record batches over a bounded channel as they are made (a finished
+//! gallery chunk for stats, a query block for search). Before starting, the
+//! pass reserves its budget from the task's memory pool, half of it (the rest
+//! is for the operators around it; less when other partitions of the query
+//! share the pool), and runs within it: on one machine the session's
+//! `--memory-limit`, on an executor its `--memory-limit` shared among its
+//! task slots.
+
+use std::fmt;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{AsArray, RecordBatch, UInt32Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::TableType;
+use datafusion::execution::memory_pool::{
+    MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation,
+};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::Expr;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchReceiverStreamBuilder;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
+use futures::TryStreamExt;
+use serde::{Deserialize, Serialize};
+
+use crate::error::HubnormError;
+use crate::inputs::open_table;
+use crate::options::{BankSample, MemoryBudget, MethodSpec, PassOptions, ReadOptions};
+use crate::pipeline::{self, SearchJob, StatsJob};
+use crate::progress::Silent;
+use crate::source::IdKind;
+use crate::stats_file::{methods_from_json, methods_json, StatsSink};
+
+use super::{external, Placement};
+
+/// The column a sharded pass adds when asked, the shard of each row, so
+/// that a client can put the shards back in order.
+pub const SHARD_COLUMN: &str = "hubnorm_shard";
+
+/// Which pass, on which inputs: paths (absolute, or URLs) and methods.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "pass", rename_all = "snake_case")]
+pub enum PassInputs {
+    /// Pass 1 (`hubnorm_stats`).
+    Stats {
+        gallery: String,
+        bank: String,
+        gallery_bank: Option<String>,
+        bank_sample: Option<BankSample>,
+        /// As [`methods_json`] writes them.
+        methods: String,
+        gallery_ids: IdKind,
+    },
+    /// Pass 2 (`hubnorm_search`).
+    Search {
+        queries: String,
+        gallery: String,
+        stats: Option<String>,
+        methods: String,
+        k: usize,
+        query_ids: IdKind,
+        gallery_ids: IdKind,
+    },
+}
+
+/// Everything a process needs to run a pass's partitions: what travels
+/// inside a cluster's plans (see `cluster::codec`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PassSpec {
+    pub inputs: PassInputs,
+    pub read: ReadOptions,
+    /// Worker threads of each partition's pass (0 = one per core).
+    pub threads: usize,
+    /// Shard bounds: partition `i` computes rows `shards[i]..shards[i + 1]`
+    /// (gallery rows for stats). Empty: one partition, the whole pass.
+    pub shards: Vec<u64>,
+    /// Whether every batch carries its shard in a last column
+    /// [`SHARD_COLUMN`].
+    pub shard_column: bool,
+}
+
+impl PassSpec {
+    /// Pass 1 of `job`, whole, with its methods checked, and the gallery's
+    /// row count (reads the gallery's footers).
+    pub fn for_stats(job: &StatsJob) -> crate::Result<(Self, u64)> {
+        let methods = pipeline::stats_methods(job)?;
+        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        Ok((Self::stats(job, &methods, gallery.id_kind), gallery.rows))
+    }
+
+    /// Pass 2 of `job`, whole (reads the tables' footers).
+    pub fn for_search(job: &SearchJob) -> crate::Result<Self> {
+        let queries = open_table("queries", &job.queries, &job.options, false)?;
+        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        Ok(Self::search(job, queries.id_kind, gallery.id_kind))
+    }
+
+    /// Pass 1 of `job` with `methods` (checked), whole.
+    pub fn stats(job: &StatsJob, methods: &[MethodSpec], gallery_ids: IdKind) -> Self {
+        PassSpec {
+            inputs: PassInputs::Stats {
+                gallery: job.gallery.clone(),
+                bank: job.bank.clone(),
+                gallery_bank: job.gallery_bank.clone(),
+                bank_sample: job.bank_sample,
+                methods: methods_json(methods),
+                gallery_ids,
+            },
+            read: job.options.read.clone(),
+            threads: job.options.threads,
+            shards: Vec::new(),
+            shard_column: false,
+        }
+    }
+
+    /// Pass 2 of `job`, whole.
+    fn search(job: &SearchJob, query_ids: IdKind, gallery_ids: IdKind) -> Self {
+        PassSpec {
+            inputs: PassInputs::Search {
+                queries: job.queries.clone(),
+                gallery: job.gallery.clone(),
+                stats: job.stats.as_ref().map(|p| p.display().to_string()),
+                methods: methods_json(&job.methods),
+                k: job.k,
+                query_ids,
+                gallery_ids,
+            },
+            read: job.options.read.clone(),
+            threads: job.options.threads,
+            shards: Vec::new(),
+            shard_column: false,
+        }
+    }
+
+    /// This spec cut into `count` shards of `rows` rows as even as can be
+    /// (at most one shard per row).
+    pub fn sharded(mut self, rows: u64, count: usize) -> Self {
+        let count = (count.max(1) as u64).min(rows.max(1));
+        self.shards = (0..=count).map(|i| rows * i / count).collect();
+        self
+    }
+
+    /// This spec with its local paths made absolute, for processes whose
+    /// working directories are not this one's (a cluster's).
+    pub fn with_absolute_paths(mut self) -> crate::Result<Self> {
+        let absolute = |path: &mut String| -> crate::Result<()> {
+            *path = Placement::Cluster.path(std::mem::take(path))?;
+            Ok(())
+        };
+        match &mut self.inputs {
+            PassInputs::Stats {
+                gallery,
+                bank,
+                gallery_bank,
+                ..
+            } => {
+                absolute(gallery)?;
+                absolute(bank)?;
+                gallery_bank.as_mut().map(absolute).transpose()?;
+            }
+            PassInputs::Search {
+                queries,
+                gallery,
+                stats,
+                ..
+            } => {
+                absolute(queries)?;
+                absolute(gallery)?;
+                stats.as_mut().map(absolute).transpose()?;
+            }
+        }
+        Ok(self)
+    }
+
+    /// The function a user calls for this pass.
+    pub fn name(&self) -> &'static str {
+        match self.inputs {
+            PassInputs::Stats { .. } => "hubnorm_stats",
+            PassInputs::Search { .. } => "hubnorm_search",
+        }
+    }
+
+    /// Partitions of the plan: one per shard, one when unsharded.
+    pub fn partitions(&self) -> usize {
+        self.shards.len().saturating_sub(1).max(1)
+    }
+
+    /// The rows of partition `partition`: `None` for the whole pass.
+    fn shard(&self, partition: usize) -> Option<Range<u64>> {
+        (!self.shards.is_empty()).then(|| self.shards[partition]..self.shards[partition + 1])
+    }
+
+    fn methods(&self) -> crate::Result<Vec<MethodSpec>> {
+        let json = match &self.inputs {
+            PassInputs::Stats { methods, .. } | PassInputs::Search { methods, .. } => methods,
+        };
+        let list: serde_json::Value = serde_json::from_str(json)
+            .map_err(|e| HubnormError::Internal(format!("the pass's methods: {e}")))?;
+        methods_from_json(&list, std::path::Path::new(self.name()), "methods")
+    }
+
+    /// The rows' schema, without reading a file.
+    pub fn schema(&self) -> crate::Result<SchemaRef> {
+        let schema = match &self.inputs {
+            PassInputs::Stats { gallery_ids, .. } => {
+                crate::bank::StatsLayout::new(&self.methods()?).schema(*gallery_ids)
+            }
+            PassInputs::Search {
+                query_ids,
+                gallery_ids,
+                ..
+            } => crate::query::results::results_schema(*query_ids, *gallery_ids),
+        };
+        if !self.shard_column {
+            return Ok(schema);
+        }
+        let mut fields = schema.fields().to_vec();
+        fields.push(Arc::new(Field::new(SHARD_COLUMN, DataType::UInt32, false)));
+        Ok(Arc::new(Schema::new_with_metadata(
+            fields,
+            schema.metadata().clone(),
+        )))
+    }
+
+    /// The spec as bytes (JSON), for a plan sent to other processes.
+    pub fn to_bytes(&self) -> crate::Result<Vec<u8>> {
+        serde_json::to_vec(self).map_err(|e| HubnormError::Internal(format!("a pass's spec: {e}")))
+    }
+
+    /// The spec from [`PassSpec::to_bytes`].
+    pub fn from_bytes(bytes: &[u8]) -> crate::Result<Self> {
+        serde_json::from_slice(bytes).map_err(|e| {
+            HubnormError::Internal(format!(
+                "a pass's spec from another hubnorm process does not parse (are all processes the same hubnorm version?): {e}"
+            ))
+        })
+    }
+
+    /// Runs partition `partition` with `budget` bytes, handing its batches
+    /// (in this spec's schema before the shard column) to `emit`.
+    fn run(
+        &self,
+        partition: usize,
+        budget: usize,
+        emit: &mut (dyn FnMut(&RecordBatch) -> crate::Result<()> + Send),
+    ) -> crate::Result<()> {
+        let options = PassOptions {
+            read: self.read.clone(),
+            memory: MemoryBudget(budget),
+            threads: self.threads,
+            ..PassOptions::default()
+        };
+        let methods = self.methods()?;
+        match (&self.inputs, self.shard(partition)) {
+            (
+                PassInputs::Stats {
+                    gallery,
+                    bank,
+                    gallery_bank,
+                    bank_sample,
+                    ..
+                },
+                rows,
+            ) => {
+                let job = StatsJob {
+                    gallery: gallery.clone(),
+                    bank: bank.clone(),
+                    gallery_bank: gallery_bank.clone(),
+                    bank_sample: *bank_sample,
+                    methods,
+                    out: PathBuf::new(),
+                    overwrite: false,
+                    options,
+                    checkpoint: Default::default(),
+                };
+                match rows {
+                    Some(rows) => pipeline::stream_stats_rows(&job, rows, &Silent, emit),
+                    None => {
+                        let spool = std::env::temp_dir().join(format!(
+                            "hubnorm-sql-{}-{}.spool",
+                            std::process::id(),
+                            SPOOLS.fetch_add(1, Ordering::Relaxed)
+                        ));
+                        let mut sink = ChannelSink { send: emit };
+                        pipeline::stream_stats(&job, &spool, &Silent, &mut sink)
+                    }
+                }
+            }
+            (
+                PassInputs::Search {
+                    queries,
+                    gallery,
+                    stats,
+                    k,
+                    ..
+                },
+                None,
+            ) => {
+                let job = SearchJob {
+                    queries: queries.clone(),
+                    gallery: gallery.clone(),
+                    stats: stats.as_ref().map(PathBuf::from),
+                    methods,
+                    k: *k,
+                    out: PathBuf::new(),
+                    overwrite: false,
+                    options,
+                };
+                pipeline::stream_search(&job, &Silent, emit)
+            }
+            (PassInputs::Search { .. }, Some(_)) => Err(HubnormError::Usage(
+                "hubnorm_search does not run in shards yet".into(),
+            )),
+        }
+    }
+}
+
+/// Scratch files of streamed stats passes get distinct names.
+static SPOOLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Stats rows into the channel (the schema is known before the pass).
+struct ChannelSink<'a> {
+    send: &'a mut (dyn FnMut(&RecordBatch) -> crate::Result<()> + Send),
+}
+
+impl StatsSink for ChannelSink<'_> {
+    fn begin(&mut self, _: SchemaRef, _: Vec<(String, String)>) -> crate::Result<()> {
+        Ok(())
+    }
+    fn write(&mut self, batch: &RecordBatch) -> crate::Result<()> {
+        (self.send)(batch)
+    }
+}
+
+/// A pass as a table (what the table functions return).
+#[derive(Debug)]
+pub struct PassTable {
+    spec: PassSpec,
+    schema: SchemaRef,
+}
+
+impl PassTable {
+    pub fn new(spec: PassSpec) -> crate::Result<Self> {
+        let schema = spec.schema()?;
+        Ok(PassTable { spec, schema })
+    }
+
+    pub fn spec(&self) -> &PassSpec {
+        &self.spec
+    }
+}
+
+#[async_trait]
+impl TableProvider for PassTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(PassExec::new(
+            self.spec.clone(),
+            projection.cloned(),
+        )?))
+    }
+}
+
+/// The plan of a [`PassTable`]: one partition per shard.
+///
+/// Its child is the list of shards, an in-memory table with one row (the
+/// shard's number) per partition: a cluster's scheduler restricts each
+/// task's plan to the partitions it runs by slicing such tables (it cannot
+/// slice a plan it does not know), so a task gets the shards it must run
+/// and no other. Partition `p` runs the shards of its child's partition `p`
+/// (one, unless something between them regrouped the list).
+#[derive(Debug)]
+pub struct PassExec {
+    spec: PassSpec,
+    /// The columns kept, by index into the spec's schema (all when `None`).
+    projection: Option<Vec<usize>>,
+    schema: SchemaRef,
+    shards: Arc<dyn ExecutionPlan>,
+    properties: Arc<PlanProperties>,
+}
+
+/// The column of the shard list.
+const SHARD_LIST_COLUMN: &str = "shard";
+
+impl PassExec {
+    /// The plan of every shard of `spec`.
+    pub fn new(spec: PassSpec, projection: Option<Vec<usize>>) -> Result<Self> {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            SHARD_LIST_COLUMN,
+            DataType::UInt32,
+            false,
+        )]));
+        let partitions = (0..spec.partitions())
+            .map(|shard| {
+                let column = Arc::new(UInt32Array::from(vec![shard as u32]));
+                Ok(vec![RecordBatch::try_new(schema.clone(), vec![column])?])
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let shards = MemorySourceConfig::try_new_exec(&partitions, schema, None)?;
+        Self::over(spec, projection, shards)
+    }
+
+    /// The plan of the shards that `shards` (a shard list) lists.
+    pub fn over(
+        spec: PassSpec,
+        projection: Option<Vec<usize>>,
+        shards: Arc<dyn ExecutionPlan>,
+    ) -> Result<Self> {
+        let full = spec.schema().map_err(external)?;
+        let schema = match &projection {
+            Some(columns) => Arc::new(full.project(columns)?),
+            None => full,
+        };
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(
+                shards.properties().output_partitioning().partition_count(),
+            ),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        Ok(PassExec {
+            spec,
+            projection,
+            schema,
+            shards,
+            properties: Arc::new(properties),
+        })
+    }
+
+    pub fn spec(&self) -> &PassSpec {
+        &self.spec
+    }
+
+    pub fn projection(&self) -> Option<&[usize]> {
+        self.projection.as_deref()
+    }
+}
+
+impl DisplayAs for PassExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "PassExec: {}, {} partition(s)",
+            self.spec.name(),
+            self.spec.partitions()
+        )
+    }
+}
+
+/// The shard numbers a partition of a shard list holds (each below `count`).
+fn shards_of(list: SendableRecordBatchStream, count: usize) -> Result<Vec<usize>> {
+    let batches: Vec<RecordBatch> = futures::executor::block_on(list.try_collect())?;
+    let mut shards = Vec::new();
+    for batch in &batches {
+        let column = batch
+            .column(0)
+            .as_primitive_opt::<UInt32Type>()
+            .ok_or_else(|| DataFusionError::Internal("a shard list of another type".into()))?;
+        for shard in column.values().iter().map(|&s| s as usize) {
+            if shard >= count {
+                return Err(DataFusionError::Internal(format!(
+                    "shard {shard} of a pass of {count} shards"
+                )));
+            }
+            shards.push(shard);
+        }
+    }
+    Ok(shards)
+}
+
+/// The least budget a pass starts with: below it, the pass's blocks are
+/// too small to be worth running.
+const MIN_PASS_BUDGET: usize = 32 << 20;
+
+/// Reserves a pass's budget from `pool`: half of what the pool has left (half
+/// of its limit when it is free), so that the operators around the pass and
+/// other passes sharing the pool (partitions of the same query) get the
+/// rest; if that fails, half as much and so on, down to [`MIN_PASS_BUDGET`]. The pass
+/// plans its blocks within what it got; its rows do not depend on it.
+fn reserve_budget(pool: &Arc<dyn MemoryPool>, name: &str) -> Result<(MemoryReservation, usize)> {
+    let limit = match pool.memory_limit() {
+        MemoryLimit::Finite(bytes) => bytes,
+        _ => MemoryBudget::DEFAULT.bytes(),
+    };
+    let reservation = MemoryConsumer::new(name).register(pool);
+    let mut budget = (limit / 2).min(limit.saturating_sub(pool.reserved()) / 2);
+    loop {
+        match reservation.try_grow(budget) {
+            Ok(()) => return Ok((reservation, budget)),
+            Err(e) if budget / 2 < MIN_PASS_BUDGET => return Err(e),
+            Err(_) => budget /= 2,
+        }
+    }
+}
+
+impl ExecutionPlan for PassExec {
+    fn name(&self) -> &str {
+        "PassExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.shards]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        // One partition per shard already: regrouping the list gains nothing.
+        vec![false]
+    }
+
+    fn apply_expressions(
+        &self,
+        _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let [shards] = <[_; 1]>::try_from(children).map_err(|_| {
+            DataFusionError::Internal("PassExec has one child, its shard list".into())
+        })?;
+        Ok(Arc::new(Self::over(
+            self.spec.clone(),
+            self.projection.clone(),
+            shards,
+        )?))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        ctx: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let shard_list = self.shards.execute(partition, ctx.clone())?;
+        // Two batches in flight: the pass waits when the consumer is slower.
+        let mut builder = RecordBatchReceiverStreamBuilder::new(self.schema.clone(), 2);
+        let tx = builder.tx();
+        let pool = ctx.memory_pool().clone();
+        let spec = self.spec.clone();
+        let projection = self.projection.clone();
+        let schema = self.schema.clone();
+        builder.spawn_blocking(move || {
+            let shards = shards_of(shard_list, spec.partitions())?;
+            let (_reservation, budget) = reserve_budget(&pool, spec.name())?;
+            for shard in shards {
+                let tag = spec.shard_column.then_some(shard as u32);
+                let closed = || HubnormError::Interrupted("the query stopped reading".into());
+                let mut send = |batch: &RecordBatch| {
+                    let mut columns = batch.columns().to_vec();
+                    if let Some(tag) = tag {
+                        columns.push(Arc::new(UInt32Array::from_value(tag, batch.num_rows())));
+                    }
+                    if let Some(indices) = &projection {
+                        columns = indices.iter().map(|&i| columns[i].clone()).collect();
+                    }
+                    let batch = RecordBatch::try_new(schema.clone(), columns)?;
+                    tx.blocking_send(Ok(batch)).map_err(|_| closed())
+                };
+                match spec.run(shard, budget, &mut send) {
+                    // A consumer that stopped early (LIMIT) is not an error.
+                    Err(HubnormError::Interrupted(_)) if tx.is_closed() => return Ok(()),
+                    other => other.map_err(external)?,
+                }
+            }
+            Ok(())
+        });
+        Ok(builder.build())
+    }
+}
