@@ -234,6 +234,19 @@ fn standalone_cluster_answers_like_a_local_session() {
     });
 }
 
+/// Runs `hubnorm COMMAND ARGS` in `cwd`, on this machine and with
+/// `--cluster url`, and asserts that both succeed with the same output.
+fn assert_same_stdout(what: &str, cwd: &Path, url: &str, command: &str, args: &[&str]) {
+    let local = hubnorm([command]).args(args).current_dir(cwd).output();
+    local.assert_success();
+    let remote = hubnorm([command, "--cluster", url])
+        .args(args)
+        .current_dir(cwd)
+        .output();
+    remote.assert_success();
+    assert_eq!(local.stdout(), remote.stdout(), "{what}");
+}
+
 /// `hubnorm sql` with `args`, as CSV on 2 partitions, in `cwd`.
 fn sql(cwd: &Path, cluster: Option<&str>, args: &[&str]) -> common::TestOutput {
     let mut command = hubnorm(["sql", "--format", "csv", "--threads", "2"]);
@@ -285,14 +298,7 @@ fn cluster_of_hubnorm_processes_answers_like_local_sql() {
         "SELECT q.id, count(*) AS near FROM q JOIN g ON hub_cosine(q.embedding, g.embedding) > 0.5 \
          GROUP BY q.id ORDER BY q.id",
     ];
-    let local = hubnorm(["sql"]).args(relative).current_dir(&data).output();
-    local.assert_success();
-    let remote = hubnorm(["sql", "--cluster", &url])
-        .args(relative)
-        .current_dir(&data)
-        .output();
-    remote.assert_success();
-    assert_eq!(local.stdout(), remote.stdout(), "relative paths");
+    assert_same_stdout("relative paths", &data, &url, "sql", &relative);
 
     // COPY ... TO a relative path: planned by the scheduler and written by
     // the executors, where the client means it.
@@ -368,15 +374,13 @@ fn cluster_of_hubnorm_processes_answers_like_local_sql() {
     // per shard, two shards with --threads 2), with the local rows.
     let query =
         "SELECT * FROM hubnorm_stats('gallery', 'bank.parquet', 'is,nnn,gc') ORDER BY gallery_id";
-    let local = hubnorm(["sql", "--threads", "2", query])
-        .current_dir(&data)
-        .output();
-    local.assert_success();
-    let remote = hubnorm(["sql", "--threads", "2", "--cluster", &url, query])
-        .current_dir(&data)
-        .output();
-    remote.assert_success();
-    assert_eq!(local.stdout(), remote.stdout(), "hubnorm_stats");
+    assert_same_stdout(
+        "hubnorm_stats",
+        &data,
+        &url,
+        "sql",
+        &["--threads", "2", query],
+    );
     // hubnorm_search is not sharded yet: refused, not run on the client.
     let refused = sql(
         &data,

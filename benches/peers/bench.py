@@ -39,7 +39,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, HERE)
 
 JOBS_ALL = ["peak", "topk", "is-pass1", "is-pass2", "dis", "nnn", "sn", "hubness", "object-store", "memory",
-            "scaling"]
+            "scaling", "cluster"]
 RAW_FIELDS = ["run_id", "job", "size", "tool", "threads", "repeat", "wall_s", "cpu_s", "max_rss_mib",
               "gflop", "status", "check", "gflops_reported", "n_queries", "n_gallery", "n_bank", "dim",
               "loadavg", "note"]
@@ -95,6 +95,12 @@ JOB_TEXT = {
                     "untimed). The server runs on the same cores as hubnorm, so its own CPU time counts against "
                     "the S3 run. The S3 runs' outputs are downloaded and checked against the local run's. "
                     "GFLOP = 2·d·(bank + queries)·gallery.",
+    "cluster": "Pass 1 of inverted softmax (`hubnorm stats --method is`) on one machine with `--threads 1` "
+               "and `--threads 2`, against `hubnorm stats --cluster` (16 shards) on a Ballista cluster of "
+               "hubnorm processes on 127.0.0.1: a scheduler and 1 or 2 executors of one task slot each "
+               "(`hubnorm-cluster-1x1`, `hubnorm-cluster-2x1`; both clusters run through the whole job, the "
+               "idle one polling its scheduler). The cluster's output is checked byte for byte against the "
+               "local one. cpu_s counts the client only. GFLOP = 2·bank·gallery·d.",
     "hubness": "k-occurrence skewness (k = 10, all gallery items) of the same neighbour lists (hubnorm `run "
                "--methods none`'s results.parquet). hubnorm `report`; peer: pyarrow + numpy bincount + "
                "`scipy.stats.skew`. Checked against summary.json of `hubnorm run`.",
@@ -765,13 +771,43 @@ class Bench:
                            a.scaling_repeats, 2.0 * nb * ng * d / 1e9)
             shutil.rmtree(os.path.join(self.work, label), ignore_errors=True)
 
+    def job_cluster(self):
+        """hubnorm stats --method is: local 1 and 2 threads against clusters of 1 and 2 one-slot executors."""
+        a = self.args
+        data = size_data(a.cluster_size, a, self.log)
+        if data is None:
+            return
+        clusters = {n: LocalCluster(self.hub, n, os.path.join(self.work, f"cluster{n}"), self.log)
+                    for n in (1, 2)}
+        try:
+            def stats(rdir, extra):
+                return [[self.hub, "stats", "--gallery", data.gallery, "--bank", data.bank, "--method", "is",
+                         "--out", os.path.join(rdir, "gallery_stats.parquet"), "--memory-limit",
+                         a.memory_limit_text, "--quiet", "--overwrite"] + extra]
+
+            def same_file(ref, mine):
+                name = "gallery_stats.parquet"
+                with open(os.path.join(ref, name), "rb") as x, open(os.path.join(mine, name), "rb") as y:
+                    return "ok: byte-identical" if x.read() == y.read() else "mismatch: the files differ"
+
+            tools = [Tool(f"hubnorm-t{t}", lambda rdir, _, t=t: stats(rdir, ["--threads", str(t)]),
+                          check=same_file, checked=True) for t in (1, 2)]
+            tools += [Tool(f"hubnorm-cluster-{n}x1",
+                           lambda rdir, _, n=n: stats(rdir, ["--cluster", clusters[n].url, "--shards", "16"]),
+                           check=same_file, checked=True) for n in (1, 2)]
+            gflop = 2.0 * data.nb * data.ng * data.d / 1e9
+            self.run_group("cluster", a.cluster_size, data, 2, tools, a.cluster_repeats, gflop)
+        finally:
+            for c in clusters.values():
+                c.stop()
+
     # -- everything ----------------------------------------------------------------------------
     def run(self):
         a = self.args
         write_setup(self, started=True)
         if "peak" in a.jobs:
             self.job_peak()
-        per_size = [j for j in a.jobs if j not in ("peak", "memory", "scaling")]
+        per_size = [j for j in a.jobs if j not in ("peak", "memory", "scaling", "cluster")]
         for size in a.sizes:
             if not per_size:
                 break
@@ -785,6 +821,8 @@ class Bench:
             self.job_memory()
         if "scaling" in a.jobs:
             self.job_scaling()
+        if "cluster" in a.jobs:
+            self.job_cluster()
         self.stop_s3_servers()
         write_setup(self, started=False)
         self.raw.close()
@@ -793,6 +831,57 @@ class Bench:
         if not a.keep_work:
             shutil.rmtree(self.work, ignore_errors=True)
         self.log(f"wrote {self.out}/{{setup.md,raw.csv,commands.log,summary.md}}")
+
+
+class LocalCluster:
+    """`hubnorm cluster scheduler` and `executors` executors of one task slot each on free ports of
+    127.0.0.1, logging into `work`; stopped by their process ids (SIGTERM, then SIGINT)."""
+
+    def __init__(self, hub, executors, work, log):
+        import socket
+        import time
+        os.makedirs(work, exist_ok=True)
+        self.procs = []
+        out = open(os.path.join(work, "scheduler.log"), "w")
+        self.procs.append(subprocess.Popen([hub, "cluster", "scheduler", "--bind", "127.0.0.1:0"],
+                                           stdout=out, stderr=out, cwd=work))
+        port, start = None, time.time()
+        while port is None:
+            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", open(os.path.join(work, "scheduler.log")).read())
+            if m:
+                port = int(m.group(1))
+            elif time.time() - start > 60:
+                raise RuntimeError("the scheduler did not start")
+            time.sleep(0.05)
+        self.url = f"df://127.0.0.1:{port}"
+        for i in range(executors):
+            out = open(os.path.join(work, f"executor{i}.log"), "w")
+            self.procs.append(subprocess.Popen(
+                [hub, "cluster", "executor", "--scheduler", f"127.0.0.1:{port}", "--bind", "127.0.0.1:0",
+                 "--threads", "1", "--memory-limit", "4GiB"], stdout=out, stderr=out, cwd=work))
+        start = time.time()
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                    sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    said = sock.recv(4096).decode(errors="replace")
+            except OSError:
+                said = ""
+            if f"ready: {executors} executors" in said:
+                break
+            if time.time() - start > 60:
+                raise RuntimeError(f"{executors} executors did not register: {said}")
+            time.sleep(0.1)
+        log(f"cluster: scheduler on {self.url} with {executors} executor(s)")
+
+    def stop(self):
+        for p in reversed(self.procs):
+            p.send_signal(signal.SIGTERM if p is not self.procs[0] else signal.SIGINT)
+        for p in self.procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
 
 class LocalS3Server:
@@ -1339,7 +1428,7 @@ def summarize(out_dir):
         p = peak.get(t, float("nan"))
         return g.gflops / p * 100 if p and not math.isnan(p) and not math.isnan(g.gflops) else float("nan")
 
-    job_order = ["topk", "is-pass1", "is-pass2", "dis", "nnn", "sn", "hubness", "object-store"]
+    job_order = ["topk", "is-pass1", "is-pass2", "dis", "nnn", "sn", "hubness", "object-store", "cluster"]
     for job in job_order:
         keys = [k for k in G if k[0] == job]
         if not keys:
@@ -1372,6 +1461,18 @@ def summarize(out_dir):
                 f"median wall time (target ≤ 1.25×)"
                 for k in keys if k[2].startswith("hubnorm-s3") and G[k].n
                 for loc in [(k[0], k[1], "hubnorm-local", k[3])] if loc in G and G[loc].n]
+        if job == "cluster":
+            for size in sorted({k[1] for k in keys}, key=_size_key):
+                w = {k[2]: G[k].wall for k in keys if k[1] == size and G[k].n}
+                if all(t in w for t in ("hubnorm-t2", "hubnorm-cluster-1x1", "hubnorm-cluster-2x1")):
+                    L += ["",
+                          f"- {size}: 2 executors take {w['hubnorm-cluster-2x1'] / w['hubnorm-t2']:.2f}× the local "
+                          f"2-thread run's median wall time (target ≤ 1.2×); 1 → 2 executors is "
+                          f"{w['hubnorm-cluster-1x1'] / w['hubnorm-cluster-2x1']:.2f}× faster (target ≥ 1.7×)"]
+                if all(t in w for t in ("hubnorm-t1", "hubnorm-cluster-1x1")):
+                    L.append(f"- {size}: 1 executor takes {w['hubnorm-cluster-1x1'] / w['hubnorm-t1']:.2f}× the "
+                             f"local 1-thread run (the cluster's overhead: planning, bank reads per shard, "
+                             f"Flight transfers)")
         L.append("")
 
     # targets
@@ -1510,6 +1611,8 @@ def main(argv=None):
     p.add_argument("--scaling-bank", default="10k,30k,100k", help="bank sizes at the fixed gallery")
     p.add_argument("--scaling-fixed-gallery", default="100k")
     p.add_argument("--scaling-dim", type=int, default=384)
+    p.add_argument("--cluster-size", default="100k", help="the cluster job's size (gallery × bank, d)")
+    p.add_argument("--cluster-repeats", type=int, default=3)
     p.add_argument("--scaling-repeats", type=int, default=1)
     p.add_argument("--scaling-threads", type=int, default=0, help="default: the largest of --threads")
     p.add_argument("--sn-max-pairs", type=float, default=2e9,
