@@ -798,7 +798,10 @@ class Bench:
             gflop = 2.0 * data.nb * data.ng * data.d / 1e9
             self.run_group("cluster", a.cluster_size, data, 2, tools, a.cluster_repeats, gflop)
         finally:
-            for c in clusters.values():
+            for n, c in clusters.items():
+                peaks = ", ".join(f"{p:.0f}" for p in c.peak_rss_mib())
+                self.log(f"cluster of {n} executor(s) (--memory-limit 4GiB each): peak RSS MiB of the "
+                         f"scheduler, then each executor: {peaks}")
                 c.stop()
 
     # -- everything ----------------------------------------------------------------------------
@@ -873,6 +876,17 @@ class LocalCluster:
                 raise RuntimeError(f"{executors} executors did not register: {said}")
             time.sleep(0.1)
         log(f"cluster: scheduler on {self.url} with {executors} executor(s)")
+
+    def peak_rss_mib(self):
+        """Each process's peak resident memory so far (VmHWM), in MiB: scheduler first."""
+        peaks = []
+        for p in self.procs:
+            try:
+                status = open(f"/proc/{p.pid}/status").read()
+                peaks.append(int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024)
+            except (OSError, AttributeError):
+                peaks.append(float("nan"))
+        return peaks
 
     def stop(self):
         for p in reversed(self.procs):

@@ -50,7 +50,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::HubnormError;
 use crate::inputs::open_table;
-use crate::options::{BankSample, MemoryBudget, MethodSpec, PassOptions, ReadOptions};
+use crate::options::{human_bytes, BankSample, MemoryBudget, MethodSpec, PassOptions, ReadOptions};
 use crate::pipeline::{self, SearchJob, StatsJob};
 use crate::progress::Silent;
 use crate::source::IdKind;
@@ -507,29 +507,28 @@ fn shards_of(list: SendableRecordBatchStream, count: usize) -> Result<Vec<usize>
     Ok(shards)
 }
 
-/// The least budget a pass starts with: below it, the pass's blocks are
-/// too small to be worth running.
-const MIN_PASS_BUDGET: usize = 32 << 20;
-
-/// Reserves a pass's budget from `pool`: half of what the pool has left (half
-/// of its limit when it is free), so that the operators around the pass and
-/// other passes sharing the pool (partitions of the same query) get the
-/// rest; if that fails, half as much and so on, down to [`MIN_PASS_BUDGET`]. The pass
-/// plans its blocks within what it got; its rows do not depend on it.
+/// Reserves a pass's budget from `pool`: half of what the pool has left
+/// (half of its limit when it is free), so that the operators around the
+/// pass and other passes sharing the pool (partitions of one query, or two
+/// table functions) get the rest. Refused when that is less than a quarter
+/// of the limit: the pool is mostly taken.
 fn reserve_budget(pool: &Arc<dyn MemoryPool>, name: &str) -> Result<(MemoryReservation, usize)> {
     let limit = match pool.memory_limit() {
         MemoryLimit::Finite(bytes) => bytes,
         _ => MemoryBudget::DEFAULT.bytes(),
     };
-    let reservation = MemoryConsumer::new(name).register(pool);
-    let mut budget = (limit / 2).min(limit.saturating_sub(pool.reserved()) / 2);
-    loop {
-        match reservation.try_grow(budget) {
-            Ok(()) => return Ok((reservation, budget)),
-            Err(e) if budget / 2 < MIN_PASS_BUDGET => return Err(e),
-            Err(_) => budget /= 2,
-        }
+    let free = limit.saturating_sub(pool.reserved());
+    let budget = (limit / 2).min(free / 2);
+    if budget < limit / 4 {
+        return Err(DataFusionError::ResourcesExhausted(format!(
+            "{name} needs a quarter of the memory pool ({}) and only {} of it are free; raise --memory-limit",
+            human_bytes(limit as u64 / 4),
+            human_bytes(free as u64)
+        )));
     }
+    let reservation = MemoryConsumer::new(name).register(pool);
+    reservation.try_grow(budget)?;
+    Ok((reservation, budget))
 }
 
 impl ExecutionPlan for PassExec {
