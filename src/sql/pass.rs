@@ -479,8 +479,9 @@ impl DisplayAs for PassExec {
     fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
             f,
-            "PassExec: {}, {} partition(s)",
+            "PassExec: {}, {} of {} shard(s)",
             self.spec.name(),
+            self.properties.output_partitioning().partition_count(),
             self.spec.partitions()
         )
     }
