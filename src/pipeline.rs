@@ -16,7 +16,7 @@ use crate::inputs::{
 use crate::options::{BankSample, ClusterJob, MethodKind, MethodSpec, PassOptions};
 use crate::progress::Progress;
 use crate::query::load_plan;
-use crate::query::results::{results_schema, search_into};
+use crate::query::results::{results_schema, search_into, search_rows_into, ResultRows};
 use crate::query::sinkhorn_pp::SingleQuerySinkhorn;
 use crate::query::ScoringPlan;
 use crate::sink::{
@@ -133,6 +133,9 @@ pub struct RunJob {
     pub out_dir: PathBuf,
     pub overwrite: bool,
     pub options: PassOptions,
+    /// Both passes computed by a cluster (`--cluster`) instead of this
+    /// process; the outputs are written here all the same.
+    pub cluster: Option<ClusterJob>,
 }
 
 impl RunJob {
@@ -156,6 +159,7 @@ impl RunJob {
             out_dir: out_dir.into(),
             overwrite: false,
             options: PassOptions::default(),
+            cluster: None,
         }
     }
 }
@@ -280,22 +284,13 @@ fn write_results(
     out: Option<&Path>,
     overwrite: bool,
     options: &PassOptions,
-    mut metadata: Vec<(String, String)>,
+    metadata: Vec<(String, String)>,
     protocol: Option<&SingleQuerySinkhorn>,
     progress: &dyn Progress,
 ) -> Result<(Option<AtomicFile>, Vec<MethodOutcome>)> {
-    let schema = results_schema(queries.id_kind, gallery.id_kind);
-    metadata.extend(common_metadata("results", options));
-    metadata.push((
-        "hubnorm.methods".into(),
-        methods_json(&plan.methods.iter().map(|m| m.spec).collect::<Vec<_>>()),
-    ));
-    metadata.push(("hubnorm.k".into(), k.to_string()));
-    metadata.extend(table_metadata("queries", queries));
-    metadata.extend(table_metadata("gallery", gallery));
     // Without a destination (tuning), only the figures are gathered.
     let mut sink = out
-        .map(|out| ParquetSink::create(out, schema, metadata, overwrite))
+        .map(|out| results_sink(queries, gallery, plan, k, out, overwrite, options, metadata))
         .transpose()?;
     let outcomes = search_into(
         queries,
@@ -303,6 +298,7 @@ fn write_results(
         index,
         plan,
         k,
+        ResultRows::TopK,
         options,
         protocol,
         progress,
@@ -313,6 +309,30 @@ fn write_results(
     )?;
     let file = sink.map(ParquetSink::close_uncommitted).transpose()?;
     Ok((file, outcomes))
+}
+
+/// The writer of a results file, with its footer's metadata.
+#[allow(clippy::too_many_arguments)]
+fn results_sink(
+    queries: &EmbeddingTable,
+    gallery: &EmbeddingTable,
+    plan: &ScoringPlan,
+    k: usize,
+    out: &Path,
+    overwrite: bool,
+    options: &PassOptions,
+    mut metadata: Vec<(String, String)>,
+) -> Result<ParquetSink> {
+    let schema = results_schema(queries.id_kind, gallery.id_kind);
+    metadata.extend(common_metadata("results", options));
+    metadata.push((
+        "hubnorm.methods".into(),
+        methods_json(&plan.methods.iter().map(|m| m.spec).collect::<Vec<_>>()),
+    ));
+    metadata.push(("hubnorm.k".into(), k.to_string()));
+    metadata.extend(table_metadata("queries", queries));
+    metadata.extend(table_metadata("gallery", gallery));
+    ParquetSink::create(out, schema, metadata, overwrite)
 }
 
 fn check_k(k: usize) -> Result<()> {
@@ -445,31 +465,8 @@ pub fn run_stats_on(job: &StatsJob, cluster: &ClusterJob) -> Result<StatsOutcome
     return Err(without_cluster(&cluster.scheduler));
     #[cfg(feature = "cluster")]
     with_stats_inputs(job, &methods, |inputs, metadata| {
-        let plan = StatsPlan::new(inputs, &methods, metadata)?;
-        let mut sink = ParquetSink::create(
-            &job.out,
-            plan.schema.clone(),
-            plan.metadata.clone(),
-            job.overwrite,
-        )?;
-        let mut spec = crate::sql::pass::PassSpec::stats(job, &methods, inputs.gallery.id_kind)
-            .sharded(inputs.gallery.rows, cluster.shards)
-            .with_absolute_paths()?;
-        spec.shard_column = true;
-        // One task per executor slot, one thread per task.
-        spec.threads = 1;
-        let options = crate::sql::SqlOptions {
-            memory: job.options.memory,
-            threads: job.options.threads,
-            read: job.options.read.clone(),
-        };
-        crate::cluster::passes::pass_rows(
-            &cluster.scheduler.parse()?,
-            spec,
-            &options,
-            &mut |batch| sink.write(batch),
-        )?;
-        let path = sink.finish()?;
+        let path =
+            on_cluster::stats(job, &methods, inputs, metadata, &job.out, cluster)?.commit()?;
         Ok(StatsOutcome {
             path,
             resumed_rows: 0,
@@ -522,6 +519,53 @@ fn checkpoint_manifest(
 
 /// `hubnorm search`: pass 2 only, with statistics from a stats file.
 pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary> {
+    let methods = check_search(job)?;
+    with_threads(job.options.threads, || {
+        let queries = open_table("queries", &job.queries, &job.options, true)?;
+        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        check_k_within(job.k, &gallery)?;
+        let index = IdIndex::build(&gallery)?;
+        let plan = load_plan(job.stats.as_deref(), &index, &methods)?;
+        let (file, outcomes) = write_results(
+            &queries,
+            &gallery,
+            &index,
+            &plan,
+            job.k,
+            Some(&job.out),
+            job.overwrite,
+            &job.options,
+            search_metadata(job),
+            None,
+            progress,
+        )?;
+        file.expect("a destination").commit()?;
+        Ok(search_summary(job, &queries, &gallery, &outcomes))
+    })
+}
+
+/// `hubnorm search --cluster`: pass 2 of `job` computed by the cluster of
+/// `cluster`, in shards of query rows, into the same results file and
+/// summary `run_search` makes, bit for bit. The shards' rows go down to the
+/// depth of the hubness measures and carry the report columns, from which
+/// the summary is rebuilt here; the file is written and committed here
+/// once every shard is in.
+pub fn run_search_on(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary> {
+    #[cfg(feature = "cluster")]
+    return on_cluster::search(job, cluster);
+    #[cfg(not(feature = "cluster"))]
+    {
+        check_search(job)?;
+        Err(without_cluster(&cluster.scheduler))
+    }
+}
+
+#[cfg(feature = "cluster")]
+mod on_cluster;
+
+/// What `run_search` and `run_search_on` check before reading any row:
+/// the methods (returned), k, and the output's place.
+fn check_search(job: &SearchJob) -> Result<Vec<MethodSpec>> {
     check_k(job.k)?;
     let methods = check_methods(&job.methods, true)?;
     refuse_protocol(&methods, "search")?;
@@ -536,45 +580,38 @@ pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary
     if let Some(stats) = &job.stats {
         check_beside_its_run(stats)?;
     }
-    with_threads(job.options.threads, || {
-        let queries = open_table("queries", &job.queries, &job.options, true)?;
-        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
-        check_k_within(job.k, &gallery)?;
-        let index = IdIndex::build(&gallery)?;
-        let plan = load_plan(job.stats.as_deref(), &index, &methods)?;
-        let mut metadata = Vec::new();
-        if let Some(stats) = &job.stats {
-            metadata.push(("hubnorm.stats.path".into(), stats.display().to_string()));
-        }
-        let (file, outcomes) = write_results(
-            &queries,
-            &gallery,
-            &index,
-            &plan,
-            job.k,
-            Some(&job.out),
-            job.overwrite,
-            &job.options,
-            metadata,
-            None,
-            progress,
-        )?;
-        file.expect("a destination").commit()?;
-        Ok(RunSummary {
-            queries: queries.rows,
-            gallery: gallery.rows,
-            bank: None,
-            gallery_bank: None,
-            transductive: false,
-            dim: gallery.dim,
-            k: job.k,
-            normalize: job.options.read.normalize,
-            methods: outcomes
-                .iter()
-                .map(|o| o.summary(&job.options.report))
-                .collect(),
-        })
-    })
+    Ok(methods)
+}
+
+/// The footer metadata a search adds to its results file.
+fn search_metadata(job: &SearchJob) -> Vec<(String, String)> {
+    job.stats
+        .iter()
+        .map(|stats| ("hubnorm.stats.path".into(), stats.display().to_string()))
+        .collect()
+}
+
+/// The summary of a search from its methods' figures.
+fn search_summary(
+    job: &SearchJob,
+    queries: &EmbeddingTable,
+    gallery: &EmbeddingTable,
+    outcomes: &[MethodOutcome],
+) -> RunSummary {
+    RunSummary {
+        queries: queries.rows,
+        gallery: gallery.rows,
+        bank: None,
+        gallery_bank: None,
+        transductive: false,
+        dim: gallery.dim,
+        k: job.k,
+        normalize: job.options.read.normalize,
+        methods: outcomes
+            .iter()
+            .map(|o| o.summary(&job.options.report))
+            .collect(),
+    }
 }
 
 /// The methods of `job`, checked for a stats pass.
@@ -679,9 +716,12 @@ pub fn stream_stats(
 }
 
 /// `hubnorm search` as a stream of record batches into `emit` (`job.out`
-/// and `job.overwrite` are not used), one batch per query block.
+/// and `job.overwrite` are not used), one batch per query block: of every
+/// query, or of the rows `query_rows` alone (a cluster task's shard).
 pub fn stream_search(
     job: &SearchJob,
+    query_rows: Option<std::ops::Range<u64>>,
+    rows: ResultRows,
     progress: &dyn Progress,
     emit: &mut (dyn FnMut(&RecordBatch) -> Result<()> + Send),
 ) -> Result<()> {
@@ -694,12 +734,14 @@ pub fn stream_search(
         check_k_within(job.k, &gallery)?;
         let index = IdIndex::build(&gallery)?;
         let plan = load_plan(job.stats.as_deref(), &index, &methods)?;
-        search_into(
+        search_rows_into(
             &queries,
+            query_rows.unwrap_or(0..queries.rows),
             &gallery,
             &index,
             &plan,
             job.k,
+            rows,
             &job.options,
             None,
             progress,
@@ -778,6 +820,9 @@ pub(crate) fn run_uncommitted(
     }
     inputs.extend(job.gallery_bank.as_deref().map(|g| ("gallery bank", g)));
     refuse_output_in_inputs(&job.out_dir, &inputs)?;
+    if let Some(cluster) = &job.cluster {
+        check_run_on_cluster(job, &methods, cluster)?;
+    }
     for name in RUN_OUTPUTS.iter().chain(extra_outputs) {
         refuse_output_in_inputs(&job.out_dir.join(name), &inputs)?;
         refuse_existing(&job.out_dir.join(name), job.overwrite)?;
@@ -817,16 +862,40 @@ pub(crate) fn run_uncommitted(
             run_fingerprint(&pairs)
         };
         metadata.push((RUN_KEY.into(), run_id.clone()));
-        let (stats_file, sinkhorn) = write_stats(
-            &banks.inputs(&gallery, &index),
-            &methods,
-            &job.out_dir.join("gallery_stats.parquet"),
-            job.overwrite,
-            &job.options,
-            metadata,
-            progress,
-            None,
-        )?;
+        let stats_out = job.out_dir.join("gallery_stats.parquet");
+        let (stats_file, sinkhorn) = match &job.cluster {
+            None => write_stats(
+                &banks.inputs(&gallery, &index),
+                &methods,
+                &stats_out,
+                job.overwrite,
+                &job.options,
+                metadata,
+                progress,
+                None,
+            )?,
+            #[cfg(feature = "cluster")]
+            Some(cluster) => {
+                let stats_job = StatsJob {
+                    gallery: job.gallery.clone(),
+                    bank: bank_spec.clone(),
+                    gallery_bank: job.gallery_bank.clone(),
+                    bank_sample: job.bank_sample,
+                    methods: methods.clone(),
+                    out: stats_out.clone(),
+                    overwrite: job.overwrite,
+                    options: job.options.clone(),
+                    checkpoint: Default::default(),
+                };
+                let inputs = banks.inputs(&gallery, &index);
+                let file = on_cluster::stats(
+                    &stats_job, &methods, &inputs, metadata, &stats_out, cluster,
+                )?;
+                (file, Vec::new())
+            }
+            #[cfg(not(feature = "cluster"))]
+            Some(cluster) => return Err(without_cluster(&cluster.scheduler)),
+        };
         // Read back through the same code as `hubnorm search`.
         let plan = load_plan(Some(stats_file.temporary_path()), &index, &methods)?;
         let protocol = methods
@@ -845,22 +914,54 @@ pub(crate) fn run_uncommitted(
                 )
             })
             .transpose()?;
-        let (results_file, outcomes) = write_results(
-            &queries,
-            &gallery,
-            &index,
-            &plan,
-            job.k,
-            Some(&job.out_dir.join("results.parquet")),
-            job.overwrite,
-            &job.options,
-            bank_metadata(&banks, job.bank_sample)
-                .into_iter()
-                .chain([(RUN_KEY.to_owned(), run_id.clone())])
-                .collect(),
-            protocol.as_ref(),
-            progress,
-        )?;
+        let results_out = job.out_dir.join("results.parquet");
+        let results_metadata = bank_metadata(&banks, job.bank_sample)
+            .into_iter()
+            .chain([(RUN_KEY.to_owned(), run_id.clone())])
+            .collect();
+        let (results_file, outcomes) = match &job.cluster {
+            None => {
+                let (file, outcomes) = write_results(
+                    &queries,
+                    &gallery,
+                    &index,
+                    &plan,
+                    job.k,
+                    Some(&results_out),
+                    job.overwrite,
+                    &job.options,
+                    results_metadata,
+                    protocol.as_ref(),
+                    progress,
+                )?;
+                (file.expect("a destination"), outcomes)
+            }
+            #[cfg(feature = "cluster")]
+            Some(cluster) => {
+                // The executors read the statistics from the stats file
+                // under its temporary name, beside the outputs.
+                let search_job = SearchJob {
+                    queries: job.queries.clone(),
+                    gallery: job.gallery.clone(),
+                    stats: Some(stats_file.temporary_path().to_path_buf()),
+                    methods: methods.clone(),
+                    k: job.k,
+                    out: results_out,
+                    overwrite: job.overwrite,
+                    options: job.options.clone(),
+                };
+                on_cluster::results(
+                    &search_job,
+                    &queries,
+                    &gallery,
+                    &plan,
+                    results_metadata,
+                    cluster,
+                )?
+            }
+            #[cfg(not(feature = "cluster"))]
+            Some(cluster) => return Err(without_cluster(&cluster.scheduler)),
+        };
         let mut summaries: Vec<MethodSummary> = outcomes
             .iter()
             .map(|o| o.summary(&job.options.report))
@@ -890,13 +991,34 @@ pub(crate) fn run_uncommitted(
             summary,
             outcomes,
             index,
-            files: vec![
-                stats_file,
-                results_file.expect("a destination"),
-                summary_file,
-            ],
+            files: vec![stats_file, results_file, summary_file],
         })
     })
+}
+
+/// Refuses a run on `cluster` that a cluster cannot compute: a method
+/// whose pass 1 needs every gallery row at once, `sinkhorn-pp` (each query
+/// is normalised with its own stack, on one machine), or outputs in object
+/// storage (the executors read the statistics from the stats file before
+/// it is committed, which for an object is a local temporary file).
+fn check_run_on_cluster(job: &RunJob, methods: &[MethodSpec], cluster: &ClusterJob) -> Result<()> {
+    if !cfg!(feature = "cluster") {
+        return Err(without_cluster(&cluster.scheduler));
+    }
+    check_shardable(methods)?;
+    if let Some(m) = methods.iter().find(|m| m.method().single_query()) {
+        return Err(HubnormError::Usage(format!(
+            "{} normalises every query with its own pseudo-test stack on one machine; run it without --cluster",
+            m.kind()
+        )));
+    }
+    if crate::storage::is_remote(&job.out_dir) {
+        return Err(HubnormError::Usage(format!(
+            "--out {}: a run on a cluster writes its outputs to a directory the executors can read (they read its statistics before they are committed), not to object storage; write to shared storage, or run `stats --cluster` and `search --cluster` with URL outputs",
+            job.out_dir.display()
+        )));
+    }
+    Ok(())
 }
 
 /// Pass 1 and pass 2 of `methods` for `queries`, keeping no output: the

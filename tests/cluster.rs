@@ -19,7 +19,8 @@ use common::cluster::{Cluster, Env};
 use common::s3::{S3Server, SECRET_KEY};
 use common::{hubnorm, queries_near, random_table, read_parquet, rng, write_table, Layout};
 use hubnorm::options::MethodSpec;
-use hubnorm::pipeline::{run, RunJob};
+use hubnorm::options::{ClusterJob, PassOptions, ReportOptions};
+use hubnorm::pipeline::{run, run_search, run_search_on, RunJob, SearchJob};
 use hubnorm::progress::Silent;
 use hubnorm::sql::SqlOptions;
 
@@ -214,24 +215,207 @@ fn standalone_cluster_answers_like_a_local_session() {
             outputs.push(csv(&frame.collect().await.unwrap()));
         }
         assert_eq!(outputs[0], outputs[1], "hubnorm_stats");
-        let refused = cluster
-            .sql(&format!(
-                "SELECT * FROM hubnorm_search('{}', '{}', '', 'none')",
-                path("queries.parquet"),
-                path("gallery")
-            ))
-            .await
-            .map(|_| ())
-            .unwrap_err();
-        let message = hubnorm::sql::sql_error(refused, None);
-        assert_eq!(message.exit_code(), 2, "{message}");
-        assert!(
-            message
-                .to_string()
-                .contains("hubnorm_search runs on one machine only"),
-            "{message}"
+        // hubnorm_search too: two shards of query rows, the local rows.
+        let search = format!(
+            "SELECT * FROM hubnorm_search('{}', '{}', '', 'none', 4) ORDER BY query_id, rank",
+            path("queries.parquet"),
+            path("gallery")
         );
+        let mut outputs = Vec::new();
+        for ctx in [&local, &cluster] {
+            let frame = ctx.sql(&search).await.unwrap();
+            outputs.push(csv(&frame.collect().await.unwrap()));
+        }
+        assert_eq!(outputs[0].lines().count(), 1 + 60 * 4, "{}", outputs[0]);
+        assert_eq!(outputs[0], outputs[1], "hubnorm_search");
     });
+}
+
+/// Pass 2 on the cluster of `url` over the data in `data` (60 queries with
+/// ground truth, 300 gallery rows in two parts): `hubnorm search --cluster`
+/// in 7 shards of query rows prints the local summary, and through the
+/// library writes the local results file bit for bit with the local
+/// summary, field for field: every hubness measure (at k = 12 and 10,
+/// deeper than the k = 3 results, so the shards' rows must go deeper than
+/// the file's), the ranks of the ground truth, and the fraction of queries
+/// the gated `dis` corrected (its statistics computed on this machine,
+/// since `dis` cannot run pass 1 on a cluster). `hubnorm_search` under
+/// `sql --cluster` gives the local rows.
+fn search_on_cluster_is_local_search(data: &Path, url: &str) {
+    let stats = data.join("search_stats.parquet");
+    hubnorm([
+        "stats",
+        "--gallery",
+        "gallery",
+        "--bank",
+        "bank.parquet",
+        "--quiet",
+    ])
+    .args(["--methods", "is,nnn,dis,mp,csls", "--out"])
+    .arg(&stats)
+    .current_dir(data)
+    .output()
+    .assert_success();
+    let path = |name: &str| data.join(name).display().to_string();
+    let mut methods = vec![MethodSpec::new("none", &[]).unwrap()];
+    methods.extend(hubnorm::stats_file::stats_file_methods(&stats).unwrap());
+    let job = |out: &str| SearchJob {
+        methods: methods.clone(),
+        k: 3,
+        options: PassOptions {
+            report: ReportOptions {
+                hubness_k: 12,
+                ..ReportOptions::default()
+            },
+            ..PassOptions::default()
+        },
+        ..SearchJob::new(
+            path("queries.parquet"),
+            path("gallery"),
+            Some(stats.clone()),
+            data.join(out),
+        )
+    };
+    let local = run_search(&job("search_local.parquet"), &Silent).unwrap();
+    let cluster = ClusterJob {
+        scheduler: url.to_owned(),
+        shards: 7,
+    };
+    let remote = run_search_on(&job("search_cluster.parquet"), &cluster).unwrap();
+    assert_eq!(local, remote, "the summaries differ");
+    assert!(local.methods.iter().all(|m| m.quality.is_some()));
+    assert!(local
+        .methods
+        .iter()
+        .any(|m| m.normalised_fraction.is_some()));
+    let bytes = |name: &str| std::fs::read(data.join(name)).unwrap();
+    assert!(
+        bytes("search_local.parquet") == bytes("search_cluster.parquet"),
+        "the cluster's results file differs from the local one"
+    );
+    assert_eq!(
+        read_parquet(&data.join("search_cluster.parquet")).num_rows(),
+        60 * 6 * 3
+    );
+
+    let search = [
+        "--queries",
+        "queries.parquet",
+        "--gallery",
+        "gallery",
+        "--stats",
+        "search_stats.parquet",
+        "--methods",
+        "is,nnn,mp",
+        "--k",
+        "5",
+        "--overwrite",
+        "--out",
+        "search_cli.parquet",
+    ];
+    let local = hubnorm(["search"]).args(search).current_dir(data).output();
+    local.assert_success();
+    let local_bytes = bytes("search_cli.parquet");
+    assert_same_stdout("search", data, url, "search", &search);
+    assert!(
+        local_bytes == bytes("search_cli.parquet"),
+        "search --cluster wrote other bytes"
+    );
+
+    let query = "SELECT * FROM hubnorm_search('queries.parquet', 'gallery', 'search_stats.parquet', 'is,mp', 5) \
+                 ORDER BY method, query_id, rank";
+    assert_same_stdout(
+        "hubnorm_search",
+        data,
+        url,
+        "sql",
+        &["--threads", "3", query],
+    );
+}
+
+/// `hubnorm run --cluster` and `hubnorm compare --cluster` (both passes on
+/// the cluster, 5 shards each) write the local outputs byte for byte (the
+/// stats, results, summary, comparison table and report) and print the
+/// local summary; a method the cluster cannot run is refused before any
+/// output, as are outputs in object storage.
+fn run_and_compare_on_cluster_are_local(data: &Path, url: &str) {
+    for command in ["run", "compare"] {
+        let args = |out: &str| {
+            let mut args: Vec<String> = [
+                command,
+                "--queries",
+                "queries.parquet",
+                "--gallery",
+                "gallery",
+                "--bank",
+                "bank.parquet",
+                "--methods",
+                "is,nnn,csls,mp,dsl",
+                "--k",
+                "4",
+                "--out",
+                out,
+            ]
+            .map(String::from)
+            .to_vec();
+            if command == "compare" {
+                args.extend(["--hubness-k", "5"].map(String::from));
+            }
+            args
+        };
+        let local_dir = format!("{command}_local");
+        let remote_dir = format!("{command}_cluster");
+        let local = hubnorm(args(&local_dir)).current_dir(data).output();
+        local.assert_success();
+        let remote = hubnorm(args(&remote_dir))
+            .args(["--cluster", url, "--shards", "5"])
+            .current_dir(data)
+            .output();
+        remote.assert_success();
+        assert_eq!(
+            local.stdout().replace(&local_dir, &remote_dir),
+            remote.stdout(),
+            "{command}: the printed summaries differ"
+        );
+        let mut names: Vec<_> = std::fs::read_dir(data.join(&local_dir))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert!(names.len() >= 3, "{command} wrote {names:?}");
+        for name in names {
+            let bytes = |dir: &str| std::fs::read(data.join(dir).join(&name)).unwrap();
+            assert!(
+                bytes(&local_dir) == bytes(&remote_dir),
+                "{command} --cluster: {} differs from the local one",
+                name.to_string_lossy()
+            );
+        }
+    }
+    for (methods, out, expected) in [
+        ("is,sn", "refused_sn", "sn cannot run on a cluster"),
+        (
+            "is,sinkhorn-pp",
+            "refused_pp",
+            "sinkhorn-pp normalises every query",
+        ),
+        ("is", "s3://bucket/run", "not to object storage"),
+    ] {
+        let refused = hubnorm([
+            "run",
+            "--queries",
+            "queries.parquet",
+            "--gallery",
+            "gallery",
+        ])
+        .args(["--bank", "bank.parquet", "--methods", methods, "--out", out])
+        .args(["--cluster", url])
+        .current_dir(data)
+        .output();
+        assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
+        assert!(refused.stderr().contains(expected), "{}", refused.stderr());
+        assert!(!data.join(out).exists());
+    }
 }
 
 /// Runs `hubnorm COMMAND ARGS` in `cwd`, on this machine and with
@@ -381,20 +565,9 @@ fn cluster_of_hubnorm_processes_answers_like_local_sql() {
         "sql",
         &["--threads", "2", query],
     );
-    // hubnorm_search is not sharded yet: refused, not run on the client.
-    let refused = sql(
-        &data,
-        Some(&url),
-        &["SELECT * FROM hubnorm_search('queries.parquet', 'gallery', 'local_stats.parquet', 'is')"],
-    );
-    assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
-    assert!(
-        refused
-            .stderr()
-            .contains("hubnorm_search runs on one machine only"),
-        "{}",
-        refused.stderr()
-    );
+    // Pass 2 on the cluster, in shards of query rows; then both passes.
+    search_on_cluster_is_local_search(&data, &url);
+    run_and_compare_on_cluster_are_local(&data, &url);
 
     // Both executors ran tasks, and each process stops with exit code 0: the
     // executors on SIGTERM after leaving the cluster, the scheduler on SIGINT.
@@ -580,11 +753,13 @@ fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
 }
 
 /// Losing processes mid-job. An executor killed (SIGKILL) while it runs a
-/// task of `hubnorm stats --cluster`: the scheduler notices (here after
-/// `--executor-timeout 3`), runs its tasks again on the other executor,
-/// and the file is the local one, bit for bit. The scheduler killed
-/// mid-job: the client fails with exit code 1 and a message naming the
-/// scheduler, and writes nothing.
+/// task of pass 2 of `hubnorm run --cluster` (having run tasks of pass 1):
+/// the scheduler notices (here after `--executor-timeout 3`), runs its
+/// tasks again on the other executor, and the three outputs are the local
+/// ones, bit for bit. A client stopped by Ctrl-C (SIGINT) exits with code
+/// 130, writes nothing, and its job is cancelled on the scheduler. The
+/// scheduler killed mid-job: the client fails with exit code 1 and a
+/// message naming the scheduler, and writes nothing.
 #[test]
 fn lost_executors_are_replaced_and_a_lost_scheduler_fails_cleanly() {
     let dir = tempfile::tempdir().unwrap();
@@ -601,6 +776,12 @@ fn lost_executors_are_replaced_and_a_lost_scheduler_fails_cleanly() {
     write_table(
         &data.join("bank.parquet"),
         &random_table(&mut r, "b", 12_000, 96),
+        Layout::FixedF32,
+        false,
+    );
+    write_table(
+        &data.join("queries.parquet"),
+        &random_table(&mut r, "q", 8_000, 96),
         Layout::FixedF32,
         false,
     );
@@ -623,7 +804,18 @@ fn lost_executors_are_replaced_and_a_lost_scheduler_fails_cleanly() {
         command.current_dir(&data);
         command
     };
-    stats(None, "local.parquet").output().assert_success();
+    let run = |cluster: Option<&str>, out: &str| {
+        let mut command = hubnorm(["run", "--queries", "queries.parquet"]);
+        command
+            .args(["--gallery", "gallery.parquet", "--bank", "bank.parquet"])
+            .args(["--methods", "is,nnn", "--out", out, "--quiet"]);
+        if let Some(url) = cluster {
+            command.args(["--cluster", url, "--shards", "8"]);
+        }
+        command.current_dir(&data);
+        command
+    };
+    run(None, "local").output().assert_success();
 
     let mut cluster = Cluster::start_with(
         &data,
@@ -633,9 +825,16 @@ fn lost_executors_are_replaced_and_a_lost_scheduler_fails_cleanly() {
         &[vec![], vec![]],
     );
     let url = cluster.url();
-    let client = stats(Some(&url), "after_kill.parquet").spawn();
-    wait_until("executor 1 to receive a task", || {
-        cluster.executor_log(1).contains("Received task")
+    // Killed once it runs tasks of pass 2 (the run's second job).
+    let client = run(Some(&url), "after_kill").spawn();
+    wait_until("executor 1 to receive a task of pass 2", || {
+        let log = cluster.executor_log(1);
+        let jobs: std::collections::BTreeSet<&str> = log
+            .split("Received task: [TID ")
+            .skip(1)
+            .filter_map(|task| task.split('/').next())
+            .collect();
+        jobs.len() >= 2
     });
     cluster.kill_executor(1);
     let output = client.wait_with_output().unwrap();
@@ -646,17 +845,63 @@ fn lost_executors_are_replaced_and_a_lost_scheduler_fails_cleanly() {
         cluster.logs()
     );
     let bytes = |name: &str| std::fs::read(data.join(name)).unwrap();
-    assert!(
-        bytes("local.parquet") == bytes("after_kill.parquet"),
-        "the stats file computed after an executor's loss differs from the local one"
-    );
+    for name in ["gallery_stats.parquet", "results.parquet", "summary.json"] {
+        assert!(
+            bytes(&format!("local/{name}")) == bytes(&format!("after_kill/{name}")),
+            "{name} computed after an executor's loss differs from the local one"
+        );
+    }
     assert!(
         cluster.executor_log(0).contains("Received task"),
         "the remaining executor ran nothing:\n{}",
         cluster.logs()
     );
 
+    // Ctrl-C on a client (a search, an SQL query writing a file): exit code
+    // 130, no output, and its job cancelled on the scheduler.
     let received = |cluster: &Cluster| cluster.executor_log(0).matches("Received task").count();
+    let mut search = hubnorm(["search", "--queries", "queries.parquet"]);
+    search
+        .args(["--gallery", "gallery.parquet"])
+        .args([
+            "--stats",
+            "local/gallery_stats.parquet",
+            "--methods",
+            "is,nnn",
+        ])
+        .args(["--out", "interrupted.parquet", "--quiet"])
+        .args(["--cluster", &url, "--shards", "8"]);
+    let mut query = hubnorm(["sql", "--cluster", &url, "--threads", "8"]);
+    query.args(["--out", "interrupted.csv", "--format", "csv"]).arg(
+        "SELECT gallery_id, is_beta20_correction FROM hubnorm_stats('gallery.parquet', 'bank.parquet', 'is')",
+    );
+    for (cancelled, mut client) in [search, query].into_iter().enumerate() {
+        let before = received(&cluster);
+        let client = client.current_dir(&data).spawn();
+        wait_until("executor 0 to receive a task of the job", || {
+            received(&cluster) > before
+        });
+        common::signal(&client, "INT");
+        let output = client.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(130), "{stderr}");
+        let start = std::time::Instant::now();
+        while cluster.scheduler_log().matches("Job cancelled").count() <= cancelled {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(30),
+                "the scheduler did not cancel the job; the client said: {stderr}\n{}",
+                cluster.scheduler_log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let left: Vec<_> = std::fs::read_dir(&data)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.contains("interrupted"))
+            .collect();
+        assert!(left.is_empty(), "an interrupted client left {left:?}");
+    }
+
     let before = received(&cluster);
     let client = stats(Some(&url), "after_scheduler.parquet").spawn();
     wait_until("executor 0 to receive a task of the second job", || {

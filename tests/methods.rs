@@ -198,6 +198,7 @@ impl Case {
             out_dir: dir.join(out),
             overwrite: false,
             options: PassOptions::default(),
+            cluster: None,
         }
     }
 }

@@ -69,6 +69,7 @@ fn run_job(dir: &Path, out: &str, k: usize, memory: MemoryBudget, threads: usize
             threads,
             ..PassOptions::default()
         },
+        cluster: None,
     }
 }
 

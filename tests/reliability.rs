@@ -86,6 +86,7 @@ fn outputs_are_byte_identical_across_runs_threads_and_memory_limits() {
                 memory,
                 ..PassOptions::default()
             },
+            cluster: None,
         };
         let summary = pipeline::run(&job, &Silent).unwrap();
         // How many blocks each Sinkhorn sweep streamed: the schedule.

@@ -231,6 +231,7 @@ fn run_job(d: &Data, out: &str, methods: Vec<MethodSpec>) -> RunJob {
         out_dir: d.dir.path().join(out),
         overwrite: false,
         options: PassOptions::default(),
+        cluster: None,
     }
 }
 

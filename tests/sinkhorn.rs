@@ -109,6 +109,7 @@ fn job(dir: &Path, out: &str, methods: Vec<MethodSpec>, memory: &str, threads: u
             threads,
             ..PassOptions::default()
         },
+        cluster: None,
     }
 }
 

@@ -305,6 +305,7 @@ fn hubness_aggregate_equals_the_run_summary() {
             out_dir: path("run"),
             overwrite: false,
             options: PassOptions::default(),
+            cluster: None,
         },
         &Silent,
     )
@@ -434,6 +435,7 @@ fn scalar_functions_match_f64() {
             out_dir: path("run"),
             overwrite: false,
             options: PassOptions::default(),
+            cluster: None,
         },
         &Silent,
     )

@@ -101,6 +101,12 @@ JOB_TEXT = {
                "(`hubnorm-cluster-1x1`, `hubnorm-cluster-2x1`; both clusters run through the whole job, the "
                "idle one polling its scheduler). The cluster's output is checked byte for byte against the "
                "local one. cpu_s counts the client only. GFLOP = 2·bank·gallery·d.",
+    "cluster-search": "Pass 2 of inverted softmax (`hubnorm search --method is`, k = 10, statistics from one "
+                      "`hubnorm stats` run made beforehand, untimed) on one machine with `--threads 1` and "
+                      "`--threads 2`, against `hubnorm search --cluster` (shards of query rows, "
+                      "`--cluster-search-shards`, 4 by default) on the same two clusters. Results checked byte "
+                      "for byte against the local file. cpu_s counts the client only. "
+                      "GFLOP = 2·queries·gallery·d.",
     "hubness": "k-occurrence skewness (k = 10, all gallery items) of the same neighbour lists (hubnorm `run "
                "--methods none`'s results.parquet). hubnorm `report`; peer: pyarrow + numpy bincount + "
                "`scipy.stats.skew`. Checked against summary.json of `hubnorm run`.",
@@ -797,6 +803,34 @@ class Bench:
                            check=same_file, checked=True) for n in (1, 2)]
             gflop = 2.0 * data.nb * data.ng * data.d / 1e9
             self.run_group("cluster", a.cluster_size, data, 2, tools, a.cluster_repeats, gflop)
+
+            # Pass 2 with one stats file made here (untimed): the search in shards of query rows.
+            stats_dir = os.path.join(self.work, a.cluster_size, "cluster-search-stats")
+            os.makedirs(stats_dir, exist_ok=True)
+            stats_file = os.path.join(stats_dir, "gallery_stats.parquet")
+            made = stats(stats_dir, ["--threads", str(self.max_threads)])[0]
+            self.log(" ".join(shlex.quote(x) for x in made))
+            subprocess.run(made, check=True)
+
+            def search(rdir, extra):
+                return [[self.hub, "search", "--queries", data.queries, "--gallery", data.gallery, "--stats",
+                         stats_file, "--method", "is", "--k", str(K), "--out",
+                         os.path.join(rdir, "results.parquet"), "--memory-limit", a.memory_limit_text, "--quiet",
+                         "--overwrite"] + extra]
+
+            def same_results(ref, mine):
+                name = "results.parquet"
+                with open(os.path.join(ref, name), "rb") as x, open(os.path.join(mine, name), "rb") as y:
+                    return "ok: byte-identical" if x.read() == y.read() else "mismatch: the files differ"
+
+            tools = [Tool(f"hubnorm-t{t}", lambda rdir, _, t=t: search(rdir, ["--threads", str(t)]),
+                          check=same_results, checked=True) for t in (1, 2)]
+            tools += [Tool(f"hubnorm-cluster-{n}x1",
+                           lambda rdir, _, n=n: search(rdir, ["--cluster", clusters[n].url, "--shards",
+                                                              str(a.cluster_search_shards)]),
+                           check=same_results, checked=True) for n in (1, 2)]
+            gflop = 2.0 * data.nq * data.ng * data.d / 1e9
+            self.run_group("cluster-search", a.cluster_size, data, 2, tools, a.cluster_repeats, gflop)
         finally:
             for n, c in clusters.items():
                 peaks = ", ".join(f"{p:.0f}" for p in c.peak_rss_mib())
@@ -1442,7 +1476,8 @@ def summarize(out_dir):
         p = peak.get(t, float("nan"))
         return g.gflops / p * 100 if p and not math.isnan(p) and not math.isnan(g.gflops) else float("nan")
 
-    job_order = ["topk", "is-pass1", "is-pass2", "dis", "nnn", "sn", "hubness", "object-store", "cluster"]
+    job_order = ["topk", "is-pass1", "is-pass2", "dis", "nnn", "sn", "hubness", "object-store", "cluster",
+                 "cluster-search"]
     for job in job_order:
         keys = [k for k in G if k[0] == job]
         if not keys:
@@ -1475,7 +1510,7 @@ def summarize(out_dir):
                 f"median wall time (target ≤ 1.25×)"
                 for k in keys if k[2].startswith("hubnorm-s3") and G[k].n
                 for loc in [(k[0], k[1], "hubnorm-local", k[3])] if loc in G and G[loc].n]
-        if job == "cluster":
+        if job in ("cluster", "cluster-search"):
             for size in sorted({k[1] for k in keys}, key=_size_key):
                 w = {k[2]: G[k].wall for k in keys if k[1] == size and G[k].n}
                 if all(t in w for t in ("hubnorm-t2", "hubnorm-cluster-1x1", "hubnorm-cluster-2x1")):
@@ -1485,8 +1520,8 @@ def summarize(out_dir):
                           f"{w['hubnorm-cluster-1x1'] / w['hubnorm-cluster-2x1']:.2f}× faster (target ≥ 1.7×)"]
                 if all(t in w for t in ("hubnorm-t1", "hubnorm-cluster-1x1")):
                     L.append(f"- {size}: 1 executor takes {w['hubnorm-cluster-1x1'] / w['hubnorm-t1']:.2f}× the "
-                             f"local 1-thread run (the cluster's overhead: planning, bank reads per shard, "
-                             f"Flight transfers)")
+                             f"local 1-thread run (the cluster's overhead: planning, "
+                             f"{'gallery' if job == 'cluster-search' else 'bank'} reads per shard, Flight transfers)")
         L.append("")
 
     # targets
@@ -1627,6 +1662,8 @@ def main(argv=None):
     p.add_argument("--scaling-dim", type=int, default=384)
     p.add_argument("--cluster-size", default="100k", help="the cluster job's size (gallery × bank, d)")
     p.add_argument("--cluster-repeats", type=int, default=3)
+    p.add_argument("--cluster-search-shards", type=int, default=4,
+                   help="shards of query rows of the cluster job's search")
     p.add_argument("--scaling-repeats", type=int, default=1)
     p.add_argument("--scaling-threads", type=int, default=0, help="default: the largest of --threads")
     p.add_argument("--sn-max-pairs", type=float, default=2e9,

@@ -20,6 +20,7 @@ use datafusion::arrow::array::{AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{Schema, SchemaRef, UInt32Type};
 use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::FileWriter;
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::protobuf::LogicalPlanNode;
 use futures::StreamExt;
@@ -35,14 +36,17 @@ const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Runs the sharded pass `spec` on the cluster of `scheduler` and hands its
 /// rows to `emit` in shard order, without the shard column. `spec` must be
-/// sharded with [`PassSpec::shard_column`] set.
+/// sharded with [`PassSpec::shard_column`] set; `expected` holds the rows
+/// each shard makes (a shard is complete, and the next one's turn, when
+/// they are all in).
 pub fn pass_rows(
     scheduler: &SchedulerAddress,
     spec: PassSpec,
+    expected: Vec<u64>,
     options: &SqlOptions,
     emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
 ) -> Result<()> {
-    if spec.shards.is_empty() || !spec.shard_column {
+    if spec.shards.is_empty() || !spec.shard_column || expected.len() != spec.partitions() {
         return Err(HubnormError::Internal(
             "a pass sent to a cluster must be sharded with its shard column".into(),
         ));
@@ -57,12 +61,12 @@ pub fn pass_rows(
             .map_err(cluster_error)?;
         let plan = frame.create_physical_plan().await.map_err(cluster_error)?;
         let mut stream = plan.execute(0, ctx.task_ctx()).map_err(cluster_error)?;
-        let mut order = ShardOrder::new(&spec, plan.schema())?;
+        let mut order = ShardOrder::new(expected, plan.schema())?;
         loop {
             let next = match crate::storage::unless_stopped(stream.next()).await {
                 Ok(next) => next,
                 Err(stop) => {
-                    cancel(scheduler, plan.as_ref()).await;
+                    cancel(scheduler, plan.as_ref(), &mut stream).await;
                     return Err(stop);
                 }
             };
@@ -75,24 +79,19 @@ pub fn pass_rows(
     })
 }
 
-/// Asks the scheduler to cancel the job of `plan` (best effort: the stop is
-/// what the user sees, whether or not the scheduler answers).
-async fn cancel(scheduler: &SchedulerAddress, plan: &dyn ExecutionPlan) {
-    let Some(job_id) = plan
-        .downcast_ref::<DistributedQueryExec<LogicalPlanNode>>()
-        .and_then(DistributedQueryExec::job_id)
-    else {
-        return;
-    };
-    let url = format!("http://{}:{}", scheduler.host(), scheduler.port());
+/// Asks the scheduler to cancel the job of `plan`, whose rows `stream`
+/// brings (best effort: the stop is what the user sees, whether or not the
+/// scheduler answers).
+pub(crate) async fn cancel(
+    scheduler: &SchedulerAddress,
+    plan: &dyn ExecutionPlan,
+    stream: &mut SendableRecordBatchStream,
+) {
     let request = async {
+        let job_id = job_id(plan, stream).await?;
+        let url = format!("http://{}:{}", scheduler.host(), scheduler.port());
         let mut client = SchedulerGrpcClient::connect(url).await.ok()?;
-        client
-            .cancel_job(CancelJobParams {
-                job_id: job_id.to_string(),
-            })
-            .await
-            .ok()
+        client.cancel_job(CancelJobParams { job_id }).await.ok()
     };
     if tokio::time::timeout(CANCEL_TIMEOUT, request)
         .await
@@ -100,7 +99,27 @@ async fn cancel(scheduler: &SchedulerAddress, plan: &dyn ExecutionPlan) {
         .flatten()
         .is_none()
     {
-        log::warn!("could not cancel job {job_id} on {scheduler}");
+        log::warn!("could not cancel the job on {scheduler}");
+    }
+}
+
+/// The scheduler's id of the job of `plan`. It is known once the
+/// scheduler's first answer has come back through `stream`, which may be
+/// after the job's tasks started: until then the stream is kept going (its
+/// rows dropped) and the id looked for every 20 ms.
+async fn job_id(
+    plan: &dyn ExecutionPlan,
+    stream: &mut SendableRecordBatchStream,
+) -> Option<String> {
+    let query = plan.downcast_ref::<DistributedQueryExec<LogicalPlanNode>>()?;
+    loop {
+        if let Some(id) = query.job_id() {
+            return Some(id.to_string());
+        }
+        // A timed-out `next` leaves the stream where it was.
+        if let Ok(None) = tokio::time::timeout(Duration::from_millis(20), stream.next()).await {
+            return query.job_id().map(|id| id.to_string());
+        }
     }
 }
 
@@ -119,8 +138,8 @@ struct ShardOrder {
 }
 
 impl ShardOrder {
-    fn new(spec: &PassSpec, schema: SchemaRef) -> Result<Self> {
-        let shards = spec.partitions();
+    fn new(expected: Vec<u64>, schema: SchemaRef) -> Result<Self> {
+        let shards = expected.len();
         let last = schema.fields().len().checked_sub(1);
         if last.map(|i| schema.field(i).name().as_str()) != Some(SHARD_COLUMN) {
             return Err(HubnormError::Internal(format!(
@@ -133,7 +152,7 @@ impl ShardOrder {
             .tempdir()
             .map_err(|e| HubnormError::io(std::env::temp_dir(), e))?;
         Ok(ShardOrder {
-            expected: spec.shards.windows(2).map(|w| w[1] - w[0]).collect(),
+            expected,
             received: vec![0; shards],
             next: 0,
             waiting: (0..shards).map(|_| None).collect(),

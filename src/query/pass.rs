@@ -1,6 +1,8 @@
 //! Pass 2 driver: for each query block that fits the budget, stream the
 //! gallery (cached when it fits) and keep k candidates per query and method.
 
+use std::ops::Range;
+
 use crate::bank::pass::dimension_error;
 use crate::cache::TableBlocks;
 use crate::error::{HubnormError, Result};
@@ -17,6 +19,8 @@ use crate::source::{EmbeddingBlock, EmbeddingTable};
 /// What pass 2 needs besides the tables.
 pub struct SearchRequest<'a> {
     pub queries: &'a EmbeddingTable,
+    /// The query rows searched (all of them, or a cluster task's shard).
+    pub query_rows: Range<u64>,
     pub gallery: &'a EmbeddingTable,
     /// The gallery's ids (for ground truth lookups).
     pub gallery_index: &'a IdIndex,
@@ -50,6 +54,7 @@ pub fn search(
 ) -> Result<()> {
     let SearchRequest {
         queries,
+        ref query_rows,
         gallery,
         gallery_index,
         scorings,
@@ -59,6 +64,18 @@ pub fn search(
     if queries.dim != gallery.dim {
         return Err(dimension_error(queries, gallery));
     }
+    if query_rows.start > query_rows.end || query_rows.end > queries.rows {
+        return Err(HubnormError::input(
+            &queries.spec,
+            None,
+            None,
+            format!(
+                "the table has {} rows, but this shard is rows {}..{}: the queries changed after the job was planned",
+                queries.rows, query_rows.start, query_rows.end
+            ),
+        ));
+    }
+    let query_count = query_rows.end - query_rows.start;
     if scorings.iter().any(|m| m.rows() as u64 != gallery.rows) {
         return Err(HubnormError::Internal(
             "one correction per gallery item expected".into(),
@@ -77,7 +94,7 @@ pub fn search(
         // output rows built from it (~48 bytes per result row).
         outer_row_bytes: dim * 4 + 48 + nm * state_bytes + request.output_row_bytes,
         inner_row_bytes: dim * 4 + 32,
-        outer_total_rows: queries.rows as usize,
+        outer_total_rows: query_count as usize,
         inner_total_rows: gallery.rows as usize,
         outer_align: TILE_ROWS,
         inner_align: TILE_COLS,
@@ -85,9 +102,9 @@ pub fn search(
     .plan()?;
     let mut gallery_blocks =
         TableBlocks::new(gallery, plan.inner_rows, plan.batch_rows, plan.cache_inner)?;
-    let mut rows_done = RowProgress::start(progress, "pass 2: queries", queries.rows, gallery.rows);
+    let mut rows_done = RowProgress::start(progress, "pass 2: queries", query_count, gallery.rows);
     let query_table = queries.with_batch_rows(plan.batch_rows);
-    let mut query_blocks = query_table.blocks(plan.outer_rows);
+    let mut query_blocks = query_table.blocks_in(plan.outer_rows, query_rows.clone())?;
     while let Some(block) = query_blocks.next_block()? {
         let positives = resolve_targets(&block, queries, gallery_index)?;
         let query_parameters = scorings

@@ -4,11 +4,15 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Float32Array, Int32Array, RecordBatch, StringArray, UInt32Array};
+use arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, Float32Array, Float64Array, Int32Array, RecordBatch,
+    StringArray, UInt32Array,
+};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{Float64Type, Int32Type, UInt32Type};
 use serde::Serialize;
 
-use crate::error::Result;
+use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
 use crate::kernel::{QueryState, TopK};
 use crate::options::{MethodSpec, PassOptions};
@@ -88,6 +92,81 @@ pub fn results_schema(query_ids: IdKind, gallery_ids: IdKind) -> SchemaRef {
     ]))
 }
 
+/// What pass 2's rows hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultRows {
+    /// The rows of `results.parquet`: the first k of every list.
+    TopK,
+    /// The rows a cluster's client rebuilds the summary from
+    /// ([`OutcomesFromRows`]): every list down to rank `depth` (at least k
+    /// and the k of every hubness measure), with the [`report_fields`]
+    /// after the results' columns.
+    WithReportColumns { depth: usize },
+}
+
+impl ResultRows {
+    /// Rows made per list of `k` results.
+    pub fn depth(self, k: usize) -> usize {
+        match self {
+            ResultRows::TopK => k,
+            ResultRows::WithReportColumns { depth } => depth.max(k),
+        }
+    }
+
+    pub fn report_columns(self) -> bool {
+        matches!(self, ResultRows::WithReportColumns { .. })
+    }
+}
+
+/// The columns [`ResultRows::WithReportColumns`] adds: which method (its
+/// position in the plan), the gallery row of each candidate, and per list
+/// the ground truth's full-gallery rank and whether a gated method
+/// corrected it.
+pub fn report_fields() -> Vec<Field> {
+    vec![
+        Field::new("hubnorm_method", DataType::UInt32, false),
+        Field::new("hubnorm_gallery_row", DataType::UInt32, false),
+        Field::new("hubnorm_target_rank", DataType::Float64, true),
+        Field::new("hubnorm_normalised", DataType::Boolean, true),
+    ]
+}
+
+/// The schema of `rows`: the results' columns, and the report columns
+/// when asked.
+pub fn rows_schema(query_ids: IdKind, gallery_ids: IdKind, rows: ResultRows) -> SchemaRef {
+    let results = results_schema(query_ids, gallery_ids);
+    match rows {
+        ResultRows::TopK => results,
+        ResultRows::WithReportColumns { .. } => {
+            let mut fields: Vec<Field> = results
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone())
+                .collect();
+            fields.extend(report_fields());
+            Arc::new(Schema::new(fields))
+        }
+    }
+}
+
+/// Each method's figures before any query is counted.
+fn empty_outcomes(
+    rules: &[MethodRule],
+    hubness_k: usize,
+    gallery_rows: usize,
+) -> Vec<MethodOutcome> {
+    rules
+        .iter()
+        .map(|rule| MethodOutcome {
+            spec: rule.spec,
+            occurrence: KOccurrence::new(hubness_k, gallery_rows),
+            occurrence_at_10: KOccurrence::new(SKEWNESS_K, gallery_rows),
+            ranks: RankList::default(),
+            normalised: matches!(rule.selection, Selection::Gated { .. }).then_some(0),
+        })
+        .collect()
+}
+
 /// Which scoring `rule` reports for the query whose states are `states`.
 fn selected_scoring(rule: &MethodRule, states: &[QueryState]) -> usize {
     match &rule.selection {
@@ -142,7 +221,9 @@ struct ResultsCollector<'a> {
     /// Candidates kept per query (at least `k` and the skewness's 10).
     search_k: usize,
     gallery_ids: &'a ArrayRef,
-    k: usize,
+    /// Rows made per list (`k`, or deeper with the report columns).
+    depth: usize,
+    report_columns: bool,
     /// Whether the queries carry ground truth (a query without a usable target is then skipped).
     has_targets: bool,
     outcomes: Vec<MethodOutcome>,
@@ -156,29 +237,21 @@ impl<'a> ResultsCollector<'a> {
         protocol: Option<&'a SingleQuerySinkhorn>,
         gallery_ids: &'a ArrayRef,
         k: usize,
+        rows: ResultRows,
         search_k: usize,
         hubness_k: usize,
         has_targets: bool,
     ) -> Self {
-        let n = gallery_ids.len();
         ResultsCollector {
             schema,
             rules,
             protocol,
             search_k,
             gallery_ids,
-            k,
+            depth: rows.depth(k),
+            report_columns: rows.report_columns(),
             has_targets,
-            outcomes: rules
-                .iter()
-                .map(|rule| MethodOutcome {
-                    spec: rule.spec,
-                    occurrence: KOccurrence::new(hubness_k, n),
-                    occurrence_at_10: KOccurrence::new(SKEWNESS_K, n),
-                    ranks: RankList::default(),
-                    normalised: matches!(rule.selection, Selection::Gated { .. }).then_some(0),
-                })
-                .collect(),
+            outcomes: empty_outcomes(rules, hubness_k, gallery_ids.len()),
         }
     }
 
@@ -193,6 +266,8 @@ impl<'a> ResultsCollector<'a> {
             Vec::new(),
             Vec::new(),
         );
+        let (mut method_index, mut target_rank, mut normalised) =
+            (Vec::new(), Vec::new(), Vec::new());
         let protocol_states: Vec<QueryState> = match self.protocol {
             Some(p) => p.search_block(&queries.data, block.positives, self.search_k),
             None => Vec::new(),
@@ -205,11 +280,13 @@ impl<'a> ResultsCollector<'a> {
             for (m, rule) in self.rules.iter().enumerate() {
                 let name = rule.spec.kind().name();
                 let outcome = &mut self.outcomes[m];
+                let mut corrected = None;
                 let state = if rule.selection == Selection::SingleQuery {
                     &protocol_states[q]
                 } else {
                     let selected = selected_scoring(rule, states);
                     if let Selection::Gated { choices, .. } = &rule.selection {
+                        corrected = Some(selected != choices[0]);
                         *outcome.normalised.as_mut().expect("gated") +=
                             (selected != choices[0]) as u64;
                     }
@@ -226,27 +303,39 @@ impl<'a> ResultsCollector<'a> {
                     None if self.has_targets => outcome.ranks.add_skipped(),
                     None => {}
                 }
-                for (r, c) in list.iter().take(self.k).enumerate() {
+                let listed = list.iter().take(self.depth);
+                for (r, c) in listed.enumerate() {
                     method.push(name);
                     query.push(q as u32);
                     rank.push(r as i32 + 1);
                     gallery.push(c.row);
                     score.push((c.score as f64 - offset) as f32);
                     raw.push(c.raw);
+                    if self.report_columns {
+                        method_index.push(m as u32);
+                        target_rank.push(state.rank());
+                        normalised.push(corrected);
+                    }
                 }
             }
         }
-        let take = |ids: &ArrayRef, rows: Vec<u32>| {
-            arrow::compute::take(ids.as_ref(), &UInt32Array::from(rows), None)
-        };
-        let columns: Vec<ArrayRef> = vec![
+        let gallery = Arc::new(UInt32Array::from(gallery));
+        let mut columns: Vec<ArrayRef> = vec![
             Arc::new(StringArray::from(method)),
-            take(&queries.ids, query)?,
+            arrow::compute::take(queries.ids.as_ref(), &UInt32Array::from(query), None)?,
             Arc::new(Int32Array::from(rank)),
-            take(self.gallery_ids, gallery)?,
+            arrow::compute::take(self.gallery_ids.as_ref(), gallery.as_ref(), None)?,
             Arc::new(Float32Array::from(score)),
             Arc::new(Float32Array::from(raw)),
         ];
+        if self.report_columns {
+            columns.extend([
+                Arc::new(UInt32Array::from(method_index)) as ArrayRef,
+                gallery,
+                Arc::new(Float64Array::from(target_rank)),
+                Arc::new(BooleanArray::from(normalised)),
+            ]);
+        }
         Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
     }
 }
@@ -260,23 +349,59 @@ pub(crate) fn search_into(
     index: &IdIndex,
     plan: &ScoringPlan,
     k: usize,
+    rows: ResultRows,
     options: &PassOptions,
     protocol: Option<&SingleQuerySinkhorn>,
     progress: &dyn Progress,
     emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
 ) -> Result<Vec<MethodOutcome>> {
-    let schema = results_schema(queries.id_kind, gallery.id_kind);
+    search_rows_into(
+        queries,
+        0..queries.rows,
+        gallery,
+        index,
+        plan,
+        k,
+        rows,
+        options,
+        protocol,
+        progress,
+        emit,
+    )
+}
+
+/// [`search_into`] for query rows `query_rows` alone (a cluster task's
+/// shard): the rows the whole pass makes for them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn search_rows_into(
+    queries: &EmbeddingTable,
+    query_rows: std::ops::Range<u64>,
+    gallery: &EmbeddingTable,
+    index: &IdIndex,
+    plan: &ScoringPlan,
+    k: usize,
+    rows: ResultRows,
+    options: &PassOptions,
+    protocol: Option<&SingleQuerySinkhorn>,
+    progress: &dyn Progress,
+    emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
+) -> Result<Vec<MethodOutcome>> {
+    let schema = rows_schema(queries.id_kind, gallery.id_kind, rows);
     let hubness_k = options.report.hubness_k;
+    let depth = rows.depth(k);
     let search_k = k
         .max(SKEWNESS_K)
         .max(hubness_k)
+        .max(depth)
         .max(plan.neighbours_needed());
+    let query_count = query_rows.end.saturating_sub(query_rows.start) as usize;
     let mut collector = ResultsCollector::new(
         schema,
         &plan.methods,
         protocol,
         index.ids(),
         k,
+        rows,
         search_k,
         hubness_k,
         queries.has_targets,
@@ -284,9 +409,10 @@ pub(crate) fn search_into(
     // Two k-occurrence counts per method and gallery item, one rank per method and query.
     let resident = index.memory_bytes()
         + plan.memory_bytes()
-        + plan.methods.len() * (index.len() * 8 + queries.rows as usize * 8);
+        + plan.methods.len() * (index.len() * 8 + query_count * 8);
     let request = SearchRequest {
         queries,
+        query_rows,
         gallery,
         gallery_index: index,
         scorings: &plan.scorings,
@@ -294,8 +420,106 @@ pub(crate) fn search_into(
         budget: options.memory.bytes(),
         resident_bytes: resident,
         // The result rows built from each query (~48 bytes per row).
-        output_row_bytes: plan.methods.len() * k * 48,
+        output_row_bytes: plan.methods.len() * depth * (48 + 24 * rows.report_columns() as usize),
     };
     search(&request, progress, |block| emit(&collector.batch(&block)?))?;
     Ok(collector.outcomes)
+}
+
+/// Rebuilds each method's figures on a cluster's client from the rows of
+/// [`ResultRows::WithReportColumns`], and keeps the rows of
+/// `results.parquet` among them: the figures [`search_into`] gathers, count
+/// for count, when the rows come in query order.
+pub struct OutcomesFromRows {
+    k: usize,
+    has_targets: bool,
+    outcomes: Vec<MethodOutcome>,
+}
+
+impl OutcomesFromRows {
+    /// For the methods of `plan` over a gallery of `gallery_rows` items.
+    pub fn new(
+        plan: &ScoringPlan,
+        k: usize,
+        gallery_rows: usize,
+        hubness_k: usize,
+        has_targets: bool,
+    ) -> Self {
+        OutcomesFromRows {
+            k,
+            has_targets,
+            outcomes: empty_outcomes(&plan.methods, hubness_k, gallery_rows),
+        }
+    }
+
+    /// The depth of the lists these figures need.
+    pub fn depth(&self) -> usize {
+        self.outcomes
+            .iter()
+            .map(|o| o.occurrence.k.max(o.occurrence_at_10.k))
+            .max()
+            .unwrap_or(0)
+            .max(self.k)
+    }
+
+    /// Counts `batch`'s rows into the figures and returns those within rank
+    /// `k`, in the results' columns.
+    pub fn take(&mut self, batch: &RecordBatch) -> Result<RecordBatch> {
+        let results = batch.num_columns().checked_sub(report_fields().len());
+        let malformed =
+            || HubnormError::Cluster("the cluster returned rows without the report columns".into());
+        let results = results.ok_or_else(malformed)?;
+        let ranks = batch
+            .column(2)
+            .as_primitive_opt::<Int32Type>()
+            .ok_or_else(malformed)?;
+        let methods = batch
+            .column(results)
+            .as_primitive_opt::<UInt32Type>()
+            .ok_or_else(malformed)?;
+        let rows = batch
+            .column(results + 1)
+            .as_primitive_opt::<UInt32Type>()
+            .ok_or_else(malformed)?;
+        let targets = batch
+            .column(results + 2)
+            .as_primitive_opt::<Float64Type>()
+            .ok_or_else(malformed)?;
+        let corrected = batch
+            .column(results + 3)
+            .as_boolean_opt()
+            .ok_or_else(malformed)?;
+        for i in 0..batch.num_rows() {
+            let (method, rank, row) = (methods.value(i) as usize, ranks.value(i), rows.value(i));
+            let outcome = self.outcomes.get_mut(method).ok_or_else(malformed)?;
+            if row as usize >= outcome.occurrence.counts.len() || rank < 1 {
+                return Err(malformed());
+            }
+            for occurrence in [&mut outcome.occurrence, &mut outcome.occurrence_at_10] {
+                if rank as usize <= occurrence.k {
+                    occurrence.counts[row as usize] += 1;
+                }
+                occurrence.queries += (rank == 1) as u64;
+            }
+            if rank != 1 {
+                continue;
+            }
+            if targets.is_valid(i) {
+                outcome.ranks.add_rank(targets.value(i));
+            } else if self.has_targets {
+                outcome.ranks.add_skipped();
+            }
+            if let Some(count) = outcome.normalised.as_mut() {
+                *count += (corrected.is_valid(i) && corrected.value(i)) as u64;
+            }
+        }
+        let within_k = BooleanArray::from_unary(ranks, |r| r as usize <= self.k);
+        let kept = batch.project(&(0..results).collect::<Vec<_>>())?;
+        Ok(arrow::compute::filter_record_batch(&kept, &within_k)?)
+    }
+
+    /// Each method's figures.
+    pub fn finish(self) -> Vec<MethodOutcome> {
+        self.outcomes
+    }
 }

@@ -265,22 +265,41 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
             .execute_logical_plan(plan)
             .await
             .map_err(|e| sql_error(e, source))?;
-        if i < last {
-            frame.collect().await.map_err(|e| sql_error(e, source))?;
-            continue;
-        }
         let schema = Arc::new(frame.schema().as_arrow().clone());
-        let mut stream = frame
-            .execute_stream()
+        let plan = frame
+            .create_physical_plan()
             .await
             .map_err(|e| sql_error(e, source))?;
-        let mut output = Output::open(job, schema, stdout)?;
-        while let Some(batch) = stream.next().await {
+        let mut stream = datafusion::physical_plan::execute_stream(plan.clone(), ctx.task_ctx())
+            .map_err(|e| sql_error(e, source))?;
+        // Earlier statements run for their effects (views, COPY), the last
+        // one's rows are the output.
+        let mut output = (i == last)
+            .then(|| Output::open(job, schema, stdout))
+            .transpose()?;
+        loop {
+            let next = match crate::storage::unless_stopped(stream.next()).await {
+                Ok(next) => next,
+                Err(stop) => {
+                    #[cfg(feature = "cluster")]
+                    if let Some(url) = &job.cluster {
+                        let scheduler = url.parse()?;
+                        crate::cluster::passes::cancel(&scheduler, plan.as_ref(), &mut stream)
+                            .await;
+                    }
+                    return Err(stop);
+                }
+            };
+            let Some(batch) = next else { break };
             let batch = batch.map_err(|e| sql_error(e, source))?;
-            outcome.rows += batch.num_rows();
-            output.write(batch)?;
+            if let Some(output) = &mut output {
+                outcome.rows += batch.num_rows();
+                output.write(batch)?;
+            }
         }
-        output.finish()?;
+        if let Some(output) = output {
+            output.finish()?;
+        }
     }
     Ok(outcome)
 }

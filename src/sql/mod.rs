@@ -172,14 +172,10 @@ fn functions(options: &SqlOptions, placement: Placement) -> Vec<(FunctionDoc, Im
         options: options.clone(),
         placement,
     })));
-    implementations.push(Implementation::Table(match placement {
-        Placement::Local => Arc::new(table::SearchFunction {
-            options: options.clone(),
-        }),
-        Placement::Cluster => Arc::new(table::LocalOnly {
-            name: "hubnorm_search",
-        }),
-    }));
+    implementations.push(Implementation::Table(Arc::new(table::SearchFunction {
+        options: options.clone(),
+        placement,
+    })));
     docs.into_iter().zip(implementations).collect()
 }
 

@@ -53,6 +53,7 @@ use crate::inputs::open_table;
 use crate::options::{human_bytes, BankSample, MemoryBudget, MethodSpec, PassOptions, ReadOptions};
 use crate::pipeline::{self, SearchJob, StatsJob};
 use crate::progress::Silent;
+use crate::query::results::{rows_schema, ResultRows};
 use crate::source::IdKind;
 use crate::stats_file::{methods_from_json, methods_json, StatsSink};
 
@@ -85,6 +86,11 @@ pub enum PassInputs {
         k: usize,
         query_ids: IdKind,
         gallery_ids: IdKind,
+        /// For a client that rebuilds the run's summary from the rows: the
+        /// rows go down to this rank and carry the report columns
+        /// ([`ResultRows::WithReportColumns`]). `None`: the results' rows.
+        #[serde(default)]
+        report_depth: Option<usize>,
     },
 }
 
@@ -97,7 +103,7 @@ pub struct PassSpec {
     /// Worker threads of each partition's pass (0 = one per core).
     pub threads: usize,
     /// Shard bounds: partition `i` computes rows `shards[i]..shards[i + 1]`
-    /// (gallery rows for stats). Empty: one partition, the whole pass.
+    /// (gallery rows for stats, query rows for search). Empty: one partition, the whole pass.
     pub shards: Vec<u64>,
     /// Whether every batch carries its shard in a last column
     /// [`SHARD_COLUMN`].
@@ -113,11 +119,15 @@ impl PassSpec {
         Ok((Self::stats(job, &methods, gallery.id_kind), gallery.rows))
     }
 
-    /// Pass 2 of `job`, whole (reads the tables' footers).
-    pub fn for_search(job: &SearchJob) -> crate::Result<Self> {
+    /// Pass 2 of `job`, whole, and the queries' row count (reads the
+    /// tables' footers).
+    pub fn for_search(job: &SearchJob) -> crate::Result<(Self, u64)> {
         let queries = open_table("queries", &job.queries, &job.options, false)?;
         let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
-        Ok(Self::search(job, queries.id_kind, gallery.id_kind))
+        Ok((
+            Self::search(job, queries.id_kind, gallery.id_kind),
+            queries.rows,
+        ))
     }
 
     /// Pass 1 of `job` with `methods` (checked), whole.
@@ -139,7 +149,7 @@ impl PassSpec {
     }
 
     /// Pass 2 of `job`, whole.
-    fn search(job: &SearchJob, query_ids: IdKind, gallery_ids: IdKind) -> Self {
+    pub fn search(job: &SearchJob, query_ids: IdKind, gallery_ids: IdKind) -> Self {
         PassSpec {
             inputs: PassInputs::Search {
                 queries: job.queries.clone(),
@@ -149,12 +159,22 @@ impl PassSpec {
                 k: job.k,
                 query_ids,
                 gallery_ids,
+                report_depth: None,
             },
             read: job.options.read.clone(),
             threads: job.options.threads,
             shards: Vec::new(),
             shard_column: false,
         }
+    }
+
+    /// This search spec for a client that rebuilds the summary from its
+    /// rows: lists down to rank `depth`, with the report columns.
+    pub fn with_report_depth(mut self, depth: usize) -> Self {
+        if let PassInputs::Search { report_depth, .. } = &mut self.inputs {
+            *report_depth = Some(depth);
+        }
+        self
     }
 
     /// This spec cut into `count` shards of `rows` rows as even as can be
@@ -233,8 +253,9 @@ impl PassSpec {
             PassInputs::Search {
                 query_ids,
                 gallery_ids,
+                report_depth,
                 ..
-            } => crate::query::results::results_schema(*query_ids, *gallery_ids),
+            } => rows_schema(*query_ids, *gallery_ids, result_rows(*report_depth)),
         };
         if !self.shard_column {
             return Ok(schema);
@@ -317,9 +338,10 @@ impl PassSpec {
                     gallery,
                     stats,
                     k,
+                    report_depth,
                     ..
                 },
-                None,
+                rows,
             ) => {
                 let job = SearchJob {
                     queries: queries.clone(),
@@ -331,12 +353,17 @@ impl PassSpec {
                     overwrite: false,
                     options,
                 };
-                pipeline::stream_search(&job, &Silent, emit)
+                pipeline::stream_search(&job, rows, result_rows(*report_depth), &Silent, emit)
             }
-            (PassInputs::Search { .. }, Some(_)) => Err(HubnormError::Usage(
-                "hubnorm_search does not run in shards yet".into(),
-            )),
         }
+    }
+}
+
+/// The rows a search pass makes for `report_depth`.
+fn result_rows(report_depth: Option<usize>) -> ResultRows {
+    match report_depth {
+        Some(depth) => ResultRows::WithReportColumns { depth },
+        None => ResultRows::TopK,
     }
 }
 

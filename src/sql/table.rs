@@ -8,7 +8,8 @@
 //! Each returns a [`PassTable`] ([`super::pass`]): its batches stream as
 //! the pass makes them, so they compose with joins, filters, `LIMIT` and
 //! `COPY ... TO`. On one machine the pass is one partition; on a cluster,
-//! `hubnorm_stats` is cut into shards of gallery rows, one task each.
+//! it is cut into shards, one task each: `hubnorm_stats` into shards of
+//! gallery rows, `hubnorm_search` into shards of query rows.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -178,6 +179,7 @@ impl TableFunctionImpl for StatsFunction {
 #[derive(Debug)]
 pub(super) struct SearchFunction {
     pub options: SqlOptions,
+    pub placement: Placement,
 }
 
 impl TableFunctionImpl for SearchFunction {
@@ -213,7 +215,14 @@ impl TableFunctionImpl for SearchFunction {
             overwrite: false,
             options: self.options.pass_options(),
         };
-        let spec = PassSpec::for_search(&job).map_err(external)?;
+        let (spec, rows) = PassSpec::for_search(&job).map_err(external)?;
+        let spec = match self.placement {
+            Placement::Local => spec,
+            Placement::Cluster => spec
+                .sharded(rows, self.options.partitions())
+                .with_absolute_paths()
+                .map_err(external)?,
+        };
         Ok(Arc::new(PassTable::new(spec).map_err(external)?))
     }
 }
@@ -238,22 +247,4 @@ fn methods_from_stats_file(methods: &str, stats: &str) -> crate::Result<Vec<Meth
             }
         })
         .collect())
-}
-
-/// A table function that runs on one machine only, installed under its name
-/// in a cluster session ([`super::Placement::Cluster`]) so that calling it
-/// is refused with the reason (exit code 2) instead of running it in the
-/// client or failing as an unknown function.
-#[derive(Debug)]
-pub(super) struct LocalOnly {
-    pub name: &'static str,
-}
-
-impl TableFunctionImpl for LocalOnly {
-    fn call(&self, _: &[Expr]) -> Result<Arc<dyn TableProvider>> {
-        Err(external(HubnormError::Usage(format!(
-            "{} runs on one machine only for now: its pass cannot be sent to a cluster yet; run this query without --cluster",
-            self.name
-        ))))
-    }
 }

@@ -31,7 +31,7 @@ mod remote;
 
 #[cfg(feature = "cloud")]
 pub(crate) use remote::store_for_url;
-#[cfg(feature = "cluster")]
+#[cfg(feature = "sql")]
 pub(crate) use remote::unless_stopped;
 pub use remote::{ObjectUrl, RemoteFile, RemoteRead};
 

@@ -202,6 +202,11 @@ impl Cluster {
         Ok(response)
     }
 
+    /// The scheduler's log.
+    pub fn scheduler_log(&self) -> String {
+        self.scheduler.log_text()
+    }
+
     /// The log of executor `i`.
     pub fn executor_log(&self, i: usize) -> String {
         self.executors[i].log_text()

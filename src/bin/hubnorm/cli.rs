@@ -262,6 +262,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub out: PathBuf,
     #[command(flatten)]
+    pub cluster: ClusterJobArgs,
+    #[command(flatten)]
     pub common: CommonArgs,
 }
 
@@ -312,12 +314,13 @@ pub struct ClusterJobArgs {
     /// Compute the pass on a cluster (`hubnorm cluster scheduler` and
     /// executors) instead of this process; the output is written here, the
     /// same file bit for bit. Inputs must be readable from every executor
-    /// (shared storage or URLs). Methods whose statistics need every gallery
-    /// row at once (dis, dual-dis, sn, dbsn) are refused.
-    #[arg(long, value_name = "df://HOST:PORT", conflicts_with_all = ["update", "resume"])]
+    /// (shared storage or URLs). For stats, methods whose statistics need
+    /// every gallery row at once (dis, dual-dis, sn, dbsn) are refused.
+    #[arg(long, value_name = "df://HOST:PORT")]
     pub cluster: Option<String>,
-    /// With --cluster: shards of gallery rows, one task each (more shards
-    /// than executor slots balance the load; each reads the banks once).
+    /// With --cluster: shards, one task each: of gallery rows for stats
+    /// (each reads the banks once), of query rows for search (each reads
+    /// the gallery once). More shards than executor slots balance the load.
     #[arg(long, default_value_t = 16, requires = "cluster", value_parser = clap::value_parser!(u32).range(1..))]
     pub shards: u32,
 }
@@ -358,6 +361,8 @@ pub struct SearchArgs {
     /// Output file (results.parquet).
     #[arg(long)]
     pub out: PathBuf,
+    #[command(flatten)]
+    pub cluster: ClusterJobArgs,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -531,9 +536,8 @@ pub struct SqlArgs {
     pub threads: usize,
     /// Run the queries on a cluster (`hubnorm cluster scheduler` and
     /// executors) instead of this process; the rows come back here. Paths
-    /// must be readable from every executor. The table functions
-    /// hubnorm_stats and hubnorm_search are refused (one machine only for
-    /// now).
+    /// must be readable from every executor. hubnorm_stats and
+    /// hubnorm_search run in shards, one task per partition (--threads).
     #[arg(long, value_name = "df://HOST:PORT")]
     pub cluster: Option<String>,
 }
@@ -635,6 +639,7 @@ impl RunArgs {
             out_dir: self.out.clone(),
             overwrite: self.overwrite,
             options: self.quality.apply(self.method.pass_options(&self.common))?,
+            cluster: self.cluster.job(),
         })
     }
 }

@@ -24,6 +24,11 @@ pub fn run(args: RunArgs) -> Result<()> {
 pub fn stats(args: StatsArgs) -> Result<()> {
     let job = args.job()?;
     let progress = reporter(args.common.quiet);
+    if args.update && args.cluster.cluster.is_some() {
+        return Err(HubnormError::Usage(
+            "--update merges new parts on this machine; run it without --cluster".into(),
+        ));
+    }
     if args.update {
         let summary = hubnorm::update::update_stats(&job, progress.as_ref())?;
         if !args.common.quiet {
@@ -131,8 +136,10 @@ fn search_with(args: SearchArgs, methods: Vec<MethodSpec>) -> Result<()> {
         overwrite: args.overwrite,
         options: args.quality.apply(args.common.pass_options())?,
     };
-    let progress = reporter(args.common.quiet);
-    let summary = pipeline::run_search(&job, progress.as_ref())?;
+    let summary = match args.cluster.job() {
+        Some(cluster) => pipeline::run_search_on(&job, &cluster)?,
+        None => pipeline::run_search(&job, reporter(args.common.quiet).as_ref())?,
+    };
     if !args.common.quiet {
         print_summary(&summary);
         println!("wrote {}", args.out.display());

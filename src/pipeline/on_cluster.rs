@@ -1,0 +1,132 @@
+//! The passes on a cluster (`--cluster`), into the files a local pass
+//! writes: the client's side of `stats`, `search`, `run` and `compare`.
+
+use super::*;
+use crate::query::results::OutcomesFromRows;
+use crate::sql::pass::PassSpec;
+
+/// [`run_search_on`](super::run_search_on).
+pub(super) fn search(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary> {
+    let methods = check_search(job)?;
+    with_threads(job.options.threads, || {
+        // Opened and checked as a local run does, so that the same inputs
+        // fail with the same messages before anything is sent.
+        let queries = open_table("queries", &job.queries, &job.options, true)?;
+        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        check_k_within(job.k, &gallery)?;
+        let index = IdIndex::build(&gallery)?;
+        let plan = load_plan(job.stats.as_deref(), &index, &methods)?;
+        let (file, outcomes) = results(
+            job,
+            &queries,
+            &gallery,
+            &plan,
+            search_metadata(job),
+            cluster,
+        )?;
+        file.commit()?;
+        Ok(search_summary(job, &queries, &gallery, &outcomes))
+    })
+}
+
+/// Pass 1 of `job` (`methods`, checked) over `inputs` into an
+/// uncommitted stats file at `out` with `metadata`: the file a local
+/// pass writes, bit for bit.
+pub(super) fn stats(
+    job: &StatsJob,
+    methods: &[MethodSpec],
+    inputs: &StatsInputs<'_>,
+    metadata: Vec<(String, String)>,
+    out: &Path,
+    cluster: &ClusterJob,
+) -> Result<AtomicFile> {
+    check_shardable(methods)?;
+    let plan = StatsPlan::new(inputs, methods, metadata)?;
+    let mut sink = ParquetSink::create(
+        out,
+        plan.schema.clone(),
+        plan.metadata.clone(),
+        job.overwrite,
+    )?;
+    let spec = PassSpec::stats(job, methods, inputs.gallery.id_kind)
+        .sharded(inputs.gallery.rows, cluster.shards);
+    // A shard's rows: one per gallery row.
+    let expected = spec.shards.windows(2).map(|w| w[1] - w[0]).collect();
+    send(spec, expected, &job.options, cluster, &mut |batch| {
+        sink.write(batch)
+    })?;
+    sink.close_uncommitted()
+}
+
+/// Pass 2 of `job` (methods checked, `plan` loaded) into an uncommitted
+/// results file at `job.out` with `metadata`, and each method's figures:
+/// those of a local pass. The shards' rows go down to the depth of the
+/// hubness measures and carry the report columns, from which the
+/// figures are rebuilt here.
+pub(super) fn results(
+    job: &SearchJob,
+    queries: &EmbeddingTable,
+    gallery: &EmbeddingTable,
+    plan: &ScoringPlan,
+    metadata: Vec<(String, String)>,
+    cluster: &ClusterJob,
+) -> Result<(AtomicFile, Vec<MethodOutcome>)> {
+    let mut sink = results_sink(
+        queries,
+        gallery,
+        plan,
+        job.k,
+        &job.out,
+        job.overwrite,
+        &job.options,
+        metadata,
+    )?;
+    let mut figures = OutcomesFromRows::new(
+        plan,
+        job.k,
+        gallery.rows as usize,
+        job.options.report.hubness_k,
+        queries.has_targets,
+    );
+    let depth = figures.depth();
+    let spec = PassSpec::search(job, queries.id_kind, gallery.id_kind)
+        .with_report_depth(depth)
+        .sharded(queries.rows, cluster.shards);
+    // A shard's rows: every list of its queries, down to `depth`.
+    let per_query = (plan.methods.len() * depth.min(gallery.rows as usize)) as u64;
+    let expected = spec
+        .shards
+        .windows(2)
+        .map(|w| (w[1] - w[0]) * per_query)
+        .collect();
+    send(spec, expected, &job.options, cluster, &mut |batch| {
+        sink.write(&figures.take(batch)?)
+    })?;
+    Ok((sink.close_uncommitted()?, figures.finish()))
+}
+
+/// Runs the sharded `spec` on `cluster`: one task per shard, one thread
+/// per task (a slot of an executor each), its rows into `emit` in shard
+/// order.
+fn send(
+    spec: PassSpec,
+    expected: Vec<u64>,
+    options: &PassOptions,
+    cluster: &ClusterJob,
+    emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
+) -> Result<()> {
+    let mut spec = spec.with_absolute_paths()?;
+    spec.shard_column = true;
+    spec.threads = 1;
+    crate::cluster::passes::pass_rows(
+        &cluster.scheduler.parse()?,
+        spec,
+        expected,
+        &crate::sql::SqlOptions {
+            memory: options.memory,
+            threads: options.threads,
+            read: options.read.clone(),
+        },
+        emit,
+    )
+}
