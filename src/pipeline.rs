@@ -452,7 +452,7 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome
 /// scheduler.
 pub fn run_stats_on(job: &StatsJob, cluster: &ClusterJob) -> Result<StatsOutcome> {
     let methods = stats_methods(job)?;
-    check_shardable(&methods)?;
+    check_cluster_pass1(&methods)?;
     if job.checkpoint.resume {
         return Err(HubnormError::Usage(
             "--resume: a cluster run keeps no checkpoint (the scheduler runs lost tasks again)"
@@ -622,7 +622,8 @@ pub fn stats_methods(job: &StatsJob) -> Result<Vec<MethodSpec>> {
 }
 
 /// Refuses `methods` unless pass 1 can compute any range of gallery rows on
-/// its own, as a cluster's tasks do (see
+/// its own with no merge after it, as the partitions of `hubnorm_stats`
+/// on a cluster do (see
 /// [`crate::bank::driver::StatsPlan::rows_are_independent`]).
 pub fn check_shardable(methods: &[MethodSpec]) -> Result<()> {
     let dependent: Vec<&str> = methods
@@ -634,23 +635,50 @@ pub fn check_shardable(methods: &[MethodSpec]) -> Result<()> {
         return Ok(());
     }
     Err(HubnormError::Usage(format!(
-        "{} cannot run on a cluster yet: their statistics need every gallery row at once (the activation sets of dis and dual-dis, the Sinkhorn potentials of sn and dbsn), while a cluster computes pass 1 in independent shards of gallery rows; run them without --cluster",
+        "{} cannot run in hubnorm_stats on a cluster yet: their statistics need every gallery row at once (the activation sets of dis and dual-dis, the Sinkhorn potentials of sn and dbsn), while the table's partitions are independent shards of gallery rows; use `hubnorm stats --cluster` for dis and dual-dis, or run without --cluster",
         dependent.join(", ")
+    )))
+}
+
+/// Refuses `methods` unless a cluster can compute their pass 1 in shards of
+/// gallery rows merged by the client: every method but the Sinkhorn ones
+/// (`sn`, `dbsn`), whose potentials come from sweeps over every gallery
+/// row at once.
+pub fn check_cluster_pass1(methods: &[MethodSpec]) -> Result<()> {
+    let sweeps: Vec<&str> = methods
+        .iter()
+        .filter(|m| m.method().sinkhorn(m).is_some())
+        .map(|m| m.kind().name())
+        .collect();
+    if sweeps.is_empty() {
+        return Ok(());
+    }
+    Err(HubnormError::Usage(format!(
+        "{} cannot run on a cluster yet: their Sinkhorn potentials come from sweeps over every gallery row at once, while a cluster computes pass 1 in shards of gallery rows; run them without --cluster",
+        sweeps.join(", ")
     )))
 }
 
 /// The stats rows of gallery rows `gallery_rows` alone (a cluster task's
 /// shard of `job`), batch by batch into `emit`, in gallery order: the
-/// rows the whole pass writes for them. The methods must pass
+/// rows the whole pass writes for them. With `activation_rows`, the early
+/// columns in [`crate::bank::shards::shard_schema`] followed by the shard's
+/// activation states, for a client that merges them (methods passing
+/// [`check_cluster_pass1`]); without, the methods must pass
 /// [`check_shardable`].
 pub fn stream_stats_rows(
     job: &StatsJob,
     gallery_rows: std::ops::Range<u64>,
+    activation_rows: bool,
     progress: &dyn Progress,
     emit: &mut (dyn FnMut(&RecordBatch) -> Result<()> + Send),
 ) -> Result<()> {
     let methods = stats_methods(job)?;
-    check_shardable(&methods)?;
+    if activation_rows {
+        check_cluster_pass1(&methods)?;
+    } else {
+        check_shardable(&methods)?;
+    }
     with_threads(job.options.threads, || {
         let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
         if gallery_rows.end > gallery.rows || gallery_rows.start > gallery_rows.end {
@@ -679,13 +707,33 @@ pub fn stream_stats_rows(
             index: None,
         };
         let plan = StatsPlan::new(&inputs, &methods, Vec::new())?;
-        stats_of_rows(
+        if !activation_rows {
+            stats_of_rows(
+                &inputs,
+                &plan,
+                gallery_rows,
+                &job.options,
+                progress,
+                |batch| emit(&batch),
+            )?;
+            return Ok(());
+        }
+        use crate::bank::shards;
+        let schema = shards::shard_schema(&plan.layout, gallery.id_kind);
+        let output = stats_of_rows(
             &inputs,
             &plan,
             gallery_rows,
             &job.options,
             progress,
-            |batch| emit(&batch),
+            |batch| emit(&shards::early_rows(&batch, &schema)?),
+        )?;
+        shards::activation_rows(
+            &output,
+            &plan.activation_shapes(&inputs),
+            &schema,
+            job.options.read.batch_rows,
+            emit,
         )
     })
 }
@@ -1005,7 +1053,7 @@ fn check_run_on_cluster(job: &RunJob, methods: &[MethodSpec], cluster: &ClusterJ
     if !cfg!(feature = "cluster") {
         return Err(without_cluster(&cluster.scheduler));
     }
-    check_shardable(methods)?;
+    check_cluster_pass1(methods)?;
     if let Some(m) = methods.iter().find(|m| m.method().single_query()) {
         return Err(HubnormError::Usage(format!(
             "{} normalises every query with its own pseudo-test stack on one machine; run it without --cluster",

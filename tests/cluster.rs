@@ -77,6 +77,13 @@ fn write_data(dir: &Path) -> PathBuf {
         false,
     );
     write_table(&dir.join("bank.parquet"), &bank, Layout::FixedF32, false);
+    let gallery_bank = random_table(&mut r, "gb", 150, 16);
+    write_table(
+        &dir.join("gallery_bank.parquet"),
+        &gallery_bank,
+        Layout::FixedF32,
+        false,
+    );
     write_table(
         &dir.join("gallery/part-0.parquet"),
         &gallery.slice(0, 170),
@@ -334,10 +341,11 @@ fn search_on_cluster_is_local_search(data: &Path, url: &str) {
 }
 
 /// `hubnorm run --cluster` and `hubnorm compare --cluster` (both passes on
-/// the cluster, 5 shards each) write the local outputs byte for byte (the
-/// stats, results, summary, comparison table and report) and print the
-/// local summary; a method the cluster cannot run is refused before any
-/// output, as are outputs in object storage.
+/// the cluster, 5 shards each, `dis` among the methods) write the local
+/// outputs byte for byte (the stats, results, summary, comparison table and
+/// report) and print the local summary; a method the cluster cannot run
+/// (Sinkhorn's sweeps, sinkhorn-pp) is refused before any output, as are
+/// outputs in object storage.
 fn run_and_compare_on_cluster_are_local(data: &Path, url: &str) {
     for command in ["run", "compare"] {
         let args = |out: &str| {
@@ -350,7 +358,7 @@ fn run_and_compare_on_cluster_are_local(data: &Path, url: &str) {
                 "--bank",
                 "bank.parquet",
                 "--methods",
-                "is,nnn,csls,mp,dsl",
+                "is,nnn,csls,mp,dsl,dis",
                 "--k",
                 "4",
                 "--out",
@@ -502,8 +510,9 @@ fn cluster_of_hubnorm_processes_answers_like_local_sql() {
     // Pass 1 on the cluster: `hubnorm stats --cluster` in shards of gallery
     // rows that cross the gallery's two parts (170 rows, then 130) at rows
     // that are not multiples of any tile, with paths relative to the client:
-    // the file is the local one, bit for bit.
-    let methods = "is,nnn,csls,gc,dn,mp,ls,nicdm,dissim-local,dsl";
+    // the file is the local one, bit for bit, with the activation sets of
+    // dis and dual-dis merged from the shards' partial states.
+    let methods = "is,nnn,csls,gc,dn,mp,ls,nicdm,dissim-local,dsl,dis,dual-is,dual-dis";
     let stats = |cluster: Option<&str>, out: &str| {
         let mut command = hubnorm([
             "stats",
@@ -511,6 +520,8 @@ fn cluster_of_hubnorm_processes_answers_like_local_sql() {
             "gallery",
             "--bank",
             "bank.parquet",
+            "--gallery-bank",
+            "gallery_bank.parquet",
             "--methods",
             methods,
             "--out",
@@ -529,8 +540,8 @@ fn cluster_of_hubnorm_processes_answers_like_local_sql() {
         bytes("local_stats.parquet") == bytes("cluster_stats.parquet"),
         "the cluster's stats file differs from the local one"
     );
-    // Methods whose statistics need every gallery row at once are refused,
-    // with the reason, before any output.
+    // Sinkhorn's sweeps need every gallery row at once: refused, with the
+    // reason, before any output.
     let refused = hubnorm([
         "stats",
         "--gallery",
@@ -538,9 +549,9 @@ fn cluster_of_hubnorm_processes_answers_like_local_sql() {
         "--bank",
         "bank.parquet",
         "--methods",
-        "is,dis",
+        "is,sn",
         "--out",
-        "dis.parquet",
+        "sn.parquet",
         "--cluster",
         &url,
     ])
@@ -548,11 +559,11 @@ fn cluster_of_hubnorm_processes_answers_like_local_sql() {
     .output();
     assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
     assert!(
-        refused.stderr().contains("dis cannot run on a cluster"),
+        refused.stderr().contains("sn cannot run on a cluster"),
         "{}",
         refused.stderr()
     );
-    assert!(!data.join("dis.parquet").exists());
+    assert!(!data.join("sn.parquet").exists());
 
     // The table function hubnorm_stats runs on the cluster too (one task
     // per shard, two shards with --threads 2), with the local rows.
@@ -808,7 +819,7 @@ fn lost_executors_are_replaced_and_a_lost_scheduler_fails_cleanly() {
         let mut command = hubnorm(["run", "--queries", "queries.parquet"]);
         command
             .args(["--gallery", "gallery.parquet", "--bank", "bank.parquet"])
-            .args(["--methods", "is,nnn", "--out", out, "--quiet"]);
+            .args(["--methods", "is,nnn,dis", "--out", out, "--quiet"]);
         if let Some(url) = cluster {
             command.args(["--cluster", url, "--shards", "8"]);
         }

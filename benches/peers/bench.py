@@ -802,7 +802,10 @@ class Bench:
                            lambda rdir, _, n=n: stats(rdir, ["--cluster", clusters[n].url, "--shards", "16"]),
                            check=same_file, checked=True) for n in (1, 2)]
             gflop = 2.0 * data.nb * data.ng * data.d / 1e9
-            self.run_group("cluster", a.cluster_size, data, 2, tools, a.cluster_repeats, gflop)
+            if "stats" in a.cluster_passes:
+                self.run_group("cluster", a.cluster_size, data, 2, tools, a.cluster_repeats, gflop)
+            if "search" not in a.cluster_passes:
+                return
 
             # Pass 2 with one stats file made here (untimed): the search in shards of query rows.
             stats_dir = os.path.join(self.work, a.cluster_size, "cluster-search-stats")
@@ -1662,6 +1665,8 @@ def main(argv=None):
     p.add_argument("--scaling-dim", type=int, default=384)
     p.add_argument("--cluster-size", default="100k", help="the cluster job's size (gallery × bank, d)")
     p.add_argument("--cluster-repeats", type=int, default=3)
+    p.add_argument("--cluster-passes", type=lambda v: v.split(","), default=["stats", "search"],
+                   help="the cluster job's passes: stats (pass 1), search (pass 2), comma separated")
     p.add_argument("--cluster-search-shards", type=int, default=4,
                    help="shards of query rows of the cluster job's search")
     p.add_argument("--scaling-repeats", type=int, default=1)

@@ -13,8 +13,8 @@ use arrow::datatypes::{Schema, SchemaRef};
 use crate::bank::pass::ResumePoint;
 use crate::bank::sinkhorn::{sinkhorn_potentials, SinkhornRequest};
 use crate::bank::{
-    compute_bank_statistics, BankInput, BankMoments, BankPassRequest, RowMoments, StatsChunk,
-    StatsLayout,
+    compute_bank_statistics, ActivationBank, ActivationShape, BankInput, BankMoments,
+    BankPassOutput, BankPassRequest, RowMoments, StatsChunk, StatsLayout,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{HubnormError, Result};
@@ -81,11 +81,30 @@ pub trait StatsSink {
     fn write(&mut self, batch: &RecordBatch) -> Result<()>;
 }
 
-/// A [`StatsSink`] into an uncommitted Parquet file.
-struct FileStatsSink<'a> {
+/// A [`StatsSink`] into an uncommitted Parquet file, created when the pass
+/// begins.
+pub struct FileStatsSink<'a> {
     out: &'a Path,
     overwrite: bool,
     sink: Option<ParquetSink>,
+}
+
+impl<'a> FileStatsSink<'a> {
+    /// A sink into `out` (replaced only when `overwrite`).
+    pub fn new(out: &'a Path, overwrite: bool) -> Self {
+        FileStatsSink {
+            out,
+            overwrite,
+            sink: None,
+        }
+    }
+
+    /// The file with every row written, under its temporary name.
+    pub fn close_uncommitted(self) -> Result<AtomicFile> {
+        self.sink
+            .ok_or_else(|| HubnormError::Internal("a stats file closed before it began".into()))?
+            .close_uncommitted()
+    }
 }
 
 impl StatsSink for FileStatsSink<'_> {
@@ -116,11 +135,7 @@ pub fn write_stats(
     progress: &dyn Progress,
     checkpoint: Option<&mut Checkpoint>,
 ) -> Result<(AtomicFile, Vec<SinkhornReport>)> {
-    let mut sink = FileStatsSink {
-        out,
-        overwrite,
-        sink: None,
-    };
+    let mut sink = FileStatsSink::new(out, overwrite);
     let reports = stream_stats(
         inputs,
         methods,
@@ -131,7 +146,7 @@ pub fn write_stats(
         &mut sink,
         checkpoint,
     )?;
-    let file = sink.sink.expect("begun").close_uncommitted()?;
+    let file = sink.close_uncommitted()?;
     Ok((file, reports))
 }
 
@@ -184,9 +199,37 @@ impl StatsPlan {
         self.layout.columns().1.is_empty()
     }
 
+    /// Whether the columns known only at the end are activation sets alone
+    /// (`dis`, `dual-dis`; no Sinkhorn potentials): then shards of gallery
+    /// rows can be computed on their own, each with its partial activation
+    /// states, which merge into the whole pass's ([`ActivationShape`]).
+    pub fn late_columns_merge(&self) -> bool {
+        self.layout.sinkhorn_methods().is_empty()
+    }
+
+    /// The activation states a pass over `inputs` keeps: one per bank whose
+    /// items' top-k_A gallery items some method needs.
+    pub fn activation_shapes(&self, inputs: &StatsInputs<'_>) -> Vec<ActivationShape> {
+        let request = self.pass_request(inputs, &PassOptions::default(), 0..0, None);
+        [
+            (ActivationBank::Query, request.bank),
+            (ActivationBank::Gallery, request.gallery_bank),
+        ]
+        .into_iter()
+        .filter_map(|(bank, input)| {
+            let input = input?;
+            (input.request.row_top_k > 0).then_some(ActivationShape {
+                bank,
+                rows: input.table.rows as usize,
+                k: input.request.row_top_k,
+            })
+        })
+        .collect()
+    }
+
     /// The columns written as each gallery chunk finishes: the id and the
     /// early columns.
-    fn early_schema(&self) -> SchemaRef {
+    pub fn early_schema(&self) -> SchemaRef {
         let early = self.layout.columns().0.len();
         Arc::new(Schema::new(self.schema.fields()[..1 + early].to_vec()))
     }
@@ -230,11 +273,12 @@ impl StatsPlan {
     }
 }
 
-/// The stats rows of gallery rows `gallery_rows` alone, each finished
-/// chunk handed to `on_batch` in gallery order: a cluster task's shard of
-/// pass 1. Only for a plan whose rows are independent
-/// ([`StatsPlan::rows_are_independent`]); the rows are those a whole pass
-/// writes for these gallery rows, bit for bit.
+/// The early columns of gallery rows `gallery_rows` alone, each finished
+/// chunk handed to `on_batch` in gallery order, and the activation states
+/// over these rows: a cluster task's shard of pass 1. The rows are those a
+/// whole pass writes for these gallery rows, bit for bit, and the states
+/// of all shards merge into the whole pass's. Not for Sinkhorn methods
+/// ([`StatsPlan::late_columns_merge`]).
 pub fn stats_of_rows(
     inputs: &StatsInputs<'_>,
     plan: &StatsPlan,
@@ -242,17 +286,41 @@ pub fn stats_of_rows(
     options: &PassOptions,
     progress: &dyn Progress,
     mut on_batch: impl FnMut(RecordBatch) -> Result<()>,
-) -> Result<()> {
-    if !plan.rows_are_independent() {
+) -> Result<BankPassOutput> {
+    if !plan.late_columns_merge() {
         return Err(HubnormError::Internal(
-            "a shard of pass 1 was asked for methods whose columns need every gallery row".into(),
+            "a shard of pass 1 was asked for Sinkhorn potentials, which need every gallery row"
+                .into(),
         ));
     }
     let schema = plan.early_schema();
     let request = plan.pass_request(inputs, options, gallery_rows, None);
     compute_bank_statistics(&request, progress, |chunk| {
         on_batch(plan.chunk_batch(&chunk, &schema)?)
-    })?;
+    })
+}
+
+/// Writes the early columns held in the Parquet file `spool`, joined with
+/// `late_columns` (one value per gallery row each), into `sink` as rows of
+/// `schema`.
+pub fn join_late_columns(
+    spool: &Path,
+    schema: &SchemaRef,
+    late_columns: &[arrow::array::ArrayRef],
+    sink: &mut dyn StatsSink,
+) -> Result<()> {
+    let reader = crate::source::open_parquet(spool)?
+        .build()
+        .map_err(|e| HubnormError::parquet(spool, e))?;
+    let mut row = 0usize;
+    for batch in reader {
+        let batch = batch?;
+        let n = batch.num_rows();
+        let mut columns = batch.columns().to_vec();
+        columns.extend(late_columns.iter().map(|column| column.slice(row, n)));
+        sink.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
+        row += n;
+    }
     Ok(())
 }
 
@@ -425,18 +493,7 @@ pub fn stream_stats(
     }
     let late_columns = layout.late_columns(&output, gallery.rows as usize, &potentials);
     sink.begin(schema.clone(), metadata)?;
-    let reader = crate::source::open_parquet(spool.temporary_path())?
-        .build()
-        .map_err(|e| HubnormError::parquet(spool.temporary_path(), e))?;
-    let mut row = 0usize;
-    for batch in reader {
-        let batch = batch?;
-        let n = batch.num_rows();
-        let mut columns = batch.columns().to_vec();
-        columns.extend(late_columns.iter().map(|column| column.slice(row, n)));
-        sink.write(&RecordBatch::try_new(schema.clone(), columns)?)?;
-        row += n;
-    }
+    join_late_columns(spool.temporary_path(), schema, &late_columns, sink)?;
     drop(spool);
     Ok(reports)
 }

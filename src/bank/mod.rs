@@ -10,11 +10,15 @@
 pub mod driver;
 pub mod layout;
 pub mod pass;
+pub mod shards;
 pub mod sinkhorn;
 pub mod states;
 
 pub use layout::{BankMoments, StatsLayout};
-pub use pass::{compute_bank_statistics, BankInput, BankPassOutput, BankPassRequest, StatsChunk};
+pub use pass::{
+    compute_bank_statistics, ActivationBank, ActivationShape, BankInput, BankPassOutput,
+    BankPassRequest, StatsChunk,
+};
 pub use states::{ActivationState, Moments, RowMoments, SortedSimilarities};
 
 pub use crate::kernel::LogSumExp;

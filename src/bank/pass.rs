@@ -79,6 +79,42 @@ pub struct BankPassOutput {
     pub gallery_bank_activation: ActivationState,
 }
 
+/// Which bank an activation state belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActivationBank {
+    /// The query bank (`dis`).
+    Query,
+    /// The gallery bank (`dual-dis`).
+    Gallery,
+}
+
+impl ActivationBank {
+    /// Its state in `output`.
+    pub fn state(self, output: &BankPassOutput) -> &ActivationState {
+        match self {
+            ActivationBank::Query => &output.bank_activation,
+            ActivationBank::Gallery => &output.gallery_bank_activation,
+        }
+    }
+
+    /// Its state in `output`, to merge into.
+    pub fn state_mut(self, output: &mut BankPassOutput) -> &mut ActivationState {
+        match self {
+            ActivationBank::Query => &mut output.bank_activation,
+            ActivationBank::Gallery => &mut output.gallery_bank_activation,
+        }
+    }
+}
+
+/// One activation state a pass keeps: each of a bank's `rows` items' top
+/// `k` gallery items.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActivationShape {
+    pub bank: ActivationBank,
+    pub rows: usize,
+    pub k: usize,
+}
+
 /// Per-gallery-item bytes of the column states for `request` with a bank
 /// of `rows` rows and embeddings of dimension `dim`.
 fn column_state_bytes(request: &ColumnStatsRequest<'_>, rows: u64, dim: usize) -> usize {

@@ -359,6 +359,13 @@ impl ActivationState {
             .flat_map(|(row, top)| top.sorted().into_iter().map(move |c| (row as u32, c)))
     }
 
+    /// Bank row `row`'s kept candidates, best first.
+    pub fn top_of(&self, row: usize) -> Vec<Candidate> {
+        self.per_bank_item
+            .get(row)
+            .map_or_else(Vec::new, TopK::sorted)
+    }
+
     /// Offers `candidate` to bank row `row` (restoring a checkpoint).
     pub fn offer(&mut self, row: usize, candidate: Candidate) {
         self.per_bank_item[row].push(candidate);

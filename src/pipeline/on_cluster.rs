@@ -2,6 +2,8 @@
 //! writes: the client's side of `stats`, `search`, `run` and `compare`.
 
 use super::*;
+use crate::bank::driver::{FileStatsSink, StatsSink};
+use crate::bank::shards::{shard_row_count, ShardMerge};
 use crate::query::results::OutcomesFromRows;
 use crate::sql::pass::PassSpec;
 
@@ -30,8 +32,10 @@ pub(super) fn search(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary
 }
 
 /// Pass 1 of `job` (`methods`, checked) over `inputs` into an
-/// uncommitted stats file at `out` with `metadata`: the file a local
-/// pass writes, bit for bit.
+/// uncommitted stats file at `out` with `metadata`: the file a local pass
+/// writes, bit for bit. With activation sets (`dis`, `dual-dis`) the
+/// shards send their partial states after their rows and the client
+/// merges them ([`crate::bank::shards`]).
 pub(super) fn stats(
     job: &StatsJob,
     methods: &[MethodSpec],
@@ -40,21 +44,40 @@ pub(super) fn stats(
     out: &Path,
     cluster: &ClusterJob,
 ) -> Result<AtomicFile> {
-    check_shardable(methods)?;
+    check_cluster_pass1(methods)?;
     let plan = StatsPlan::new(inputs, methods, metadata)?;
-    let mut sink = ParquetSink::create(
-        out,
-        plan.schema.clone(),
-        plan.metadata.clone(),
-        job.overwrite,
-    )?;
+    let mut sink = FileStatsSink::new(out, job.overwrite);
     let spec = PassSpec::stats(job, methods, inputs.gallery.id_kind)
         .sharded(inputs.gallery.rows, cluster.shards);
-    // A shard's rows: one per gallery row.
-    let expected = spec.shards.windows(2).map(|w| w[1] - w[0]).collect();
-    send(spec, expected, &job.options, cluster, &mut |batch| {
-        sink.write(batch)
-    })?;
+    if plan.rows_are_independent() {
+        sink.begin(plan.schema.clone(), plan.metadata.clone())?;
+        // A shard's rows: one per gallery row.
+        let expected = spec.shards.windows(2).map(|w| w[1] - w[0]).collect();
+        send(spec, expected, &job.options, cluster, &mut |batch| {
+            sink.write(batch)
+        })?;
+    } else {
+        let shapes = plan.activation_shapes(inputs);
+        let expected = spec
+            .shards
+            .windows(2)
+            .map(|w| shard_row_count(w[1] - w[0], &shapes))
+            .collect();
+        let scratch = tempfile::Builder::new()
+            .prefix("hubnorm-stats-")
+            .tempdir()
+            .map_err(|e| HubnormError::io(std::env::temp_dir(), e))?;
+        let spool = scratch.path().join("early.parquet");
+        let mut merge = ShardMerge::new(&plan, &shapes, inputs.gallery.rows as usize, &spool)?;
+        send(
+            spec.with_activation_rows(),
+            expected,
+            &job.options,
+            cluster,
+            &mut |batch| merge.push(batch),
+        )?;
+        merge.finish(&plan, &mut sink)?;
+    }
     sink.close_uncommitted()
 }
 

@@ -76,6 +76,11 @@ pub enum PassInputs {
         /// As [`methods_json`] writes them.
         methods: String,
         gallery_ids: IdKind,
+        /// For a client that merges the shards' activation states: each
+        /// shard's rows in [`crate::bank::shards::shard_schema`], followed by
+        /// its states.
+        #[serde(default)]
+        activation_rows: bool,
     },
     /// Pass 2 (`hubnorm_search`).
     Search {
@@ -140,6 +145,7 @@ impl PassSpec {
                 bank_sample: job.bank_sample,
                 methods: methods_json(methods),
                 gallery_ids,
+                activation_rows: false,
             },
             read: job.options.read.clone(),
             threads: job.options.threads,
@@ -166,6 +172,18 @@ impl PassSpec {
             shards: Vec::new(),
             shard_column: false,
         }
+    }
+
+    /// This stats spec for a client that merges the shards' activation
+    /// states (see [`crate::bank::shards`]).
+    pub fn with_activation_rows(mut self) -> Self {
+        if let PassInputs::Stats {
+            activation_rows, ..
+        } = &mut self.inputs
+        {
+            *activation_rows = true;
+        }
+        self
     }
 
     /// This search spec for a client that rebuilds the summary from its
@@ -247,8 +265,16 @@ impl PassSpec {
     /// The rows' schema, without reading a file.
     pub fn schema(&self) -> crate::Result<SchemaRef> {
         let schema = match &self.inputs {
-            PassInputs::Stats { gallery_ids, .. } => {
-                crate::bank::StatsLayout::new(&self.methods()?).schema(*gallery_ids)
+            PassInputs::Stats {
+                gallery_ids,
+                activation_rows,
+                ..
+            } => {
+                let layout = crate::bank::StatsLayout::new(&self.methods()?);
+                match activation_rows {
+                    true => crate::bank::shards::shard_schema(&layout, *gallery_ids),
+                    false => layout.schema(*gallery_ids),
+                }
             }
             PassInputs::Search {
                 query_ids,
@@ -304,6 +330,7 @@ impl PassSpec {
                     bank,
                     gallery_bank,
                     bank_sample,
+                    activation_rows,
                     ..
                 },
                 rows,
@@ -320,7 +347,9 @@ impl PassSpec {
                     checkpoint: Default::default(),
                 };
                 match rows {
-                    Some(rows) => pipeline::stream_stats_rows(&job, rows, &Silent, emit),
+                    Some(rows) => {
+                        pipeline::stream_stats_rows(&job, rows, *activation_rows, &Silent, emit)
+                    }
                     None => {
                         let spool = std::env::temp_dir().join(format!(
                             "hubnorm-sql-{}-{}.spool",

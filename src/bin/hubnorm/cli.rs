@@ -314,8 +314,8 @@ pub struct ClusterJobArgs {
     /// Compute the pass on a cluster (`hubnorm cluster scheduler` and
     /// executors) instead of this process; the output is written here, the
     /// same file bit for bit. Inputs must be readable from every executor
-    /// (shared storage or URLs). For stats, methods whose statistics need
-    /// every gallery row at once (dis, dual-dis, sn, dbsn) are refused.
+    /// (shared storage or URLs). sn and dbsn (Sinkhorn sweeps over every
+    /// gallery row at once) are refused.
     #[arg(long, value_name = "df://HOST:PORT")]
     pub cluster: Option<String>,
     /// With --cluster: shards, one task each: of gallery rows for stats
