@@ -832,6 +832,7 @@ fn lost_executors_are_replaced_and_a_lost_scheduler_fails_cleanly() {
         &data,
         &dir.path().join("logs"),
         &["--executor-timeout", "3"],
+        "512MiB",
         &vec![],
         &[vec![], vec![]],
     );
@@ -932,4 +933,67 @@ fn lost_executors_are_replaced_and_a_lost_scheduler_fails_cleanly() {
         .filter(|name| name.contains("after_scheduler"))
         .collect();
     assert!(left.is_empty(), "partial output left: {left:?}");
+}
+
+/// An executor's memory follows its `--memory-limit`, not the input size:
+/// one executor of one slot with a 64 MiB limit (a task's pass gets half)
+/// computes pass 1 (`is`, `nnn`) of a 160,000 × 128 gallery (82 MB)
+/// against a 10,000 × 128 bank in 4 shards; its peak resident size grows
+/// by at most the limit plus 24 MiB (Ballista's and DataFusion's own
+/// buffers, the task's plan) over what it held idle, and the file is the
+/// local one (computed with the same 32 MiB pass budget).
+#[test]
+fn an_executor_stays_within_its_memory_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let mut r = rng(37);
+    for (name, prefix, rows) in [("gallery", "g", 160_000), ("bank", "b", 10_000)] {
+        let table = random_table(&mut r, prefix, rows, 128);
+        write_table(
+            &data.join(format!("{name}.parquet")),
+            &table,
+            Layout::FixedF32,
+            false,
+        );
+    }
+    let limit: u64 = 64 << 20;
+    let stats = |extra: &[&str], out: &str| {
+        let mut command = hubnorm(["stats", "--gallery", "gallery.parquet"]);
+        command
+            .args(["--bank", "bank.parquet", "--methods", "is,nnn"])
+            .args(["--memory-limit", "32MiB", "--out", out, "--quiet"])
+            .args(extra)
+            .current_dir(&data);
+        command.output()
+    };
+    stats(&[], "local.parquet").assert_success();
+    let cluster = Cluster::start_with(
+        &data,
+        &dir.path().join("logs"),
+        &[],
+        "64MiB",
+        &vec![],
+        &[vec![]],
+    );
+    let (idle, _) = cluster.executor_memory(0);
+    let url = cluster.url();
+    stats(&["--cluster", &url, "--shards", "4"], "cluster.parquet").assert_success();
+    let (_, peak) = cluster.executor_memory(0);
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    eprintln!(
+        "executor: {:.1} MiB idle, {:.1} MiB peak, limit {:.0} MiB",
+        mib(idle),
+        mib(peak),
+        mib(limit)
+    );
+    assert!(
+        peak <= idle + limit + (24 << 20),
+        "the executor grew from {:.1} MiB to {:.1} MiB with a {:.0} MiB limit",
+        mib(idle),
+        mib(peak),
+        mib(limit)
+    );
+    let bytes = |name: &str| std::fs::read(data.join(name)).unwrap();
+    assert!(bytes("local.parquet") == bytes("cluster.parquet"));
 }

@@ -94,14 +94,16 @@ impl Cluster {
     /// of `executor_envs` (one task slot each), all in `cwd`, logging into
     /// `logs`, and waits until every executor has registered.
     pub fn start(cwd: &Path, logs: &Path, scheduler_env: &Env, executor_envs: &[Env]) -> Cluster {
-        Self::start_with(cwd, logs, &[], scheduler_env, executor_envs)
+        Self::start_with(cwd, logs, &[], "512MiB", scheduler_env, executor_envs)
     }
 
-    /// [`Cluster::start`] with more arguments for the scheduler.
+    /// [`Cluster::start`] with more arguments for the scheduler and the
+    /// executors' `--memory-limit`.
     pub fn start_with(
         cwd: &Path,
         logs: &Path,
         scheduler_args: &[&str],
+        executor_memory: &str,
         scheduler_env: &Env,
         executor_envs: &[Env],
     ) -> Cluster {
@@ -130,7 +132,7 @@ impl Cluster {
                     "--threads",
                     "1",
                     "--memory-limit",
-                    "512MiB",
+                    executor_memory,
                 ]),
                 cwd,
                 env,
@@ -200,6 +202,23 @@ impl Cluster {
         let mut response = String::new();
         stream.read_to_string(&mut response)?;
         Ok(response)
+    }
+
+    /// `VmRSS` and `VmHWM` (peak) of executor `i`, in bytes.
+    pub fn executor_memory(&self, i: usize) -> (u64, u64) {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.executors[i].child.id()))
+                .unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|rest| rest.trim().strip_suffix("kB"))
+                .and_then(|kib| kib.trim().parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no {name} in /proc status"))
+                * 1024
+        };
+        (field("VmRSS:"), field("VmHWM:"))
     }
 
     /// The scheduler's log.
