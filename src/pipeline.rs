@@ -16,7 +16,7 @@ use crate::inputs::{
 use crate::options::{BankSample, ClusterJob, MethodKind, MethodSpec, PassOptions};
 use crate::progress::Progress;
 use crate::query::load_plan;
-use crate::query::results::{results_schema, search_into, search_rows_into, ResultRows};
+use crate::query::results::{results_schema, search_into, ResultRows};
 use crate::query::sinkhorn_pp::SingleQuerySinkhorn;
 use crate::query::ScoringPlan;
 use crate::sink::{
@@ -294,6 +294,7 @@ fn write_results(
         .transpose()?;
     let outcomes = search_into(
         queries,
+        0..queries.rows,
         gallery,
         index,
         plan,
@@ -521,11 +522,12 @@ fn checkpoint_manifest(
 pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary> {
     let methods = check_search(job)?;
     with_threads(job.options.threads, || {
-        let queries = open_table("queries", &job.queries, &job.options, true)?;
-        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
-        check_k_within(job.k, &gallery)?;
-        let index = IdIndex::build(&gallery)?;
-        let plan = load_plan(job.stats.as_deref(), &index, &methods)?;
+        let SearchInputs {
+            queries,
+            gallery,
+            index,
+            plan,
+        } = SearchInputs::open(job, &methods)?;
         let (file, outcomes) = write_results(
             &queries,
             &gallery,
@@ -562,6 +564,31 @@ pub fn run_search_on(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary
 
 #[cfg(feature = "cluster")]
 mod on_cluster;
+
+/// What a search reads before its pass: the tables (checked), the
+/// gallery's id index and the scoring plan from the stats file.
+struct SearchInputs {
+    queries: EmbeddingTable,
+    gallery: EmbeddingTable,
+    index: IdIndex,
+    plan: ScoringPlan,
+}
+
+impl SearchInputs {
+    fn open(job: &SearchJob, methods: &[MethodSpec]) -> Result<Self> {
+        let queries = open_table("queries", &job.queries, &job.options, true)?;
+        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        check_k_within(job.k, &gallery)?;
+        let index = IdIndex::build(&gallery)?;
+        let plan = load_plan(job.stats.as_deref(), &index, methods)?;
+        Ok(SearchInputs {
+            queries,
+            gallery,
+            index,
+            plan,
+        })
+    }
+}
 
 /// What `run_search` and `run_search_on` check before reading any row:
 /// the methods (returned), k, and the output's place.
@@ -626,18 +653,11 @@ pub fn stats_methods(job: &StatsJob) -> Result<Vec<MethodSpec>> {
 /// on a cluster do (see
 /// [`crate::bank::driver::StatsPlan::rows_are_independent`]).
 pub fn check_shardable(methods: &[MethodSpec]) -> Result<()> {
-    let dependent: Vec<&str> = methods
-        .iter()
-        .filter(|m| m.method().columns(m).iter().any(|c| c.late))
-        .map(|m| m.kind().name())
-        .collect();
-    if dependent.is_empty() {
-        return Ok(());
-    }
-    Err(HubnormError::Usage(format!(
-        "{} cannot run in hubnorm_stats on a cluster yet: their statistics need every gallery row at once (the activation sets of dis and dual-dis, the Sinkhorn potentials of sn and dbsn), while the table's partitions are independent shards of gallery rows; use `hubnorm stats --cluster` for dis and dual-dis, or run without --cluster",
-        dependent.join(", ")
-    )))
+    refuse_methods(
+        methods,
+        |m| m.method().columns(m).iter().any(|c| c.late),
+        "cannot run in hubnorm_stats on a cluster yet: their statistics need every gallery row at once (the activation sets of dis and dual-dis, the Sinkhorn potentials of sn and dbsn), while the table's partitions are independent shards of gallery rows; use `hubnorm stats --cluster` for dis and dual-dis, or run without --cluster",
+    )
 }
 
 /// Refuses `methods` unless a cluster can compute their pass 1 in shards of
@@ -645,18 +665,28 @@ pub fn check_shardable(methods: &[MethodSpec]) -> Result<()> {
 /// (`sn`, `dbsn`), whose potentials come from sweeps over every gallery
 /// row at once.
 pub fn check_cluster_pass1(methods: &[MethodSpec]) -> Result<()> {
-    let sweeps: Vec<&str> = methods
+    refuse_methods(
+        methods,
+        |m| m.method().sinkhorn(m).is_some(),
+        "cannot run on a cluster yet: their Sinkhorn potentials come from sweeps over every gallery row at once, while a cluster computes pass 1 in shards of gallery rows; run them without --cluster",
+    )
+}
+
+/// A usage error naming the methods `refused` picks, followed by `why`.
+fn refuse_methods(
+    methods: &[MethodSpec],
+    refused: impl Fn(&MethodSpec) -> bool,
+    why: &str,
+) -> Result<()> {
+    let names: Vec<&str> = methods
         .iter()
-        .filter(|m| m.method().sinkhorn(m).is_some())
+        .filter(|m| refused(m))
         .map(|m| m.kind().name())
         .collect();
-    if sweeps.is_empty() {
+    if names.is_empty() {
         return Ok(());
     }
-    Err(HubnormError::Usage(format!(
-        "{} cannot run on a cluster yet: their Sinkhorn potentials come from sweeps over every gallery row at once, while a cluster computes pass 1 in shards of gallery rows; run them without --cluster",
-        sweeps.join(", ")
-    )))
+    Err(HubnormError::Usage(format!("{} {why}", names.join(", "))))
 }
 
 /// The stats rows of gallery rows `gallery_rows` alone (a cluster task's
@@ -681,17 +711,7 @@ pub fn stream_stats_rows(
     }
     with_threads(job.options.threads, || {
         let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
-        if gallery_rows.end > gallery.rows || gallery_rows.start > gallery_rows.end {
-            return Err(HubnormError::input(
-                &job.gallery,
-                None,
-                None,
-                format!(
-                    "has {} rows, but this shard is rows {}..{}: the gallery changed after the job was planned",
-                    gallery.rows, gallery_rows.start, gallery_rows.end
-                ),
-            ));
-        }
+        gallery.check_shard(&gallery_rows)?;
         let banks = open_banks(
             &job.bank,
             job.gallery_bank.as_deref(),
@@ -777,12 +797,13 @@ pub fn stream_search(
     let methods = check_methods(&job.methods, true)?;
     refuse_protocol(&methods, "search")?;
     with_threads(job.options.threads, || {
-        let queries = open_table("queries", &job.queries, &job.options, true)?;
-        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
-        check_k_within(job.k, &gallery)?;
-        let index = IdIndex::build(&gallery)?;
-        let plan = load_plan(job.stats.as_deref(), &index, &methods)?;
-        search_rows_into(
+        let SearchInputs {
+            queries,
+            gallery,
+            index,
+            plan,
+        } = SearchInputs::open(job, &methods)?;
+        search_into(
             &queries,
             query_rows.unwrap_or(0..queries.rows),
             &gallery,

@@ -366,6 +366,23 @@ impl EmbeddingTable {
         HubnormError::input(path, Some(local), Some(column), message)
     }
 
+    /// Refuses `rows` (a cluster task's shard) unless the table has them:
+    /// it changed after the job was planned.
+    pub fn check_shard(&self, rows: &Range<u64>) -> Result<()> {
+        if rows.start <= rows.end && rows.end <= self.rows {
+            return Ok(());
+        }
+        Err(HubnormError::input(
+            &self.spec,
+            None,
+            None,
+            format!(
+                "the {} has {} rows, but this shard is rows {}..{}: it changed after the job was planned",
+                self.role, self.rows, rows.start, rows.end
+            ),
+        ))
+    }
+
     /// Reads blocks of at most `block_rows` rows, in table order.
     pub fn blocks(&self, block_rows: usize) -> BlockReader<'_> {
         BlockReader::new(self, block_rows.max(1), false)

@@ -791,10 +791,13 @@ class Bench:
                          "--out", os.path.join(rdir, "gallery_stats.parquet"), "--memory-limit",
                          a.memory_limit_text, "--quiet", "--overwrite"] + extra]
 
-            def same_file(ref, mine):
-                name = "gallery_stats.parquet"
-                with open(os.path.join(ref, name), "rb") as x, open(os.path.join(mine, name), "rb") as y:
-                    return "ok: byte-identical" if x.read() == y.read() else "mismatch: the files differ"
+            def same(name):
+                def check(ref, mine):
+                    with open(os.path.join(ref, name), "rb") as x, open(os.path.join(mine, name), "rb") as y:
+                        return "ok: byte-identical" if x.read() == y.read() else "mismatch: the files differ"
+                return check
+
+            same_file = same("gallery_stats.parquet")
 
             tools = [Tool(f"hubnorm-t{t}", lambda rdir, _, t=t: stats(rdir, ["--threads", str(t)]),
                           check=same_file, checked=True) for t in (1, 2)]
@@ -821,10 +824,7 @@ class Bench:
                          os.path.join(rdir, "results.parquet"), "--memory-limit", a.memory_limit_text, "--quiet",
                          "--overwrite"] + extra]
 
-            def same_results(ref, mine):
-                name = "results.parquet"
-                with open(os.path.join(ref, name), "rb") as x, open(os.path.join(mine, name), "rb") as y:
-                    return "ok: byte-identical" if x.read() == y.read() else "mismatch: the files differ"
+            same_results = same("results.parquet")
 
             tools = [Tool(f"hubnorm-t{t}", lambda rdir, _, t=t: search(rdir, ["--threads", str(t)]),
                           check=same_results, checked=True) for t in (1, 2)]

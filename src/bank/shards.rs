@@ -198,6 +198,15 @@ impl ShardMerge {
                 RecordBatch::try_new(self.early_schema.clone(), batch.columns()[..early].to_vec())?;
             return self.spool.write(&rows);
         }
+        if banks.null_count() > 0 {
+            // A shard's last early rows and its first bank items in one
+            // batch (an operator between the pass and the client may have
+            // coalesced them): each part on its own, early rows first.
+            let is_bank_item = arrow::compute::is_not_null(banks)?;
+            let gallery_rows = arrow::compute::not(&is_bank_item)?;
+            self.push(&arrow::compute::filter_record_batch(batch, &gallery_rows)?)?;
+            return self.push(&arrow::compute::filter_record_batch(batch, &is_bank_item)?);
+        }
         let bank_rows = batch
             .column(early + 1)
             .as_primitive_opt::<UInt32Type>()
@@ -257,5 +266,92 @@ impl ShardMerge {
             .late_columns(&self.output, self.gallery_rows, &[]);
         sink.begin(plan.schema.clone(), plan.metadata.clone())?;
         join_late_columns(spool.temporary_path(), &plan.schema, &late, sink)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::method::MethodSpec;
+
+    /// A batch holding a shard's last gallery rows and its first bank
+    /// items (as a coalescing operator would hand it over) is taken apart:
+    /// the gallery rows go to the scratch file, the bank items' lists into
+    /// the states.
+    #[test]
+    fn mixed_batches_are_split() {
+        let methods = [MethodSpec::new("dis", &[]).unwrap()];
+        let layout = StatsLayout::new(&methods);
+        let schema = shard_schema(&layout, IdKind::Int64);
+        let early = schema.fields().len() - activation_fields().len();
+        let early_schema = Arc::new(Schema::new(
+            schema.fields()[..early]
+                .iter()
+                .map(|f| f.as_ref().clone().with_nullable(false))
+                .collect::<Vec<_>>(),
+        ));
+        // Two gallery rows with made-up early values.
+        let gallery: Vec<ArrayRef> = early_schema
+            .fields()
+            .iter()
+            .map(|f| match f.data_type() {
+                DataType::Int64 => Arc::new(arrow::array::Int64Array::from(vec![7, 8])) as ArrayRef,
+                DataType::Float64 => Arc::new(arrow::array::Float64Array::from(vec![0.5, 0.25])),
+                other => panic!("an early column of type {other}"),
+            })
+            .collect();
+        let gallery = early_rows(
+            &RecordBatch::try_new(early_schema.clone(), gallery).unwrap(),
+            &schema,
+        )
+        .unwrap();
+        let mut state = BankPassOutput {
+            bank_activation: ActivationState::new(1, 1),
+            ..BankPassOutput::default()
+        };
+        state.bank_activation.offer(
+            0,
+            Candidate {
+                score: 0.9,
+                raw: 0.9,
+                row: 1,
+            },
+        );
+        let shapes = [ActivationShape {
+            bank: ActivationBank::Query,
+            rows: 1,
+            k: 1,
+        }];
+        let mut bank = Vec::new();
+        activation_rows(&state, &shapes, &schema, 16, &mut |b| {
+            bank.push(b.clone());
+            Ok(())
+        })
+        .unwrap();
+        let mixed = arrow::compute::concat_batches(&schema, [&gallery, &bank[0]]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let spool = dir.path().join("early.parquet");
+        let mut merge = ShardMerge {
+            spool: ParquetSink::create(&spool, early_schema.clone(), Vec::new(), true).unwrap(),
+            early_schema,
+            output: BankPassOutput {
+                bank_activation: ActivationState::new(1, 1),
+                ..BankPassOutput::default()
+            },
+            gallery_rows: 2,
+        };
+        merge.push(&mixed).unwrap();
+        assert_eq!(
+            merge.output.bank_activation.top_of(0),
+            state.bank_activation.top_of(0)
+        );
+        let file = merge.spool.close_uncommitted().unwrap();
+        let rows: usize = crate::source::open_parquet(file.temporary_path())
+            .unwrap()
+            .build()
+            .unwrap()
+            .map(|b| b.unwrap().num_rows())
+            .sum();
+        assert_eq!(rows, 2);
     }
 }

@@ -13,11 +13,12 @@ pub(super) fn search(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary
     with_threads(job.options.threads, || {
         // Opened and checked as a local run does, so that the same inputs
         // fail with the same messages before anything is sent.
-        let queries = open_table("queries", &job.queries, &job.options, true)?;
-        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
-        check_k_within(job.k, &gallery)?;
-        let index = IdIndex::build(&gallery)?;
-        let plan = load_plan(job.stats.as_deref(), &index, &methods)?;
+        let SearchInputs {
+            queries,
+            gallery,
+            plan,
+            ..
+        } = SearchInputs::open(job, &methods)?;
         let (file, outcomes) = results(
             job,
             &queries,

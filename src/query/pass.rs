@@ -64,17 +64,7 @@ pub fn search(
     if queries.dim != gallery.dim {
         return Err(dimension_error(queries, gallery));
     }
-    if query_rows.start > query_rows.end || query_rows.end > queries.rows {
-        return Err(HubnormError::input(
-            &queries.spec,
-            None,
-            None,
-            format!(
-                "the table has {} rows, but this shard is rows {}..{}: the queries changed after the job was planned",
-                queries.rows, query_rows.start, query_rows.end
-            ),
-        ));
-    }
+    queries.check_shard(query_rows)?;
     let query_count = query_rows.end - query_rows.start;
     if scorings.iter().any(|m| m.rows() as u64 != gallery.rows) {
         return Err(HubnormError::Internal(

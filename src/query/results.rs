@@ -340,40 +340,11 @@ impl<'a> ResultsCollector<'a> {
     }
 }
 
-/// Pass 2: every query block's result rows into `emit` (results schema,
-/// query-major order), and the figures of each method.
+/// Pass 2 of query rows `query_rows` (all of them, or a cluster task's
+/// shard): every query block's rows into `emit` (query-major order), and
+/// the figures of each method.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn search_into(
-    queries: &EmbeddingTable,
-    gallery: &EmbeddingTable,
-    index: &IdIndex,
-    plan: &ScoringPlan,
-    k: usize,
-    rows: ResultRows,
-    options: &PassOptions,
-    protocol: Option<&SingleQuerySinkhorn>,
-    progress: &dyn Progress,
-    emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
-) -> Result<Vec<MethodOutcome>> {
-    search_rows_into(
-        queries,
-        0..queries.rows,
-        gallery,
-        index,
-        plan,
-        k,
-        rows,
-        options,
-        protocol,
-        progress,
-        emit,
-    )
-}
-
-/// [`search_into`] for query rows `query_rows` alone (a cluster task's
-/// shard): the rows the whole pass makes for them.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn search_rows_into(
     queries: &EmbeddingTable,
     query_rows: std::ops::Range<u64>,
     gallery: &EmbeddingTable,
