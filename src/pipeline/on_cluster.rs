@@ -1,6 +1,7 @@
 //! The passes on a cluster (`--cluster`), into the files a local pass
 //! writes: the client's side of `stats`, `search`, `run` and `compare`.
 
+use super::search::{check_search, results_sink, search_metadata, search_summary, SearchInputs};
 use super::*;
 use crate::bank::driver::{FileStatsSink, StatsSink};
 use crate::bank::shards::{shard_row_count, ShardMerge};

@@ -1,0 +1,327 @@
+//! `hubnorm run` (and the runs of `compare` and `tune`): both passes and
+//! the summary, committed together.
+
+use super::*;
+
+/// File names `hubnorm run` writes into its output directory.
+pub const RUN_OUTPUTS: [&str; 3] = ["results.parquet", "gallery_stats.parquet", "summary.json"];
+
+/// `hubnorm run`: pass 1, pass 2 and the summary, into `job.out_dir`.
+/// Nothing appears under the final names unless every output is complete.
+pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
+    let products = run_uncommitted(job, &[], progress)?;
+    commit_all(products.files)?;
+    Ok(products.summary)
+}
+
+/// What `hubnorm run` produced, before its files take their final names.
+pub(crate) struct RunProducts {
+    pub summary: RunSummary,
+    pub outcomes: Vec<MethodOutcome>,
+    /// The gallery's ids in row order, with their lookup.
+    pub index: IdIndex,
+    /// gallery_stats, results, summary.json: uncommitted.
+    pub files: Vec<AtomicFile>,
+}
+
+impl RunProducts {
+    /// The stats file as written so far (its temporary name).
+    pub fn stats_path(&self) -> &Path {
+        self.files[0].temporary_path()
+    }
+}
+
+/// Gives every file its final name, in the order written.
+pub(crate) fn commit_all(files: Vec<AtomicFile>) -> Result<()> {
+    for file in files {
+        file.commit()?;
+    }
+    Ok(())
+}
+
+/// Both passes and the summary into uncommitted files; `extra_outputs`
+/// are further names in `job.out_dir` a caller will write (refused when they
+/// exist, as run's own).
+pub(crate) fn run_uncommitted(
+    job: &RunJob,
+    extra_outputs: &[&str],
+    progress: &dyn Progress,
+) -> Result<RunProducts> {
+    check_k(job.k)?;
+    let none = MethodKind::baseline();
+    let mut methods = vec![MethodSpec::default_for(none)];
+    methods.extend(job.methods.iter().filter(|m| m.kind() != none));
+    let methods = check_methods(&methods, job.gallery_bank.is_some())?;
+    if job.transductive {
+        if let Some(m) = methods
+            .iter()
+            .find(|m| !m.kind().has_transductive_variant())
+        {
+            return Err(HubnormError::Usage(format!(
+                "--transductive uses the test queries as the bank, which METHODS.md defines for is, sn, dsl and sinkhorn-pp only, not {}",
+                m.kind()
+            )));
+        }
+    }
+    let mut inputs = vec![
+        ("queries", job.queries.as_str()),
+        ("gallery", job.gallery.as_str()),
+    ];
+    if !job.transductive {
+        inputs.push(("bank", job.bank.as_str()));
+    }
+    inputs.extend(job.gallery_bank.as_deref().map(|g| ("gallery bank", g)));
+    refuse_output_in_inputs(&job.out_dir, &inputs)?;
+    if let Some(cluster) = &job.cluster {
+        check_run_on_cluster(job, &methods, cluster)?;
+    }
+    for name in RUN_OUTPUTS.iter().chain(extra_outputs) {
+        refuse_output_in_inputs(&job.out_dir.join(name), &inputs)?;
+        refuse_existing(&job.out_dir.join(name), job.overwrite)?;
+    }
+    with_threads(job.options.threads, || {
+        let queries = open_table("queries", &job.queries, &job.options, true)?;
+        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        check_k_within(job.k, &gallery)?;
+        if queries.dim != gallery.dim {
+            return Err(crate::bank::pass::dimension_error(&queries, &gallery));
+        }
+        let bank_spec = if job.transductive {
+            &job.queries
+        } else {
+            &job.bank
+        };
+        let banks = open_banks(
+            bank_spec,
+            job.gallery_bank.as_deref(),
+            job.bank_sample,
+            &methods,
+            &gallery,
+            &job.options,
+        )?;
+        let index = IdIndex::build(&gallery)?;
+        let mut metadata = banks.stats_metadata(&gallery, job.bank_sample, &job.options);
+        metadata.push(("hubnorm.transductive".into(), job.transductive.to_string()));
+        let run_id = {
+            let mut pairs = metadata.clone();
+            pairs.extend(table_metadata("queries", &queries));
+            pairs.push(("hubnorm.methods".into(), methods_json(&methods)));
+            pairs.push(("hubnorm.k".into(), job.k.to_string()));
+            // Not the memory limit or the threads: outputs do not depend on them.
+            let o = &job.options;
+            let options = format!("{:?} {:?} {:?}", o.read, o.sinkhorn_tolerance, o.report);
+            pairs.push(("hubnorm.options".into(), options));
+            run_fingerprint(&pairs)
+        };
+        metadata.push((RUN_KEY.into(), run_id.clone()));
+        let stats_out = job.out_dir.join("gallery_stats.parquet");
+        let (stats_file, sinkhorn) = match &job.cluster {
+            None => write_stats(
+                &banks.inputs(&gallery, &index),
+                &methods,
+                &stats_out,
+                job.overwrite,
+                &job.options,
+                metadata,
+                progress,
+                None,
+            )?,
+            #[cfg(feature = "cluster")]
+            Some(cluster) => {
+                let stats_job = StatsJob {
+                    gallery: job.gallery.clone(),
+                    bank: bank_spec.clone(),
+                    gallery_bank: job.gallery_bank.clone(),
+                    bank_sample: job.bank_sample,
+                    methods: methods.clone(),
+                    out: stats_out.clone(),
+                    overwrite: job.overwrite,
+                    options: job.options.clone(),
+                    checkpoint: Default::default(),
+                };
+                let inputs = banks.inputs(&gallery, &index);
+                let file = on_cluster::stats(
+                    &stats_job, &methods, &inputs, metadata, &stats_out, cluster,
+                )?;
+                (file, Vec::new())
+            }
+            #[cfg(not(feature = "cluster"))]
+            Some(cluster) => return Err(without_cluster(&cluster.scheduler)),
+        };
+        // Read back through the same code as `hubnorm search`.
+        let plan = load_plan(Some(stats_file.temporary_path()), &index, &methods)?;
+        let protocol = methods
+            .iter()
+            .find(|m| m.method().single_query())
+            .map(|m| {
+                SingleQuerySinkhorn::prepare(
+                    &gallery,
+                    &banks.bank,
+                    queries.rows,
+                    m.count("m") - 1,
+                    job.bank_sample.map_or(0, |s| s.seed),
+                    m.get("tau"),
+                    m.count("t"),
+                    job.options.memory.bytes(),
+                )
+            })
+            .transpose()?;
+        let results_out = job.out_dir.join("results.parquet");
+        let results_metadata = bank_metadata(&banks, job.bank_sample)
+            .into_iter()
+            .chain([(RUN_KEY.to_owned(), run_id.clone())])
+            .collect();
+        let (results_file, outcomes) = match &job.cluster {
+            None => {
+                let (file, outcomes) = write_results(
+                    &queries,
+                    &gallery,
+                    &index,
+                    &plan,
+                    job.k,
+                    Some(&results_out),
+                    job.overwrite,
+                    &job.options,
+                    results_metadata,
+                    protocol.as_ref(),
+                    progress,
+                )?;
+                (file.expect("a destination"), outcomes)
+            }
+            #[cfg(feature = "cluster")]
+            Some(cluster) => {
+                // The executors read the statistics from the stats file
+                // under its temporary name, beside the outputs.
+                let search_job = SearchJob {
+                    queries: job.queries.clone(),
+                    gallery: job.gallery.clone(),
+                    stats: Some(stats_file.temporary_path().to_path_buf()),
+                    methods: methods.clone(),
+                    k: job.k,
+                    out: results_out,
+                    overwrite: job.overwrite,
+                    options: job.options.clone(),
+                };
+                on_cluster::results(
+                    &search_job,
+                    &queries,
+                    &gallery,
+                    &plan,
+                    results_metadata,
+                    cluster,
+                )?
+            }
+            #[cfg(not(feature = "cluster"))]
+            Some(cluster) => return Err(without_cluster(&cluster.scheduler)),
+        };
+        let mut summaries: Vec<MethodSummary> = outcomes
+            .iter()
+            .map(|o| o.summary(&job.options.report))
+            .collect();
+        for (summary, rule) in summaries.iter_mut().zip(&plan.methods) {
+            summary.sinkhorn = sinkhorn.iter().find(|r| r.method == rule.spec).cloned();
+        }
+        let summary = RunSummary {
+            queries: queries.rows,
+            gallery: gallery.rows,
+            bank: Some(banks.bank.rows),
+            transductive: job.transductive,
+            gallery_bank: banks.gallery_bank.as_ref().map(|t| t.rows),
+            dim: gallery.dim,
+            k: job.k,
+            normalize: job.options.read.normalize,
+            methods: summaries,
+        };
+        let json = serde_json::to_string_pretty(&SummaryFile {
+            summary: &summary,
+            run: &run_id,
+        })
+        .map_err(|e| HubnormError::Internal(e.to_string()))?;
+        let summary_file =
+            write_text_atomically(&job.out_dir.join("summary.json"), &json, job.overwrite)?;
+        Ok(RunProducts {
+            summary,
+            outcomes,
+            index,
+            files: vec![stats_file, results_file, summary_file],
+        })
+    })
+}
+
+/// Refuses a run on `cluster` that a cluster cannot compute: a method
+/// whose pass 1 needs every gallery row at once, `sinkhorn-pp` (each query
+/// is normalised with its own stack, on one machine), or outputs in object
+/// storage (the executors read the statistics from the stats file before
+/// it is committed, which for an object is a local temporary file).
+fn check_run_on_cluster(job: &RunJob, methods: &[MethodSpec], cluster: &ClusterJob) -> Result<()> {
+    if !cfg!(feature = "cluster") {
+        return Err(without_cluster(&cluster.scheduler));
+    }
+    check_cluster_pass1(methods)?;
+    if let Some(m) = methods.iter().find(|m| m.method().single_query()) {
+        return Err(HubnormError::Usage(format!(
+            "{} normalises every query with its own pseudo-test stack on one machine; run it without --cluster",
+            m.kind()
+        )));
+    }
+    if crate::storage::is_remote(&job.out_dir) {
+        return Err(HubnormError::Usage(format!(
+            "--out {}: a run on a cluster writes its outputs to a directory the executors can read (they read its statistics before they are committed), not to object storage; write to shared storage, or run `stats --cluster` and `search --cluster` with URL outputs",
+            job.out_dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Pass 1 and pass 2 of `methods` for `queries`, keeping no output: the
+/// figures of each method (`hubnorm tune`). The statistics go to a
+/// temporary file in `scratch_dir`, removed on return.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn evaluate_methods(
+    queries: &EmbeddingTable,
+    gallery: &EmbeddingTable,
+    bank: EmbeddingTable,
+    gallery_bank: Option<EmbeddingTable>,
+    methods: &[MethodSpec],
+    options: &PassOptions,
+    scratch_dir: &Path,
+    progress: &dyn Progress,
+) -> Result<Vec<MethodOutcome>> {
+    let methods = check_methods(methods, gallery_bank.is_some())?;
+    refuse_protocol(&methods, "tune")?;
+    for table in std::iter::once(&bank).chain(&gallery_bank).chain([queries]) {
+        if table.dim != gallery.dim {
+            return Err(crate::bank::pass::dimension_error(table, gallery));
+        }
+    }
+    check_bank_sizes(&methods, &bank, gallery, options)?;
+    let banks = Banks { bank, gallery_bank };
+    with_threads(options.threads, || {
+        let index = IdIndex::build(gallery)?;
+        let (stats, _) = write_stats(
+            &banks.inputs(gallery, &index),
+            &methods,
+            &scratch_dir.join("tune_stats.parquet"),
+            true,
+            options,
+            Vec::new(),
+            progress,
+            None,
+        )?;
+        let plan = load_plan(Some(stats.temporary_path()), &index, &methods)?;
+        let (_, outcomes) = write_results(
+            queries,
+            gallery,
+            &index,
+            &plan,
+            SKEWNESS_K,
+            None,
+            true,
+            options,
+            Vec::new(),
+            None,
+            progress,
+        )?;
+        Ok(outcomes)
+    })
+}

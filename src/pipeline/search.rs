@@ -1,0 +1,224 @@
+//! `hubnorm search`: pass 2 with a stats file's statistics into a results
+//! file, on this machine or on a cluster, and as a stream for SQL.
+
+use super::*;
+
+/// Pass 2 into an (uncommitted) results file.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn write_results(
+    queries: &EmbeddingTable,
+    gallery: &EmbeddingTable,
+    index: &IdIndex,
+    plan: &ScoringPlan,
+    k: usize,
+    out: Option<&Path>,
+    overwrite: bool,
+    options: &PassOptions,
+    metadata: Vec<(String, String)>,
+    protocol: Option<&SingleQuerySinkhorn>,
+    progress: &dyn Progress,
+) -> Result<(Option<AtomicFile>, Vec<MethodOutcome>)> {
+    // Without a destination (tuning), only the figures are gathered.
+    let mut sink = out
+        .map(|out| results_sink(queries, gallery, plan, k, out, overwrite, options, metadata))
+        .transpose()?;
+    let outcomes = search_into(
+        queries,
+        0..queries.rows,
+        gallery,
+        index,
+        plan,
+        k,
+        ResultRows::TopK,
+        options,
+        protocol,
+        progress,
+        &mut |batch| match &mut sink {
+            Some(sink) => sink.write(batch),
+            None => Ok(()),
+        },
+    )?;
+    let file = sink.map(ParquetSink::close_uncommitted).transpose()?;
+    Ok((file, outcomes))
+}
+
+/// The writer of a results file, with its footer's metadata.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn results_sink(
+    queries: &EmbeddingTable,
+    gallery: &EmbeddingTable,
+    plan: &ScoringPlan,
+    k: usize,
+    out: &Path,
+    overwrite: bool,
+    options: &PassOptions,
+    mut metadata: Vec<(String, String)>,
+) -> Result<ParquetSink> {
+    let schema = results_schema(queries.id_kind, gallery.id_kind);
+    metadata.extend(common_metadata("results", options));
+    metadata.push((
+        "hubnorm.methods".into(),
+        methods_json(&plan.methods.iter().map(|m| m.spec).collect::<Vec<_>>()),
+    ));
+    metadata.push(("hubnorm.k".into(), k.to_string()));
+    metadata.extend(table_metadata("queries", queries));
+    metadata.extend(table_metadata("gallery", gallery));
+    ParquetSink::create(out, schema, metadata, overwrite)
+}
+
+/// `hubnorm search`: pass 2 only, with statistics from a stats file.
+pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary> {
+    let methods = check_search(job)?;
+    with_threads(job.options.threads, || {
+        let SearchInputs {
+            queries,
+            gallery,
+            index,
+            plan,
+        } = SearchInputs::open(job, &methods)?;
+        let (file, outcomes) = write_results(
+            &queries,
+            &gallery,
+            &index,
+            &plan,
+            job.k,
+            Some(&job.out),
+            job.overwrite,
+            &job.options,
+            search_metadata(job),
+            None,
+            progress,
+        )?;
+        file.expect("a destination").commit()?;
+        Ok(search_summary(job, &queries, &gallery, &outcomes))
+    })
+}
+
+/// `hubnorm search --cluster`: pass 2 of `job` computed by the cluster of
+/// `cluster`, in shards of query rows, into the same results file and
+/// summary `run_search` makes, bit for bit. The shards' rows go down to the
+/// depth of the hubness measures and carry the report columns, from which
+/// the summary is rebuilt here; the file is written and committed here
+/// once every shard is in.
+pub fn run_search_on(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary> {
+    #[cfg(feature = "cluster")]
+    return on_cluster::search(job, cluster);
+    #[cfg(not(feature = "cluster"))]
+    {
+        check_search(job)?;
+        Err(without_cluster(&cluster.scheduler))
+    }
+}
+
+/// What a search reads before its pass: the tables (checked), the
+/// gallery's id index and the scoring plan from the stats file.
+pub(super) struct SearchInputs {
+    pub(super) queries: EmbeddingTable,
+    pub(super) gallery: EmbeddingTable,
+    pub(super) index: IdIndex,
+    pub(super) plan: ScoringPlan,
+}
+
+impl SearchInputs {
+    pub(super) fn open(job: &SearchJob, methods: &[MethodSpec]) -> Result<Self> {
+        let queries = open_table("queries", &job.queries, &job.options, true)?;
+        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        check_k_within(job.k, &gallery)?;
+        let index = IdIndex::build(&gallery)?;
+        let plan = load_plan(job.stats.as_deref(), &index, methods)?;
+        Ok(SearchInputs {
+            queries,
+            gallery,
+            index,
+            plan,
+        })
+    }
+}
+
+/// What `run_search` and `run_search_on` check before reading any row:
+/// the methods (returned), k, and the output's place.
+pub(super) fn check_search(job: &SearchJob) -> Result<Vec<MethodSpec>> {
+    check_k(job.k)?;
+    let methods = check_methods(&job.methods, true)?;
+    refuse_protocol(&methods, "search")?;
+    let mut inputs = vec![
+        ("queries", job.queries.as_str()),
+        ("gallery", job.gallery.as_str()),
+    ];
+    let stats = job.stats.as_ref().map(|s| s.display().to_string());
+    inputs.extend(stats.as_deref().map(|s| ("stats", s)));
+    refuse_output_in_inputs(&job.out, &inputs)?;
+    refuse_existing(&job.out, job.overwrite)?;
+    if let Some(stats) = &job.stats {
+        check_beside_its_run(stats)?;
+    }
+    Ok(methods)
+}
+
+/// The footer metadata a search adds to its results file.
+pub(super) fn search_metadata(job: &SearchJob) -> Vec<(String, String)> {
+    job.stats
+        .iter()
+        .map(|stats| ("hubnorm.stats.path".into(), stats.display().to_string()))
+        .collect()
+}
+
+/// The summary of a search from its methods' figures.
+pub(super) fn search_summary(
+    job: &SearchJob,
+    queries: &EmbeddingTable,
+    gallery: &EmbeddingTable,
+    outcomes: &[MethodOutcome],
+) -> RunSummary {
+    RunSummary {
+        queries: queries.rows,
+        gallery: gallery.rows,
+        bank: None,
+        gallery_bank: None,
+        transductive: false,
+        dim: gallery.dim,
+        k: job.k,
+        normalize: job.options.read.normalize,
+        methods: outcomes
+            .iter()
+            .map(|o| o.summary(&job.options.report))
+            .collect(),
+    }
+}
+
+/// `hubnorm search` as a stream of record batches into `emit` (`job.out`
+/// and `job.overwrite` are not used), one batch per query block: of every
+/// query, or of the rows `query_rows` alone (a cluster task's shard).
+pub fn stream_search(
+    job: &SearchJob,
+    query_rows: Option<std::ops::Range<u64>>,
+    rows: ResultRows,
+    progress: &dyn Progress,
+    emit: &mut (dyn FnMut(&RecordBatch) -> Result<()> + Send),
+) -> Result<()> {
+    check_k(job.k)?;
+    let methods = check_methods(&job.methods, true)?;
+    refuse_protocol(&methods, "search")?;
+    with_threads(job.options.threads, || {
+        let SearchInputs {
+            queries,
+            gallery,
+            index,
+            plan,
+        } = SearchInputs::open(job, &methods)?;
+        search_into(
+            &queries,
+            query_rows.unwrap_or(0..queries.rows),
+            &gallery,
+            &index,
+            &plan,
+            job.k,
+            rows,
+            &job.options,
+            None,
+            progress,
+            emit,
+        )?;
+        Ok(())
+    })
+}

@@ -1,0 +1,293 @@
+//! `hubnorm stats`: pass 1 into a stats file (checkpointed), on this
+//! machine or on a cluster, and as streams for SQL and for a cluster's
+//! tasks.
+
+use super::*;
+
+/// Opens pass 1's inputs for `job` (in its thread pool) and hands them,
+/// with the stats file's metadata, to `pass`.
+fn with_stats_inputs<T: Send>(
+    job: &StatsJob,
+    methods: &[MethodSpec],
+    pass: impl FnOnce(&StatsInputs<'_>, Vec<(String, String)>) -> Result<T> + Send,
+) -> Result<T> {
+    with_threads(job.options.threads, || {
+        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        let banks = open_banks(
+            &job.bank,
+            job.gallery_bank.as_deref(),
+            job.bank_sample,
+            methods,
+            &gallery,
+            &job.options,
+        )?;
+        let index = IdIndex::build(&gallery)?;
+        let metadata = banks.stats_metadata(&gallery, job.bank_sample, &job.options);
+        pass(&banks.inputs(&gallery, &index), metadata)
+    })
+}
+
+/// `hubnorm stats`: pass 1 only; writes `gallery_stats.parquet`,
+/// checkpointing finished gallery chunks as `job.checkpoint` says.
+pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome> {
+    let methods = check_methods(&job.methods, job.gallery_bank.is_some())?;
+    refuse_protocol(&methods, "stats")?;
+    refuse_output_in_inputs(&job.out, &stats_inputs(job))?;
+    refuse_existing(&job.out, job.overwrite)?;
+    with_stats_inputs(job, &methods, |inputs, metadata| {
+        let manifest = checkpoint_manifest(&metadata, &methods, &job.options);
+        let saves_activation = !crate::bank::StatsLayout::new(&methods)
+            .columns()
+            .1
+            .is_empty();
+        let mut checkpoint =
+            Checkpoint::open(&job.out, &manifest, &job.checkpoint, saves_activation)?;
+        let resumed_rows = checkpoint.as_ref().map_or(0, Checkpoint::resumed_rows);
+        let written = write_stats(
+            inputs,
+            &methods,
+            &job.out,
+            job.overwrite,
+            &job.options,
+            metadata,
+            progress,
+            checkpoint.as_mut(),
+        );
+        let (file, _) = match written {
+            Ok(written) => written,
+            Err(err) => {
+                // Saved work is never deleted (the message says where it
+                // is); a checkpoint with nothing saved would only block the
+                // next run.
+                let saved = checkpoint.as_ref().map_or(0, Checkpoint::saved_rows);
+                if let Some(checkpoint) = checkpoint.filter(|_| saved == 0) {
+                    // The failure is what to report: a checkpoint that cannot
+                    // be removed (a store that is gone) only asks the next
+                    // run for --resume.
+                    let _ = checkpoint.remove();
+                }
+                return Err(match err {
+                    HubnormError::Interrupted(message) if saved > 0 => {
+                        HubnormError::Interrupted(format!(
+                            "{message}; the first {saved} gallery rows are saved in {}: run the same command with --resume to continue",
+                            checkpoint_dir(&job.out).display()
+                        ))
+                    }
+                    err => err,
+                });
+            }
+        };
+        let path = file.commit()?;
+        if let Some(checkpoint) = checkpoint {
+            checkpoint.remove()?;
+        }
+        Ok(StatsOutcome { path, resumed_rows })
+    })
+}
+
+/// `hubnorm stats --cluster`: pass 1 of `job` computed by the cluster of
+/// `cluster`, in shards of gallery rows, into the same file `run_stats`
+/// writes, bit for bit, written and committed here once every shard is in.
+/// No checkpoint: a task lost with its executor is run again by the
+/// scheduler.
+pub fn run_stats_on(job: &StatsJob, cluster: &ClusterJob) -> Result<StatsOutcome> {
+    let methods = stats_methods(job)?;
+    check_cluster_pass1(&methods)?;
+    if job.checkpoint.resume {
+        return Err(HubnormError::Usage(
+            "--resume: a cluster run keeps no checkpoint (the scheduler runs lost tasks again)"
+                .into(),
+        ));
+    }
+    refuse_output_in_inputs(&job.out, &stats_inputs(job))?;
+    refuse_existing(&job.out, job.overwrite)?;
+    #[cfg(not(feature = "cluster"))]
+    return Err(without_cluster(&cluster.scheduler));
+    #[cfg(feature = "cluster")]
+    with_stats_inputs(job, &methods, |inputs, metadata| {
+        let path =
+            on_cluster::stats(job, &methods, inputs, metadata, &job.out, cluster)?.commit()?;
+        Ok(StatsOutcome {
+            path,
+            resumed_rows: 0,
+        })
+    })
+}
+
+/// The inputs of a stats job, as (role, spec) pairs.
+fn stats_inputs(job: &StatsJob) -> Vec<(&str, &str)> {
+    let mut inputs = vec![
+        ("gallery", job.gallery.as_str()),
+        ("bank", job.bank.as_str()),
+    ];
+    inputs.extend(job.gallery_bank.as_deref().map(|g| ("gallery bank", g)));
+    inputs
+}
+
+/// What a checkpoint must match to be resumed: the stats file's metadata
+/// (input parts with sizes and modification times, normalisation, bank
+/// sample), the methods, and the options that change the statistics.
+fn checkpoint_manifest(
+    metadata: &[(String, String)],
+    methods: &[MethodSpec],
+    options: &PassOptions,
+) -> std::collections::BTreeMap<String, String> {
+    let mut manifest: std::collections::BTreeMap<String, String> =
+        metadata.iter().cloned().collect();
+    manifest.insert(
+        "hubnorm.methods".into(),
+        crate::stats_file::methods_json(methods),
+    );
+    manifest.insert(
+        "hubnorm.sinkhorn_tolerance".into(),
+        format!("{:?}", options.sinkhorn_tolerance),
+    );
+    let read = &options.read;
+    manifest.insert(
+        "hubnorm.columns".into(),
+        format!("{} {}", read.id_column, read.embedding_column),
+    );
+    manifest
+}
+
+/// The methods of `job`, checked for a stats pass.
+pub fn stats_methods(job: &StatsJob) -> Result<Vec<MethodSpec>> {
+    let methods = check_methods(&job.methods, job.gallery_bank.is_some())?;
+    refuse_protocol(&methods, "stats")?;
+    Ok(methods)
+}
+
+/// Refuses `methods` unless pass 1 can compute any range of gallery rows on
+/// its own with no merge after it, as the partitions of `hubnorm_stats`
+/// on a cluster do (see
+/// [`crate::bank::driver::StatsPlan::rows_are_independent`]).
+pub fn check_shardable(methods: &[MethodSpec]) -> Result<()> {
+    refuse_methods(
+        methods,
+        |m| m.method().columns(m).iter().any(|c| c.late),
+        "cannot run in hubnorm_stats on a cluster yet: their statistics need every gallery row at once (the activation sets of dis and dual-dis, the Sinkhorn potentials of sn and dbsn), while the table's partitions are independent shards of gallery rows; use `hubnorm stats --cluster` for dis and dual-dis, or run without --cluster",
+    )
+}
+
+/// Refuses `methods` unless a cluster can compute their pass 1 in shards of
+/// gallery rows merged by the client: every method but the Sinkhorn ones
+/// (`sn`, `dbsn`), whose potentials come from sweeps over every gallery
+/// row at once.
+pub fn check_cluster_pass1(methods: &[MethodSpec]) -> Result<()> {
+    refuse_methods(
+        methods,
+        |m| m.method().sinkhorn(m).is_some(),
+        "cannot run on a cluster yet: their Sinkhorn potentials come from sweeps over every gallery row at once, while a cluster computes pass 1 in shards of gallery rows; run them without --cluster",
+    )
+}
+
+/// A usage error naming the methods `refused` picks, followed by `why`.
+fn refuse_methods(
+    methods: &[MethodSpec],
+    refused: impl Fn(&MethodSpec) -> bool,
+    why: &str,
+) -> Result<()> {
+    let names: Vec<&str> = methods
+        .iter()
+        .filter(|m| refused(m))
+        .map(|m| m.kind().name())
+        .collect();
+    if names.is_empty() {
+        return Ok(());
+    }
+    Err(HubnormError::Usage(format!("{} {why}", names.join(", "))))
+}
+
+/// The stats rows of gallery rows `gallery_rows` alone (a cluster task's
+/// shard of `job`), batch by batch into `emit`, in gallery order: the
+/// rows the whole pass writes for them. With `activation_rows`, the early
+/// columns in [`crate::bank::shards::shard_schema`] followed by the shard's
+/// activation states, for a client that merges them (methods passing
+/// [`check_cluster_pass1`]); without, the methods must pass
+/// [`check_shardable`].
+pub fn stream_stats_rows(
+    job: &StatsJob,
+    gallery_rows: std::ops::Range<u64>,
+    activation_rows: bool,
+    progress: &dyn Progress,
+    emit: &mut (dyn FnMut(&RecordBatch) -> Result<()> + Send),
+) -> Result<()> {
+    let methods = stats_methods(job)?;
+    if activation_rows {
+        check_cluster_pass1(&methods)?;
+    } else {
+        check_shardable(&methods)?;
+    }
+    with_threads(job.options.threads, || {
+        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        gallery.check_shard(&gallery_rows)?;
+        let banks = open_banks(
+            &job.bank,
+            job.gallery_bank.as_deref(),
+            job.bank_sample,
+            &methods,
+            &gallery,
+            &job.options,
+        )?;
+        let inputs = StatsInputs {
+            gallery: &gallery,
+            bank: &banks.bank,
+            gallery_bank: banks.gallery_bank.as_ref(),
+            index: None,
+        };
+        let plan = StatsPlan::new(&inputs, &methods, Vec::new())?;
+        if !activation_rows {
+            stats_of_rows(
+                &inputs,
+                &plan,
+                gallery_rows,
+                &job.options,
+                progress,
+                |batch| emit(&batch),
+            )?;
+            return Ok(());
+        }
+        use crate::bank::shards;
+        let schema = shards::shard_schema(&plan.layout, gallery.id_kind);
+        let output = stats_of_rows(
+            &inputs,
+            &plan,
+            gallery_rows,
+            &job.options,
+            progress,
+            |batch| emit(&shards::early_rows(&batch, &schema)?),
+        )?;
+        shards::activation_rows(
+            &output,
+            &plan.activation_shapes(&inputs),
+            &schema,
+            job.options.read.batch_rows,
+            emit,
+        )
+    })
+}
+
+/// `hubnorm stats` as a stream of record batches into `sink` (`job.out`
+/// and `job.overwrite` are not used); columns known only at the end go
+/// through a scratch file at `spool`, removed afterwards.
+pub fn stream_stats(
+    job: &StatsJob,
+    spool: &Path,
+    progress: &dyn Progress,
+    sink: &mut (dyn crate::stats_file::StatsSink + Send),
+) -> Result<()> {
+    let methods = stats_methods(job)?;
+    with_stats_inputs(job, &methods, |inputs, metadata| {
+        crate::stats_file::stream_stats(
+            inputs,
+            &methods,
+            spool,
+            &job.options,
+            metadata,
+            progress,
+            sink,
+            None,
+        )?;
+        Ok(())
+    })
+}
