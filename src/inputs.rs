@@ -31,7 +31,7 @@ pub(crate) fn open_table(
 }
 
 /// Opens a bank, subsampled when asked.
-fn open_bank(
+pub(crate) fn open_bank(
     role: &str,
     spec: &str,
     options: &PassOptions,

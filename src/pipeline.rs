@@ -13,8 +13,8 @@ use crate::checkpoint::{checkpoint_dir, Checkpoint, CheckpointOptions};
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
 use crate::inputs::{
-    bank_metadata, check_bank_sizes, check_methods, common_metadata, open_banks, open_table,
-    table_metadata, with_threads, Banks,
+    bank_metadata, check_bank_sizes, check_methods, common_metadata, open_bank, open_banks,
+    open_table, table_metadata, with_threads, Banks,
 };
 use crate::options::{BankSample, ClusterJob, MethodKind, MethodSpec, PassOptions};
 use crate::progress::Progress;
@@ -39,10 +39,11 @@ mod stats;
 
 pub(crate) use run::{commit_all, evaluate_methods, run_uncommitted};
 pub use run::{run, RUN_OUTPUTS};
+use search::prepare_protocol;
 use search::write_results;
-pub use search::{run_search, run_search_on, stream_search};
+pub use search::{run_search, run_search_on, stream_search, ProtocolBank};
 pub use stats::{
-    check_cluster_pass1, check_shardable, run_stats, run_stats_on, stats_methods, stream_stats,
+    check_shardable, run_stats, run_stats_on, stats_methods, stream_sinkhorn_round, stream_stats,
     stream_stats_rows,
 };
 

@@ -17,7 +17,10 @@ use std::path::{Path, PathBuf};
 use arrow::array::RecordBatch;
 use common::cluster::{Cluster, Env};
 use common::s3::{S3Server, SECRET_KEY};
-use common::{hubnorm, queries_near, random_table, read_parquet, rng, write_table, Layout};
+use common::{
+    hubnorm, parquet_metadata, queries_near, random_table, read_parquet, read_results, rng,
+    write_table, Layout, ResultRow,
+};
 use hubnorm::options::MethodSpec;
 use hubnorm::options::{ClusterJob, PassOptions, ReportOptions};
 use hubnorm::pipeline::{run, run_search, run_search_on, RunJob, SearchJob};
@@ -341,11 +344,11 @@ fn search_on_cluster_is_local_search(data: &Path, url: &str) {
 }
 
 /// `hubnorm run --cluster` and `hubnorm compare --cluster` (both passes on
-/// the cluster, 5 shards each, `dis` among the methods) write the local
-/// outputs byte for byte (the stats, results, summary, comparison table and
-/// report) and print the local summary; a method the cluster cannot run
-/// (Sinkhorn's sweeps, sinkhorn-pp) is refused before any output, as are
-/// outputs in object storage.
+/// the cluster, 5 shards each, `dis` and `sinkhorn-pp` among the methods:
+/// its shards of queries draw the same pseudo-test queries from the bank)
+/// write the local outputs byte for byte (the stats, results, summary,
+/// comparison table and report) and print the local summary; outputs in
+/// object storage are refused before any output.
 fn run_and_compare_on_cluster_are_local(data: &Path, url: &str) {
     for command in ["run", "compare"] {
         let args = |out: &str| {
@@ -358,7 +361,7 @@ fn run_and_compare_on_cluster_are_local(data: &Path, url: &str) {
                 "--bank",
                 "bank.parquet",
                 "--methods",
-                "is,nnn,csls,mp,dsl,dis",
+                "is,nnn,csls,mp,dsl,dis,sinkhorn-pp",
                 "--k",
                 "4",
                 "--out",
@@ -400,15 +403,7 @@ fn run_and_compare_on_cluster_are_local(data: &Path, url: &str) {
             );
         }
     }
-    for (methods, out, expected) in [
-        ("is,sn", "refused_sn", "sn cannot run on a cluster"),
-        (
-            "is,sinkhorn-pp",
-            "refused_pp",
-            "sinkhorn-pp normalises every query",
-        ),
-        ("is", "s3://bucket/run", "not to object storage"),
-    ] {
+    for (methods, out, expected) in [("is", "s3://bucket/run", "not to object storage")] {
         let refused = hubnorm([
             "run",
             "--queries",
@@ -424,6 +419,182 @@ fn run_and_compare_on_cluster_are_local(data: &Path, url: &str) {
         assert!(refused.stderr().contains(expected), "{}", refused.stderr());
         assert!(!data.join(out).exists());
     }
+}
+
+/// The f64 values of column `name` of `batch`.
+fn f64_values(batch: &RecordBatch, name: &str) -> Vec<f64> {
+    use arrow::array::AsArray;
+    batch
+        .column_by_name(name)
+        .unwrap_or_else(|| panic!("no column {name}"))
+        .as_primitive::<arrow::datatypes::Float64Type>()
+        .values()
+        .to_vec()
+}
+
+/// Asserts that `a` and `b` agree within 1e-6 of their largest magnitude.
+fn assert_close(what: &str, a: &[f64], b: &[f64]) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    let scale = a.iter().map(|v| v.abs()).fold(0.0, f64::max);
+    let worst = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        worst <= 1e-6 * scale,
+        "{what}: off by {worst} (scale {scale})"
+    );
+}
+
+/// Sinkhorn's sweeps on the cluster of `url` over the data in `data`: T + 1
+/// rounds, each in 7 shards of the targets' rows (across the gallery's two
+/// parts and, for `dbsn`, into the gallery bank). `stats --cluster` writes
+/// every column but the potentials bit for bit (`is` and the merged
+/// activation sets of `dis` beside them), the potentials within 1e-6 of
+/// their magnitude (one machine reuses exps and bounds row maxima, a round
+/// computes every update exactly), after the same iterations; `run
+/// --cluster` with `sn` and `dbsn` gives the local lists, scores to the
+/// same tolerance, and the local summary but for the marginal error's
+/// last digits.
+fn sinkhorn_on_cluster_is_local(data: &Path, url: &str) {
+    let methods = "is,sn,dbsn,dis";
+    let stats = |cluster: Option<&str>, out: &str| {
+        let mut command = hubnorm([
+            "stats",
+            "--gallery",
+            "gallery",
+            "--bank",
+            "bank.parquet",
+            "--gallery-bank",
+            "gallery_bank.parquet",
+            "--methods",
+            methods,
+            "--iterations",
+            "6",
+            "--out",
+            out,
+            "--quiet",
+        ]);
+        if let Some(url) = cluster {
+            command.args(["--cluster", url, "--shards", "7"]);
+        }
+        command.current_dir(data).output()
+    };
+    stats(None, "sn_local.parquet").assert_success();
+    stats(Some(url), "sn_cluster.parquet").assert_success();
+    let (local, remote) = (
+        read_parquet(&data.join("sn_local.parquet")),
+        read_parquet(&data.join("sn_cluster.parquet")),
+    );
+    assert_eq!(local.schema(), remote.schema());
+    let mut potentials = 0;
+    for (i, field) in local.schema().fields().iter().enumerate() {
+        let name = field.name();
+        if name.starts_with("sn_") || name.starts_with("dbsn_") {
+            assert_close(name, &f64_values(&local, name), &f64_values(&remote, name));
+            potentials += 1;
+        } else {
+            assert_eq!(local.column(i), remote.column(i), "column {name}");
+        }
+    }
+    assert_eq!(potentials, 2, "{:?}", local.schema());
+    // The same iterations, and the scratch files of the rounds are gone.
+    let reports = |name: &str| -> Vec<(String, serde_json::Value)> {
+        parquet_metadata(&data.join(name))
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("hubnorm.sinkhorn."))
+            .map(|(k, v)| (k, serde_json::from_str(&v).unwrap()))
+            .collect()
+    };
+    let (local_reports, remote_reports) =
+        (reports("sn_local.parquet"), reports("sn_cluster.parquet"));
+    assert_eq!(local_reports.len(), 2, "{local_reports:?}");
+    for ((key, a), (other, b)) in local_reports.iter().zip(&remote_reports) {
+        assert_eq!(key, other);
+        assert_eq!(a["iterations"], 6, "{key}: {a}");
+        assert_eq!(a["iterations"], b["iterations"], "{key}");
+        let (ea, eb) = (
+            a["marginal_error"].as_f64().unwrap(),
+            b["marginal_error"].as_f64().unwrap(),
+        );
+        assert!(
+            (ea - eb).abs() <= 1e-3 * ea,
+            "{key}: marginal error {ea} vs {eb}"
+        );
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(data)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("sinkhorn"))
+        .collect();
+    assert!(leftovers.is_empty(), "scratch files left: {leftovers:?}");
+
+    // Both passes: the local lists, and the local summary.
+    let run = |cluster: Option<&str>, out: &str| {
+        let mut command = hubnorm([
+            "run",
+            "--queries",
+            "queries.parquet",
+            "--gallery",
+            "gallery",
+            "--bank",
+            "bank.parquet",
+            "--gallery-bank",
+            "gallery_bank.parquet",
+            "--methods",
+            "is,sn,dbsn",
+            "--k",
+            "4",
+            "--out",
+            out,
+        ]);
+        if let Some(url) = cluster {
+            command.args(["--cluster", url, "--shards", "5"]);
+        }
+        command.current_dir(data).output()
+    };
+    run(None, "sn_run_local").assert_success();
+    run(Some(url), "sn_run_cluster").assert_success();
+    let (local, remote) = (
+        read_results(&data.join("sn_run_local/results.parquet")),
+        read_results(&data.join("sn_run_cluster/results.parquet")),
+    );
+    assert_eq!(local.len(), remote.len());
+    for (a, b) in local.iter().zip(&remote) {
+        let key = |r: &ResultRow| {
+            (
+                r.method.clone(),
+                r.query_id.clone(),
+                r.rank,
+                r.gallery_id.clone(),
+                r.raw_score,
+            )
+        };
+        assert_eq!(key(a), key(b));
+        assert!(
+            (a.score - b.score).abs() <= 1e-6,
+            "{:?} {} vs {}",
+            key(a),
+            a.score,
+            b.score
+        );
+    }
+    let summary = |dir: &str| -> serde_json::Value {
+        let mut json: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(data.join(dir).join("summary.json")).unwrap(),
+        )
+        .unwrap();
+        for method in json["methods"].as_array_mut().unwrap() {
+            if let Some(report) = method.get_mut("sinkhorn").filter(|r| !r.is_null()) {
+                let error = report["marginal_error"].as_f64().unwrap();
+                // Rounding in the last digits of the potentials moves it.
+                report["marginal_error"] = format!("{error:.3e}").into();
+            }
+        }
+        json
+    };
+    assert_eq!(summary("sn_run_local"), summary("sn_run_cluster"));
 }
 
 /// Runs `hubnorm COMMAND ARGS` in `cwd`, on this machine and with
@@ -540,30 +711,7 @@ fn cluster_of_hubnorm_processes_answers_like_local_sql() {
         bytes("local_stats.parquet") == bytes("cluster_stats.parquet"),
         "the cluster's stats file differs from the local one"
     );
-    // Sinkhorn's sweeps need every gallery row at once: refused, with the
-    // reason, before any output.
-    let refused = hubnorm([
-        "stats",
-        "--gallery",
-        "gallery",
-        "--bank",
-        "bank.parquet",
-        "--methods",
-        "is,sn",
-        "--out",
-        "sn.parquet",
-        "--cluster",
-        &url,
-    ])
-    .current_dir(&data)
-    .output();
-    assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
-    assert!(
-        refused.stderr().contains("sn cannot run on a cluster"),
-        "{}",
-        refused.stderr()
-    );
-    assert!(!data.join("sn.parquet").exists());
+    sinkhorn_on_cluster_is_local(&data, &url);
 
     // The table function hubnorm_stats runs on the cluster too (one task
     // per shard, two shards with --threads 2), with the local rows.

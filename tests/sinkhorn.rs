@@ -10,7 +10,10 @@ use std::path::Path;
 
 use common::reference::log_sum_exp;
 use common::*;
-use hubnorm::bank::sinkhorn::{sinkhorn_potentials, SinkhornRequest};
+use hubnorm::bank::sinkhorn::{
+    sinkhorn_in_rounds, sinkhorn_potentials, sinkhorn_round, RoundsRequest, SinkhornRequest,
+    SinkhornRoundRequest,
+};
 use hubnorm::kernel::{lse_sweep, LogSumExp, Rows, Sweep, TileSource, TILE_COLS, TILE_ROWS};
 use hubnorm::options::{MemoryBudget, MethodSpec, PassOptions, ReadOptions};
 use hubnorm::pipeline::{self, RunJob, RunSummary};
@@ -339,6 +342,139 @@ fn tiny_column_masses_fall_back_to_the_exact_column_update() {
             worst_f < 1e-5 && worst_g < 1e-5,
             "f off by {worst_f}, g by {worst_g}"
         );
+    }
+}
+
+/// Sinkhorn as a cluster runs it (`sinkhorn_in_rounds`): T + 1 rounds over
+/// shards of the targets, each shard updating its own f and sending its
+/// share of every source row, merged here. Over [gallery; gallery bank]
+/// with shard bounds that cut tiles and the boundary between the two
+/// tables, some shards streamed by a small budget, and the tiny column
+/// masses of a small τ (which one machine redoes exactly, and a round
+/// always computes exactly): f and g equal the one-machine potentials
+/// within 1e-6 of their magnitude (both are f32 kernels, ~3e-7 from the
+/// f64 reference at τ = 0.001, in different forms) and the dense reference
+/// within 1e-5, and `--tol` stops at the same iteration.
+#[test]
+fn rounds_over_target_shards_equal_one_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let dim = 8;
+    let c = case(41, 10, 2 * TILE_COLS + 37, 1500, 1500, dim);
+    write_case(dir.path(), &c);
+    let (gallery, bank, gallery_bank) = (
+        open_table(dir.path(), "gallery"),
+        open_table(dir.path(), "bank"),
+        open_table(dir.path(), "gallery_bank"),
+    );
+    let targets = [&gallery, &gallery_bank];
+    let n = (gallery.rows + gallery_bank.rows) as usize;
+    let m = bank.rows as usize;
+    let all = [to_f64(&c.gallery, true), to_f64(&c.gallery_bank, true)].concat();
+    let s = similarities(&to_f64(&c.bank, true), &all);
+    // Shards: inside the first tile, across tiles, across the two tables,
+    // and the gallery bank's tail.
+    let bounds = [0, 5, TILE_COLS + 3, gallery.rows as usize + 40, n];
+    let mut streamed = false;
+    for (tau, iterations, tolerance) in [(0.001, 4, None), (0.05, 6, None), (0.05, 200, Some(1e-4))]
+    {
+        let local = sinkhorn_potentials(
+            &SinkhornRequest {
+                sources: &bank,
+                targets: &targets,
+                tau,
+                iterations,
+                tolerance,
+                budget: 1 << 30,
+                resident_bytes: 0,
+            },
+            &Silent,
+        )
+        .unwrap();
+        let rounds = sinkhorn_in_rounds(
+            &RoundsRequest {
+                sources: m,
+                targets: n,
+                tau,
+                iterations,
+                tolerance,
+            },
+            &Silent,
+            |g| {
+                let mut f = Vec::new();
+                let mut rows = vec![LogSumExp::default(); m];
+                for (i, shard) in bounds.windows(2).enumerate() {
+                    let request = |budget| SinkhornRoundRequest {
+                        sources: &bank,
+                        targets: &targets,
+                        target_rows: shard[0] as u64..shard[1] as u64,
+                        tau,
+                        source_potential: g,
+                        budget,
+                        resident_bytes: 0,
+                    };
+                    // Every other shard within the smallest limit it runs
+                    // in (the last one streamed, its tiles not cached).
+                    let round = match i % 2 {
+                        0 => sinkhorn_round(&request(1 << 30))?,
+                        _ => (16..64usize)
+                            .find_map(|mib| sinkhorn_round(&request(mib << 20)).ok())
+                            .expect("some limit under 64 MiB runs"),
+                    };
+                    streamed |= !round.cached;
+                    f.extend(round.target_potential);
+                    for (row, part) in rows.iter_mut().zip(&round.rows) {
+                        row.merge(part);
+                    }
+                }
+                Ok((f, rows))
+            },
+        )
+        .unwrap();
+        assert_eq!(rounds.iterations, local.iterations, "τ = {tau}");
+        assert_eq!(rounds.exact_column_updates, 0);
+        let worst = |a: &[f64], b: &[f64]| {
+            assert_eq!(a.len(), b.len());
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f64::max)
+        };
+        let (df, dg) = (
+            worst(&rounds.target_potential, &local.target_potential),
+            worst(&rounds.source_potential, &local.source_potential),
+        );
+        // The largest potential sets the scale of the kernel's f32 rounding.
+        let scale = local
+            .target_potential
+            .iter()
+            .chain(&local.source_potential)
+            .map(|v| v.abs())
+            .fold(0.0, f64::max);
+        assert!(
+            df <= 1e-6 * scale && dg <= 1e-6 * scale,
+            "τ = {tau}: f off by {df}, g by {dg}, scale {scale}"
+        );
+        // The marginal error is max |exp(Δg/τ) − 1| over the change Δg of
+        // the last iteration: rounding in g reaches it through 1/τ.
+        let marginal = (rounds.marginal_error - local.marginal_error).abs();
+        assert!(
+            marginal <= 2e-6 * scale / tau,
+            "τ = {tau}: marginal error {} vs {}",
+            rounds.marginal_error,
+            local.marginal_error
+        );
+        assert!(streamed, "no shard was streamed");
+        if tolerance.is_none() {
+            let (f_ref, g_ref) = reference_sinkhorn(&s, tau, iterations);
+            let (df, dg) = (
+                worst(&rounds.target_potential, &f_ref),
+                worst(&rounds.source_potential, &g_ref),
+            );
+            assert!(
+                df < 1e-5 && dg < 1e-5,
+                "τ = {tau}: reference f off by {df}, g by {dg}"
+            );
+        }
     }
 }
 

@@ -553,7 +553,7 @@ fn table_functions_stream_the_passes() {
         let ctx = session(&small).unwrap();
         let pool = ctx.runtime_env().memory_pool.clone();
         let held = datafusion::execution::memory_pool::MemoryConsumer::new("other").register(&pool);
-        held.try_grow(small.memory.bytes() * 3 / 4).unwrap();
+        held.try_grow(small.memory.bytes() * 15 / 16).unwrap();
         let sql = format!(
             "SELECT COUNT(*) FROM hubnorm_search('{}', '{}', '{}', 'is', 7)",
             s("q.parquet"),

@@ -199,14 +199,6 @@ impl StatsPlan {
         self.layout.columns().1.is_empty()
     }
 
-    /// Whether the columns known only at the end are activation sets alone
-    /// (`dis`, `dual-dis`; no Sinkhorn potentials): then shards of gallery
-    /// rows can be computed on their own, each with its partial activation
-    /// states, which merge into the whole pass's ([`ActivationShape`]).
-    pub fn late_columns_merge(&self) -> bool {
-        self.layout.sinkhorn_methods().is_empty()
-    }
-
     /// The activation states a pass over `inputs` keeps: one per bank whose
     /// items' top-k_A gallery items some method needs.
     pub fn activation_shapes(&self, inputs: &StatsInputs<'_>) -> Vec<ActivationShape> {
@@ -277,8 +269,9 @@ impl StatsPlan {
 /// chunk handed to `on_batch` in gallery order, and the activation states
 /// over these rows: a cluster task's shard of pass 1. The rows are those a
 /// whole pass writes for these gallery rows, bit for bit, and the states
-/// of all shards merge into the whole pass's. Not for Sinkhorn methods
-/// ([`StatsPlan::late_columns_merge`]).
+/// of all shards merge into the whole pass's. Sinkhorn potentials are not
+/// computed here: they couple every gallery row, and come from their own
+/// rounds ([`crate::bank::sinkhorn::sinkhorn_in_rounds`]).
 pub fn stats_of_rows(
     inputs: &StatsInputs<'_>,
     plan: &StatsPlan,
@@ -287,12 +280,6 @@ pub fn stats_of_rows(
     progress: &dyn Progress,
     mut on_batch: impl FnMut(RecordBatch) -> Result<()>,
 ) -> Result<BankPassOutput> {
-    if !plan.late_columns_merge() {
-        return Err(HubnormError::Internal(
-            "a shard of pass 1 was asked for Sinkhorn potentials, which need every gallery row"
-                .into(),
-        ));
-    }
     let schema = plan.early_schema();
     let request = plan.pass_request(inputs, options, gallery_rows, None);
     compute_bank_statistics(&request, progress, |chunk| {
@@ -480,12 +467,7 @@ pub fn stream_stats(
             target_chunks: outcome.target_chunks,
             bank_blocks: outcome.source_blocks,
         };
-        let key = format!("hubnorm.sinkhorn.{}", method.column_prefix());
-        metadata.push((
-            key,
-            serde_json::to_string(&report.json())
-                .map_err(|e| HubnormError::Internal(e.to_string()))?,
-        ));
+        metadata.push(report.metadata_entry()?);
         reports.push(report);
         let mut f = outcome.target_potential;
         f.truncate(gallery.rows as usize);
@@ -528,6 +510,14 @@ pub struct SinkhornReport {
 }
 
 impl SinkhornReport {
+    /// The stats file's metadata entry for this report.
+    pub fn metadata_entry(&self) -> Result<(String, String)> {
+        let key = format!("hubnorm.sinkhorn.{}", self.method.column_prefix());
+        let value = serde_json::to_string(&self.json())
+            .map_err(|e| HubnormError::Internal(e.to_string()))?;
+        Ok((key, value))
+    }
+
     fn json(&self) -> serde_json::Value {
         serde_json::json!({
             "iterations": self.iterations,

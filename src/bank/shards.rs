@@ -10,22 +10,25 @@
 //! one pass) before it appends the activation columns to the early rows it
 //! kept in a scratch file, as the one-machine pass does with its own.
 
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
 use arrow::array::{
-    new_null_array, Array, ArrayRef, AsArray, Float32Array, ListArray, RecordBatch, StructArray,
-    UInt32Array, UInt8Array,
+    new_null_array, Array, ArrayRef, AsArray, Float32Array, Float64Array, ListArray, RecordBatch,
+    StructArray, UInt32Array, UInt64Array, UInt8Array,
 };
 use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{
-    DataType, Field, Fields, Float32Type, Schema, SchemaRef, UInt32Type, UInt8Type,
+    DataType, Field, Fields, Float32Type, Float64Type, Schema, SchemaRef, UInt32Type, UInt64Type,
+    UInt8Type,
 };
 
 use crate::bank::driver::{join_late_columns, StatsPlan, StatsSink};
+use crate::bank::sinkhorn::SinkhornRound;
 use crate::bank::{ActivationBank, ActivationShape, ActivationState, BankPassOutput, StatsLayout};
 use crate::error::{HubnormError, Result};
-use crate::kernel::Candidate;
+use crate::kernel::{Candidate, LogSumExp};
 use crate::sink::ParquetSink;
 use crate::source::IdKind;
 
@@ -257,15 +260,145 @@ impl ShardMerge {
         Ok(())
     }
 
-    /// Writes every row, with the activation columns of the merged states,
-    /// into `sink` (begun with `plan`'s schema and metadata).
-    pub fn finish(self, plan: &StatsPlan, sink: &mut dyn StatsSink) -> Result<()> {
+    /// Writes every row, with the activation columns of the merged states
+    /// and the Sinkhorn methods' `potentials` (in the order of
+    /// [`StatsLayout::sinkhorn_methods`]), into `sink` (begun with `plan`'s
+    /// schema and metadata).
+    pub fn finish(
+        self,
+        plan: &StatsPlan,
+        potentials: &[Vec<f64>],
+        sink: &mut dyn StatsSink,
+    ) -> Result<()> {
         let spool = self.spool.close_uncommitted()?;
         let late = plan
             .layout
-            .late_columns(&self.output, self.gallery_rows, &[]);
+            .late_columns(&self.output, self.gallery_rows, potentials);
         sink.begin(plan.schema.clone(), plan.metadata.clone())?;
         join_late_columns(spool.temporary_path(), &plan.schema, &late, sink)
+    }
+}
+
+/// The rows a shard of a Sinkhorn round sends
+/// ([`crate::bank::sinkhorn::sinkhorn_round`]): one per target of the
+/// shard (side 0: its row among all targets, its potential f), then one per
+/// source row (side 1: its row, its partial log-sum-exp as max and sum).
+pub fn round_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("hubnorm_side", DataType::UInt8, false),
+        Field::new("hubnorm_row", DataType::UInt64, false),
+        Field::new("hubnorm_value", DataType::Float64, false),
+        Field::new("hubnorm_sum", DataType::Float64, false),
+    ]))
+}
+
+/// Side codes of [`round_schema`].
+const TARGET_SIDE: u8 = 0;
+const SOURCE_SIDE: u8 = 1;
+
+/// Rows of a shard's round: its targets from `first_target` on, then every
+/// source, in batches of at most `batch_rows`.
+pub fn round_rows(
+    round: &SinkhornRound,
+    first_target: u64,
+    batch_rows: usize,
+    emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
+) -> Result<()> {
+    let schema = round_schema();
+    let step = batch_rows.max(1);
+    let mut send = |side: u8, rows: Range<u64>, value: Vec<f64>, sum: Vec<f64>| {
+        emit(&RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(UInt8Array::from_value(side, value.len())),
+                Arc::new(UInt64Array::from_iter_values(rows)),
+                Arc::new(Float64Array::from(value)),
+                Arc::new(Float64Array::from(sum)),
+            ],
+        )?)
+    };
+    for (i, f) in round.target_potential.chunks(step).enumerate() {
+        let first = first_target + (i * step) as u64;
+        let rows = first..first + f.len() as u64;
+        send(TARGET_SIDE, rows, f.to_vec(), vec![0.0; f.len()])?;
+    }
+    for (i, states) in round.rows.chunks(step).enumerate() {
+        let first = (i * step) as u64;
+        let rows = first..first + states.len() as u64;
+        let (max, sum) = states.iter().map(|s| (s.max, s.sum)).unzip();
+        send(SOURCE_SIDE, rows, max, sum)?;
+    }
+    Ok(())
+}
+
+/// The client's side of a round: every shard's target potentials put in
+/// place, and its source rows merged in the order the shards arrive (shard
+/// order, so the merge is the same every run).
+pub struct RoundMerge {
+    pub target_potential: Vec<f64>,
+    seen: Vec<bool>,
+    pub rows: Vec<LogSumExp>,
+}
+
+impl RoundMerge {
+    /// For `targets` targets and `sources` sources.
+    pub fn new(targets: usize, sources: usize) -> Self {
+        RoundMerge {
+            target_potential: vec![0.0; targets],
+            seen: vec![false; targets],
+            rows: vec![LogSumExp::default(); sources],
+        }
+    }
+
+    /// Takes a batch of [`round_schema`] rows (without the shard column).
+    pub fn push(&mut self, batch: &RecordBatch) -> Result<()> {
+        let malformed =
+            || HubnormError::Cluster("the cluster returned malformed Sinkhorn round rows".into());
+        if batch.num_columns() != 4 {
+            return Err(malformed());
+        }
+        let side = batch
+            .column(0)
+            .as_primitive_opt::<UInt8Type>()
+            .ok_or_else(malformed)?;
+        let row = batch
+            .column(1)
+            .as_primitive_opt::<UInt64Type>()
+            .ok_or_else(malformed)?;
+        let value = batch
+            .column(2)
+            .as_primitive_opt::<Float64Type>()
+            .ok_or_else(malformed)?;
+        let sum = batch
+            .column(3)
+            .as_primitive_opt::<Float64Type>()
+            .ok_or_else(malformed)?;
+        for i in 0..batch.num_rows() {
+            let r = row.value(i) as usize;
+            match side.value(i) {
+                TARGET_SIDE if r < self.seen.len() && !self.seen[r] => {
+                    self.target_potential[r] = value.value(i);
+                    self.seen[r] = true;
+                }
+                SOURCE_SIDE if r < self.rows.len() => self.rows[r].merge(&LogSumExp {
+                    max: value.value(i),
+                    sum: sum.value(i),
+                }),
+                _ => return Err(malformed()),
+            }
+        }
+        Ok(())
+    }
+
+    /// f of every target and the merged source rows, once every target was
+    /// sent.
+    pub fn finish(self) -> Result<(Vec<f64>, Vec<LogSumExp>)> {
+        if self.seen.iter().any(|seen| !seen) {
+            return Err(HubnormError::Cluster(
+                "a Sinkhorn round came back without some targets' potentials".into(),
+            ));
+        }
+        Ok((self.target_potential, self.rows))
     }
 }
 

@@ -18,6 +18,8 @@
 //! max (`RowsByStrip::bounds`) instead of finding the max, so each cell is
 //! read once per iteration.
 
+use std::ops::Range;
+
 use crate::cache::TableBlocks;
 use crate::error::Result;
 use crate::kernel::{
@@ -82,75 +84,18 @@ pub fn sinkhorn_potentials(
     progress: &dyn Progress,
 ) -> Result<SinkhornOutcome> {
     let sources = request.sources;
-    let dim = sources.dim;
-    for t in request.targets {
-        if t.dim != dim {
-            return Err(crate::bank::pass::dimension_error(t, sources));
-        }
-    }
-    let m = sources.rows as usize;
-    let n: usize = request.targets.iter().map(|t| t.rows as usize).sum();
-    let matrix_bytes = m * n * 4;
-    // Per source and per target: the potential (f64), its f32 copy, the
-    // sweep's log-sum-exp state and the next potential; per target the last
-    // row update's f32 shift; per source and strip of targets, the shift of
-    // the row's exps (for the column update), its log-sum-exp and the next
-    // update's bound on its max (`RowsByStrip`).
-    let strips = n.div_ceil(TILE_COLS) + request.targets.len();
-    let potential_bytes = (m + n) * 36 + n * 4 + m * strips * 12;
-    let threads = rayon::current_num_threads();
-    // The fused iteration's scratch: a group's f32 mass sums, and one row
-    // of exps per running task.
-    let fused_scratch_bytes = (fused_group_scratch(GROUP_ROWS.min(m), n) + threads * n) * 4;
-    let free = request
-        .budget
-        .saturating_sub(request.resident_bytes + potential_bytes);
-    let request_for = |cache: bool| PlanRequest {
-        budget: request.budget,
-        threads,
-        dim,
-        resident_bytes: request.resident_bytes
-            + potential_bytes
-            + if cache {
-                matrix_bytes + fused_scratch_bytes
-            } else {
-                0
-            },
-        // A target row: embedding, column state and its working copies.
-        outer_row_bytes: dim * 4 + 48,
-        // A source row: embedding, one row state per strip task.
-        inner_row_bytes: dim * 4 + 16 * (threads + 1),
-        outer_total_rows: n,
-        inner_total_rows: m,
-        outer_align: TILE_COLS,
-        inner_align: TILE_ROWS,
-    };
-    // Cache the tiles when they fit half of what is free and the blocks
-    // still fit beside them; otherwise recompute them every sweep.
-    let cached_plan = (matrix_bytes + fused_scratch_bytes <= free / 2)
-        .then(|| request_for(true).plan().ok())
-        .flatten();
-    let cache = cached_plan.is_some();
-    let plan = match cached_plan {
-        Some(plan) => plan,
-        None => request_for(false).plan()?,
-    };
-    let mut sweeps = Sweeper {
+    let whole: Vec<(&EmbeddingTable, Range<u64>)> =
+        request.targets.iter().map(|t| (*t, 0..t.rows)).collect();
+    let mut sweeps = Sweeper::new(
         sources,
-        targets: request
-            .targets
-            .iter()
-            .map(|t| t.with_batch_rows(plan.batch_rows))
-            .collect(),
-        bank: TableBlocks::new(sources, plan.inner_rows, plan.batch_rows, plan.cache_inner)?,
-        chunk_rows: plan.outer_rows,
-        inv_tau: (1.0 / request.tau) as f32,
-        cache,
-        tiles: Vec::new(),
-        chunks: Vec::new(),
-        source_blocks: 0,
-        rows_by_strip: RowsByStrip::default(),
-    };
+        &whole,
+        request.tau,
+        request.budget,
+        request.resident_bytes,
+    )?;
+    let cache = sweeps.cache;
+    let m = sources.rows as usize;
+    let n = sweeps.target_rows;
     let tau = request.tau;
     let mut f = vec![0f64; n];
     let mut g = vec![0f64; m];
@@ -233,6 +178,181 @@ pub fn sinkhorn_potentials(
     })
 }
 
+/// One round of Sinkhorn over a shard of the targets: what a cluster task
+/// computes ([`sinkhorn_in_rounds`]).
+#[derive(Debug, Clone)]
+pub struct SinkhornRoundRequest<'a> {
+    pub sources: &'a EmbeddingTable,
+    /// The target tables, concatenated in this order.
+    pub targets: &'a [&'a EmbeddingTable],
+    /// The shard: rows of the concatenated targets.
+    pub target_rows: Range<u64>,
+    pub tau: f64,
+    /// g(b) of every source after the last round; `None` in the first
+    /// round (f ≡ 0).
+    pub source_potential: Option<&'a [f64]>,
+    pub budget: usize,
+    pub resident_bytes: usize,
+}
+
+/// What a round of a shard sends back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SinkhornRound {
+    /// f(t) of the shard's targets: the target update from the round's g
+    /// (zeros in the first round).
+    pub target_potential: Vec<f64>,
+    /// Per source row, the log-sum-exp over the shard's targets of
+    /// (s − f)/τ with that f: partial states, which merge over the shards
+    /// into the next source update.
+    pub rows: Vec<LogSumExp>,
+    /// Whether the tiles were cached between the two sweeps.
+    pub cached: bool,
+}
+
+/// A shard's round: the target update of its targets from the sources'
+/// potentials (every source, with per-column shifts: exact at any mass),
+/// then its share of every source row's update with the new f (shifted by
+/// each row's max). Two sweeps over the shard × the sources, the tiles
+/// cached between them when they fit the budget.
+pub fn sinkhorn_round(request: &SinkhornRoundRequest<'_>) -> Result<SinkhornRound> {
+    let total: u64 = request.targets.iter().map(|t| t.rows).sum();
+    if request.target_rows.end > total || request.target_rows.start > request.target_rows.end {
+        return Err(crate::error::HubnormError::Internal(format!(
+            "Sinkhorn round over target rows {:?} of {total}",
+            request.target_rows
+        )));
+    }
+    // The shard's rows in each target table.
+    let mut offset = 0;
+    let mut parts = Vec::new();
+    for table in request.targets {
+        let start = request.target_rows.start.clamp(offset, offset + table.rows) - offset;
+        let end = request.target_rows.end.clamp(offset, offset + table.rows) - offset;
+        parts.push((*table, start..end));
+        offset += table.rows;
+    }
+    let m = request.sources.rows as usize;
+    if let Some(g) = request.source_potential {
+        if g.len() != m {
+            return Err(crate::error::HubnormError::Internal(format!(
+                "Sinkhorn round with {} source potentials for {m} sources",
+                g.len()
+            )));
+        }
+    }
+    let mut sweeps = Sweeper::new(
+        request.sources,
+        &parts,
+        request.tau,
+        request.budget,
+        request.resident_bytes + m * 16,
+    )?;
+    let n = sweeps.target_rows;
+    let tau = request.tau;
+    let log_n = (total as f64).ln();
+    let f = match request.source_potential {
+        Some(g) => sweeps
+            .sweep(SweepKind::Columns, &vec![0f64; n], g, &[])?
+            .iter()
+            .map(|column| tau * column.value() + tau * log_n)
+            .collect(),
+        None => vec![0f64; n],
+    };
+    crate::cancel::check()?;
+    let rows = sweeps.sweep(SweepKind::Rows, &f, &[], &[])?;
+    Ok(SinkhornRound {
+        target_potential: f,
+        rows,
+        cached: sweeps.cache,
+    })
+}
+
+/// The sizes and settings of Sinkhorn run as rounds ([`sinkhorn_in_rounds`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RoundsRequest {
+    /// Rows of the sources (|B|) and of all targets (|T|).
+    pub sources: usize,
+    pub targets: usize,
+    pub tau: f64,
+    pub iterations: usize,
+    pub tolerance: Option<f64>,
+}
+
+/// T iterations of log-domain Sinkhorn as T + 1 rounds over shards of the
+/// targets (a cluster's plan). Round r hands g_r to every shard
+/// (`run_round`: `None` in round 0); each updates its targets' f from it
+/// and sends its share of every source row with that f, and the merged
+/// rows give g_{r+1} and the marginal error of (f_r, g_r). So round r
+/// ends iteration r − 1 of [`sinkhorn_potentials`], and the last round is
+/// its final check of the row marginals; `--tol` stops at the same
+/// iteration. `run_round` returns the f of every target (shards in order)
+/// and the rows merged over the shards.
+///
+/// The potentials agree with [`sinkhorn_potentials`]'s within rounding,
+/// not bit for bit: one machine reuses the row update's exps for the
+/// column update and shifts rows by a bound on their max, while a round
+/// computes every update in the exact form (so no column update is ever
+/// redone: `exact_column_updates` is 0).
+pub fn sinkhorn_in_rounds(
+    request: &RoundsRequest,
+    progress: &dyn Progress,
+    mut run_round: impl FnMut(Option<&[f64]>) -> Result<(Vec<f64>, Vec<LogSumExp>)>,
+) -> Result<SinkhornOutcome> {
+    let tau = request.tau;
+    let log_m = (request.sources as f64).ln();
+    let check = |f: &[f64], rows: &[LogSumExp]| -> Result<()> {
+        if f.len() != request.targets || rows.len() != request.sources {
+            return Err(crate::error::HubnormError::Internal(format!(
+                "a Sinkhorn round returned {} target potentials and {} source rows for {} and {}",
+                f.len(),
+                rows.len(),
+                request.targets,
+                request.sources
+            )));
+        }
+        Ok(())
+    };
+    progress.start("pass 1: sinkhorn rounds", request.iterations as u64 + 1);
+    let (f0, rows) = run_round(None)?;
+    check(&f0, &rows)?;
+    progress.advance(1);
+    let mut f = f0;
+    let mut g: Vec<f64> = rows.iter().map(|r| tau * r.value() + tau * log_m).collect();
+    let mut iterations = 0;
+    let mut marginal_error = f64::INFINITY;
+    for round in 1..=request.iterations {
+        crate::cancel::check()?;
+        let (f_round, rows) = run_round(Some(&g))?;
+        check(&f_round, &rows)?;
+        progress.advance(1);
+        let g_next: Vec<f64> = rows.iter().map(|r| tau * r.value() + tau * log_m).collect();
+        marginal_error = g_next
+            .iter()
+            .zip(&g)
+            .map(|(new, old)| (((new - old) / tau).exp() - 1.0).abs())
+            .fold(0.0, f64::max);
+        progress.status(&format!("marginal error {marginal_error:.2e}"));
+        f = f_round;
+        iterations = round;
+        let converged = request.tolerance.is_some_and(|tol| marginal_error <= tol);
+        if round == request.iterations || converged {
+            break;
+        }
+        g = g_next;
+    }
+    progress.finish();
+    Ok(SinkhornOutcome {
+        target_potential: f,
+        source_potential: g,
+        iterations,
+        marginal_error,
+        cached: false,
+        exact_column_updates: 0,
+        target_chunks: 0,
+        source_blocks: 0,
+    })
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SweepKind {
     /// Per source: LSE over the targets of (s − f)/τ.
@@ -247,7 +367,10 @@ enum SweepKind {
 /// The tables, the tile cache and the chunk shapes shared by the sweeps.
 struct Sweeper<'a> {
     sources: &'a EmbeddingTable,
-    targets: Vec<EmbeddingTable>,
+    /// The target tables and the rows of each taken.
+    targets: Vec<(EmbeddingTable, Range<u64>)>,
+    /// Rows of all targets.
+    target_rows: usize,
     bank: TableBlocks,
     chunk_rows: usize,
     inv_tau: f32,
@@ -325,7 +448,90 @@ impl RowsByStrip {
     }
 }
 
-impl Sweeper<'_> {
+impl<'a> Sweeper<'a> {
+    /// The sweeps of `sources` × `targets` (each a table and the range of
+    /// its rows taken, concatenated in this order) at temperature `tau`,
+    /// planned within `budget` beside `resident_bytes` the caller holds:
+    /// the tiles cached when they fit.
+    fn new(
+        sources: &'a EmbeddingTable,
+        targets: &[(&EmbeddingTable, Range<u64>)],
+        tau: f64,
+        budget: usize,
+        resident_bytes: usize,
+    ) -> Result<Self> {
+        let dim = sources.dim;
+        for (t, _) in targets {
+            if t.dim != dim {
+                return Err(crate::bank::pass::dimension_error(t, sources));
+            }
+        }
+        let m = sources.rows as usize;
+        let n: usize = targets
+            .iter()
+            .map(|(_, rows)| (rows.end - rows.start) as usize)
+            .sum();
+        let matrix_bytes = m * n * 4;
+        // Per source and per target: the potential (f64), its f32 copy, the
+        // sweep's log-sum-exp state and the next potential; per target the last
+        // row update's f32 shift; per source and strip of targets, the shift of
+        // the row's exps (for the column update), its log-sum-exp and the next
+        // update's bound on its max (`RowsByStrip`).
+        let strips = n.div_ceil(TILE_COLS) + targets.len();
+        let potential_bytes = (m + n) * 36 + n * 4 + m * strips * 12;
+        let threads = rayon::current_num_threads();
+        // The fused iteration's scratch: a group's f32 mass sums, and one row
+        // of exps per running task.
+        let fused_scratch_bytes = (fused_group_scratch(GROUP_ROWS.min(m), n) + threads * n) * 4;
+        let free = budget.saturating_sub(resident_bytes + potential_bytes);
+        let request_for = |cache: bool| PlanRequest {
+            budget,
+            threads,
+            dim,
+            resident_bytes: resident_bytes
+                + potential_bytes
+                + if cache {
+                    matrix_bytes + fused_scratch_bytes
+                } else {
+                    0
+                },
+            // A target row: embedding, column state and its working copies.
+            outer_row_bytes: dim * 4 + 48,
+            // A source row: embedding, one row state per strip task.
+            inner_row_bytes: dim * 4 + 16 * (threads + 1),
+            outer_total_rows: n,
+            inner_total_rows: m,
+            outer_align: TILE_COLS,
+            inner_align: TILE_ROWS,
+        };
+        // Cache the tiles when they fit half of what is free and the blocks
+        // still fit beside them; otherwise recompute them every sweep.
+        let cached_plan = (matrix_bytes + fused_scratch_bytes <= free / 2)
+            .then(|| request_for(true).plan().ok())
+            .flatten();
+        let cache = cached_plan.is_some();
+        let plan = match cached_plan {
+            Some(plan) => plan,
+            None => request_for(false).plan()?,
+        };
+        Ok(Sweeper {
+            sources,
+            targets: targets
+                .iter()
+                .map(|(t, rows)| (t.with_batch_rows(plan.batch_rows), rows.clone()))
+                .collect(),
+            target_rows: n,
+            bank: TableBlocks::new(sources, plan.inner_rows, plan.batch_rows, plan.cache_inner)?,
+            chunk_rows: plan.outer_rows,
+            inv_tau: (1.0 / tau) as f32,
+            cache,
+            tiles: Vec::new(),
+            chunks: Vec::new(),
+            source_blocks: 0,
+            rows_by_strip: RowsByStrip::default(),
+        })
+    }
+
     /// Whether every tile is cached, so an iteration can be fused.
     fn fused_ready(&self) -> bool {
         self.cache && !self.chunks.is_empty()
@@ -465,8 +671,8 @@ impl Sweeper<'_> {
         let mut chunks = Vec::new();
         let mut offset = 0;
         let mut blocks = 0;
-        for table in &self.targets {
-            let mut reader = table.blocks(self.chunk_rows);
+        for (table, rows) in &self.targets {
+            let mut reader = table.blocks_in(self.chunk_rows, rows.clone())?;
             while let Some(block) = reader.next_block()? {
                 if block.dim != dim {
                     return Err(crate::bank::pass::dimension_error(table, self.sources));

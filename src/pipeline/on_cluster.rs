@@ -2,9 +2,14 @@
 //! writes: the client's side of `stats`, `search`, `run` and `compare`.
 
 use super::search::{check_search, results_sink, search_metadata, search_summary, SearchInputs};
+use super::stats::write_potentials;
 use super::*;
+use crate::bank::driver::SinkhornReport;
 use crate::bank::driver::{FileStatsSink, StatsSink};
-use crate::bank::shards::{shard_row_count, ShardMerge};
+use crate::bank::shards::{shard_row_count, RoundMerge, ShardMerge};
+use crate::bank::sinkhorn::{sinkhorn_in_rounds, RoundsRequest};
+use crate::method::SinkhornSetup;
+use crate::progress::Silent;
 use crate::query::results::OutcomesFromRows;
 use crate::sql::pass::PassSpec;
 
@@ -26,6 +31,7 @@ pub(super) fn search(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary
             &gallery,
             &plan,
             search_metadata(job),
+            None,
             cluster,
         )?;
         file.commit()?;
@@ -34,10 +40,13 @@ pub(super) fn search(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary
 }
 
 /// Pass 1 of `job` (`methods`, checked) over `inputs` into an
-/// uncommitted stats file at `out` with `metadata`: the file a local pass
-/// writes, bit for bit. With activation sets (`dis`, `dual-dis`) the
+/// uncommitted stats file at `out` with `metadata`, and how each Sinkhorn
+/// method's iterations ended. The file a local pass writes, bit for bit,
+/// but for the Sinkhorn potentials (to rounding: see
+/// [`sinkhorn_in_rounds`]). With activation sets (`dis`, `dual-dis`) the
 /// shards send their partial states after their rows and the client
-/// merges them ([`crate::bank::shards`]).
+/// merges them ([`crate::bank::shards`]); the Sinkhorn potentials come
+/// from rounds of their own after the shards ([`sinkhorn_on`]).
 pub(super) fn stats(
     job: &StatsJob,
     methods: &[MethodSpec],
@@ -45,9 +54,9 @@ pub(super) fn stats(
     metadata: Vec<(String, String)>,
     out: &Path,
     cluster: &ClusterJob,
-) -> Result<AtomicFile> {
-    check_cluster_pass1(methods)?;
-    let plan = StatsPlan::new(inputs, methods, metadata)?;
+) -> Result<(AtomicFile, Vec<SinkhornReport>)> {
+    let mut plan = StatsPlan::new(inputs, methods, metadata)?;
+    let mut reports = Vec::new();
     let mut sink = FileStatsSink::new(out, job.overwrite);
     let spec = PassSpec::stats(job, methods, inputs.gallery.id_kind)
         .sharded(inputs.gallery.rows, cluster.shards);
@@ -78,9 +87,114 @@ pub(super) fn stats(
             cluster,
             &mut |batch| merge.push(batch),
         )?;
-        merge.finish(&plan, &mut sink)?;
+        let mut potentials = Vec::new();
+        for (method, setup) in plan.layout.sinkhorn_methods() {
+            let (f, report) = sinkhorn_on(job, method, setup, inputs, out, cluster)?;
+            plan.metadata.push(report.metadata_entry()?);
+            potentials.push(f);
+            reports.push(report);
+        }
+        merge.finish(&plan, &potentials, &mut sink)?;
     }
-    sink.close_uncommitted()
+    Ok((sink.close_uncommitted()?, reports))
+}
+
+/// The potentials f over the gallery of the Sinkhorn `method` of `job` and
+/// its report, from T + 1 rounds on `cluster`, each sharded over the rows
+/// of its targets ([`sinkhorn_in_rounds`]). Each round's source potentials
+/// go to the executors in a scratch file beside `out` (which they must
+/// reach, as they reach the inputs), removed afterwards.
+fn sinkhorn_on(
+    job: &StatsJob,
+    method: MethodSpec,
+    setup: SinkhornSetup,
+    inputs: &StatsInputs<'_>,
+    out: &Path,
+    cluster: &ClusterJob,
+) -> Result<(Vec<f64>, SinkhornReport)> {
+    let gallery_rows = inputs.gallery.rows as usize;
+    let mut targets = gallery_rows;
+    if setup.with_gallery_bank {
+        let gallery_bank = inputs.gallery_bank.ok_or_else(|| {
+            HubnormError::Usage(format!(
+                "method {} needs --gallery-bank PATH",
+                method.kind()
+            ))
+        })?;
+        targets += gallery_bank.rows as usize;
+    }
+    let sources = inputs.bank.rows as usize;
+    let scratch = ScratchFile(sibling(
+        out,
+        &format!("sinkhorn-{}", method.column_prefix()),
+    ));
+    let outcome = sinkhorn_in_rounds(
+        &RoundsRequest {
+            sources,
+            targets,
+            tau: setup.tau,
+            iterations: setup.iterations,
+            tolerance: job.options.sinkhorn_tolerance,
+        },
+        &Silent,
+        |g| {
+            let potentials = match g {
+                Some(g) => {
+                    write_potentials(&scratch.0, g)?;
+                    Some(scratch.0.as_path())
+                }
+                None => None,
+            };
+            let spec = PassSpec::sinkhorn_round(job, &method, potentials)
+                .sharded(targets as u64, cluster.shards);
+            // A shard's rows: one per target of the shard, one per source.
+            let expected = spec
+                .shards
+                .windows(2)
+                .map(|w| w[1] - w[0] + sources as u64)
+                .collect();
+            let mut merge = RoundMerge::new(targets, sources);
+            send(spec, expected, &job.options, cluster, &mut |batch| {
+                merge.push(batch)
+            })?;
+            merge.finish()
+        },
+    )?;
+    drop(scratch);
+    let report = SinkhornReport {
+        method,
+        iterations: outcome.iterations,
+        marginal_error: outcome.marginal_error,
+        exact_column_updates: outcome.exact_column_updates,
+        cached_tiles: outcome.cached,
+        target_chunks: outcome.target_chunks,
+        bank_blocks: outcome.source_blocks,
+    };
+    let mut f = outcome.target_potential;
+    f.truncate(gallery_rows);
+    Ok((f, report))
+}
+
+/// `.NAME.WHAT.parquet` beside `path` (a local path or URL).
+fn sibling(path: &Path, what: &str) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.{what}.parquet"))
+}
+
+/// A scratch file the executors read, removed when dropped (on success
+/// and on failure alike).
+struct ScratchFile(PathBuf);
+
+impl Drop for ScratchFile {
+    fn drop(&mut self) {
+        if crate::storage::exists(&self.0).unwrap_or(false) {
+            // Nothing to report: a leftover scratch file is only clutter.
+            let _ = crate::storage::remove_file(&self.0);
+        }
+    }
 }
 
 /// Pass 2 of `job` (methods checked, `plan` loaded) into an uncommitted
@@ -94,6 +208,7 @@ pub(super) fn results(
     gallery: &EmbeddingTable,
     plan: &ScoringPlan,
     metadata: Vec<(String, String)>,
+    protocol_bank: Option<ProtocolBank>,
     cluster: &ClusterJob,
 ) -> Result<(AtomicFile, Vec<MethodOutcome>)> {
     let mut sink = results_sink(
@@ -116,6 +231,7 @@ pub(super) fn results(
     let depth = figures.depth();
     let spec = PassSpec::search(job, queries.id_kind, gallery.id_kind)
         .with_report_depth(depth)
+        .with_protocol_bank(protocol_bank)
         .sharded(queries.rows, cluster.shards);
     // A shard's rows: every list of its queries, down to `depth`.
     let per_query = (plan.methods.len() * depth.min(gallery.rows as usize)) as u64;

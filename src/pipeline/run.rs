@@ -73,7 +73,7 @@ pub(crate) fn run_uncommitted(
     inputs.extend(job.gallery_bank.as_deref().map(|g| ("gallery bank", g)));
     refuse_output_in_inputs(&job.out_dir, &inputs)?;
     if let Some(cluster) = &job.cluster {
-        check_run_on_cluster(job, &methods, cluster)?;
+        check_run_on_cluster(job, cluster)?;
     }
     for name in RUN_OUTPUTS.iter().chain(extra_outputs) {
         refuse_output_in_inputs(&job.out_dir.join(name), &inputs)?;
@@ -140,32 +140,21 @@ pub(crate) fn run_uncommitted(
                     checkpoint: Default::default(),
                 };
                 let inputs = banks.inputs(&gallery, &index);
-                let file = on_cluster::stats(
-                    &stats_job, &methods, &inputs, metadata, &stats_out, cluster,
-                )?;
-                (file, Vec::new())
+                on_cluster::stats(&stats_job, &methods, &inputs, metadata, &stats_out, cluster)?
             }
             #[cfg(not(feature = "cluster"))]
             Some(cluster) => return Err(without_cluster(&cluster.scheduler)),
         };
         // Read back through the same code as `hubnorm search`.
         let plan = load_plan(Some(stats_file.temporary_path()), &index, &methods)?;
-        let protocol = methods
-            .iter()
-            .find(|m| m.method().single_query())
-            .map(|m| {
-                SingleQuerySinkhorn::prepare(
-                    &gallery,
-                    &banks.bank,
-                    queries.rows,
-                    m.count("m") - 1,
-                    job.bank_sample.map_or(0, |s| s.seed),
-                    m.get("tau"),
-                    m.count("t"),
-                    job.options.memory.bytes(),
-                )
-            })
-            .transpose()?;
+        let protocol = prepare_protocol(
+            &methods,
+            &gallery,
+            &banks.bank,
+            queries.rows,
+            job.bank_sample,
+            &job.options,
+        )?;
         let results_out = job.out_dir.join("results.parquet");
         let results_metadata = bank_metadata(&banks, job.bank_sample)
             .into_iter()
@@ -202,12 +191,18 @@ pub(crate) fn run_uncommitted(
                     overwrite: job.overwrite,
                     options: job.options.clone(),
                 };
+                // sinkhorn-pp's executors read the bank as this run does.
+                let protocol_bank = protocol.as_ref().map(|_| ProtocolBank {
+                    bank: bank_spec.clone(),
+                    sample: job.bank_sample,
+                });
                 on_cluster::results(
                     &search_job,
                     &queries,
                     &gallery,
                     &plan,
                     results_metadata,
+                    protocol_bank,
                     cluster,
                 )?
             }
@@ -248,21 +243,13 @@ pub(crate) fn run_uncommitted(
     })
 }
 
-/// Refuses a run on `cluster` that a cluster cannot compute: a method
-/// whose pass 1 needs every gallery row at once, `sinkhorn-pp` (each query
-/// is normalised with its own stack, on one machine), or outputs in object
-/// storage (the executors read the statistics from the stats file before
-/// it is committed, which for an object is a local temporary file).
-fn check_run_on_cluster(job: &RunJob, methods: &[MethodSpec], cluster: &ClusterJob) -> Result<()> {
+/// Refuses a run on `cluster` that a cluster cannot compute: outputs in
+/// object storage (the executors read the statistics from the stats file
+/// before it is committed, which for an object is a local temporary file).
+/// Every method runs there.
+fn check_run_on_cluster(job: &RunJob, cluster: &ClusterJob) -> Result<()> {
     if !cfg!(feature = "cluster") {
         return Err(without_cluster(&cluster.scheduler));
-    }
-    check_cluster_pass1(methods)?;
-    if let Some(m) = methods.iter().find(|m| m.method().single_query()) {
-        return Err(HubnormError::Usage(format!(
-            "{} normalises every query with its own pseudo-test stack on one machine; run it without --cluster",
-            m.kind()
-        )));
     }
     if crate::storage::is_remote(&job.out_dir) {
         return Err(HubnormError::Usage(format!(

@@ -186,19 +186,62 @@ pub(super) fn search_summary(
     }
 }
 
+/// The bank `sinkhorn-pp` draws its pseudo-test queries from, for a pass 2
+/// that runs elsewhere (a cluster's shards of a `run`).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct ProtocolBank {
+    /// The bank's path or URL (the queries' when transductive).
+    pub bank: String,
+    pub sample: Option<BankSample>,
+}
+
+/// `sinkhorn-pp`'s fixed inputs when it is among `methods`: its pseudo-test
+/// queries drawn from `bank` (seeded by `sample`'s seed), checked for the
+/// cost of `queries` test queries and for the memory.
+pub(super) fn prepare_protocol(
+    methods: &[MethodSpec],
+    gallery: &EmbeddingTable,
+    bank: &EmbeddingTable,
+    queries: u64,
+    sample: Option<BankSample>,
+    options: &PassOptions,
+) -> Result<Option<SingleQuerySinkhorn>> {
+    methods
+        .iter()
+        .find(|m| m.method().single_query())
+        .map(|m| {
+            SingleQuerySinkhorn::prepare(
+                gallery,
+                bank,
+                queries,
+                m.count("m") - 1,
+                sample.map_or(0, |s| s.seed),
+                m.get("tau"),
+                m.count("t"),
+                options.memory.bytes(),
+            )
+        })
+        .transpose()
+}
+
 /// `hubnorm search` as a stream of record batches into `emit` (`job.out`
 /// and `job.overwrite` are not used), one batch per query block: of every
-/// query, or of the rows `query_rows` alone (a cluster task's shard).
+/// query, or of the rows `query_rows` alone (a cluster task's shard). With
+/// `protocol_bank`, `sinkhorn-pp` may be among the methods (a shard of a
+/// `run`), and draws its pseudo-test queries from it as the run does.
 pub fn stream_search(
     job: &SearchJob,
     query_rows: Option<std::ops::Range<u64>>,
     rows: ResultRows,
+    protocol_bank: Option<&ProtocolBank>,
     progress: &dyn Progress,
     emit: &mut (dyn FnMut(&RecordBatch) -> Result<()> + Send),
 ) -> Result<()> {
     check_k(job.k)?;
     let methods = check_methods(&job.methods, true)?;
-    refuse_protocol(&methods, "search")?;
+    if protocol_bank.is_none() {
+        refuse_protocol(&methods, "search")?;
+    }
     with_threads(job.options.threads, || {
         let SearchInputs {
             queries,
@@ -206,6 +249,20 @@ pub fn stream_search(
             index,
             plan,
         } = SearchInputs::open(job, &methods)?;
+        let protocol = match protocol_bank {
+            Some(protocol) => {
+                let bank = open_bank("bank", &protocol.bank, &job.options, protocol.sample)?;
+                prepare_protocol(
+                    &methods,
+                    &gallery,
+                    &bank,
+                    queries.rows,
+                    protocol.sample,
+                    &job.options,
+                )?
+            }
+            None => None,
+        };
         search_into(
             &queries,
             query_rows.unwrap_or(0..queries.rows),
@@ -215,7 +272,7 @@ pub fn stream_search(
             job.k,
             rows,
             &job.options,
-            None,
+            protocol.as_ref(),
             progress,
             emit,
         )?;

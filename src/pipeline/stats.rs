@@ -86,13 +86,13 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome
 }
 
 /// `hubnorm stats --cluster`: pass 1 of `job` computed by the cluster of
-/// `cluster`, in shards of gallery rows, into the same file `run_stats`
-/// writes, bit for bit, written and committed here once every shard is in.
-/// No checkpoint: a task lost with its executor is run again by the
-/// scheduler.
+/// `cluster`, in shards of gallery rows (and the Sinkhorn potentials in
+/// rounds sharded over the targets), into the same file `run_stats` writes,
+/// bit for bit but for the potentials' rounding, written and committed here
+/// once every shard is in. No checkpoint: a task lost with its executor is
+/// run again by the scheduler.
 pub fn run_stats_on(job: &StatsJob, cluster: &ClusterJob) -> Result<StatsOutcome> {
     let methods = stats_methods(job)?;
-    check_cluster_pass1(&methods)?;
     if job.checkpoint.resume {
         return Err(HubnormError::Usage(
             "--resume: a cluster run keeps no checkpoint (the scheduler runs lost tasks again)"
@@ -102,11 +102,15 @@ pub fn run_stats_on(job: &StatsJob, cluster: &ClusterJob) -> Result<StatsOutcome
     refuse_output_in_inputs(&job.out, &stats_inputs(job))?;
     refuse_existing(&job.out, job.overwrite)?;
     #[cfg(not(feature = "cluster"))]
-    return Err(without_cluster(&cluster.scheduler));
+    {
+        // Checked as on one machine, then refused: not built in.
+        drop(methods);
+        Err(without_cluster(&cluster.scheduler))
+    }
     #[cfg(feature = "cluster")]
     with_stats_inputs(job, &methods, |inputs, metadata| {
-        let path =
-            on_cluster::stats(job, &methods, inputs, metadata, &job.out, cluster)?.commit()?;
+        let (file, _) = on_cluster::stats(job, &methods, inputs, metadata, &job.out, cluster)?;
+        let path = file.commit()?;
         Ok(StatsOutcome {
             path,
             resumed_rows: 0,
@@ -165,7 +169,7 @@ pub fn check_shardable(methods: &[MethodSpec]) -> Result<()> {
     refuse_methods(
         methods,
         |m| m.method().columns(m).iter().any(|c| c.late),
-        "cannot run in hubnorm_stats on a cluster yet: their statistics need every gallery row at once (the activation sets of dis and dual-dis, the Sinkhorn potentials of sn and dbsn), while the table's partitions are independent shards of gallery rows; use `hubnorm stats --cluster` for dis and dual-dis, or run without --cluster",
+        "cannot run in hubnorm_stats on a cluster yet: their statistics need every gallery row at once (the activation sets of dis and dual-dis, the Sinkhorn potentials of sn and dbsn), while the table's partitions are independent shards of gallery rows; use `hubnorm stats --cluster` for them, or run without --cluster",
     )
 }
 
@@ -173,14 +177,6 @@ pub fn check_shardable(methods: &[MethodSpec]) -> Result<()> {
 /// gallery rows merged by the client: every method but the Sinkhorn ones
 /// (`sn`, `dbsn`), whose potentials come from sweeps over every gallery
 /// row at once.
-pub fn check_cluster_pass1(methods: &[MethodSpec]) -> Result<()> {
-    refuse_methods(
-        methods,
-        |m| m.method().sinkhorn(m).is_some(),
-        "cannot run on a cluster yet: their Sinkhorn potentials come from sweeps over every gallery row at once, while a cluster computes pass 1 in shards of gallery rows; run them without --cluster",
-    )
-}
-
 /// A usage error naming the methods `refused` picks, followed by `why`.
 fn refuse_methods(
     methods: &[MethodSpec],
@@ -202,9 +198,9 @@ fn refuse_methods(
 /// shard of `job`), batch by batch into `emit`, in gallery order: the
 /// rows the whole pass writes for them. With `activation_rows`, the early
 /// columns in [`crate::bank::shards::shard_schema`] followed by the shard's
-/// activation states, for a client that merges them (methods passing
-/// [`check_cluster_pass1`]); without, the methods must pass
-/// [`check_shardable`].
+/// activation states, for a client that merges them (and computes the
+/// Sinkhorn potentials in rounds of their own: not in these rows); without,
+/// the methods must pass [`check_shardable`].
 pub fn stream_stats_rows(
     job: &StatsJob,
     gallery_rows: std::ops::Range<u64>,
@@ -213,9 +209,7 @@ pub fn stream_stats_rows(
     emit: &mut (dyn FnMut(&RecordBatch) -> Result<()> + Send),
 ) -> Result<()> {
     let methods = stats_methods(job)?;
-    if activation_rows {
-        check_cluster_pass1(&methods)?;
-    } else {
+    if !activation_rows {
         check_shardable(&methods)?;
     }
     with_threads(job.options.threads, || {
@@ -265,6 +259,119 @@ pub fn stream_stats_rows(
             emit,
         )
     })
+}
+
+/// A round of the one Sinkhorn method of `job` over the targets' rows
+/// `target_rows` (the gallery's, then the gallery bank's), from the source
+/// potentials the client wrote at `source_potentials` (none in the first
+/// round): a cluster task's shard, in [`crate::bank::shards::round_schema`]
+/// rows into `emit`.
+pub fn stream_sinkhorn_round(
+    job: &StatsJob,
+    target_rows: Option<std::ops::Range<u64>>,
+    source_potentials: Option<&Path>,
+    emit: &mut (dyn FnMut(&RecordBatch) -> Result<()> + Send),
+) -> Result<()> {
+    let methods = stats_methods(job)?;
+    let (method, setup) = match &methods[..] {
+        [method] => (method, method.method().sinkhorn(method)),
+        _ => (&methods[0], None),
+    };
+    let setup = setup.ok_or_else(|| {
+        HubnormError::Internal("a Sinkhorn round for a method without Sinkhorn sweeps".into())
+    })?;
+    with_threads(job.options.threads, || {
+        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        let banks = open_banks(
+            &job.bank,
+            job.gallery_bank.as_deref(),
+            job.bank_sample,
+            &methods,
+            &gallery,
+            &job.options,
+        )?;
+        let mut targets = vec![&gallery];
+        if setup.with_gallery_bank {
+            targets.push(banks.gallery_bank.as_ref().ok_or_else(|| {
+                HubnormError::Usage(format!(
+                    "method {} needs --gallery-bank PATH",
+                    method.kind()
+                ))
+            })?);
+        }
+        let target_rows = target_rows.unwrap_or(0..targets.iter().map(|t| t.rows).sum());
+        let g = source_potentials
+            .map(|path| read_potentials(path, banks.bank.rows as usize))
+            .transpose()?;
+        let round =
+            crate::bank::sinkhorn::sinkhorn_round(&crate::bank::sinkhorn::SinkhornRoundRequest {
+                sources: &banks.bank,
+                targets: &targets,
+                target_rows: target_rows.clone(),
+                tau: setup.tau,
+                source_potential: g.as_deref(),
+                budget: job.options.memory.bytes(),
+                resident_bytes: g.as_ref().map_or(0, |g| g.len() * 8),
+            })?;
+        crate::bank::shards::round_rows(
+            &round,
+            target_rows.start,
+            job.options.read.batch_rows,
+            emit,
+        )
+    })
+}
+
+/// The column of a file of Sinkhorn source potentials.
+const POTENTIAL_COLUMN: &str = "potential";
+
+/// Writes the source potentials `g` of a Sinkhorn round to `path` (a
+/// local path or URL the executors read), replacing the last round's.
+#[cfg(feature = "cluster")]
+pub(super) fn write_potentials(path: &Path, g: &[f64]) -> Result<()> {
+    let schema = std::sync::Arc::new(arrow::datatypes::Schema::new(vec![
+        arrow::datatypes::Field::new(POTENTIAL_COLUMN, arrow::datatypes::DataType::Float64, false),
+    ]));
+    let mut sink = ParquetSink::create(path, schema.clone(), Vec::new(), true)?;
+    for part in g.chunks(65_536) {
+        let column = std::sync::Arc::new(arrow::array::Float64Array::from(part.to_vec()));
+        sink.write(&RecordBatch::try_new(schema.clone(), vec![column])?)?;
+    }
+    sink.finish()?;
+    Ok(())
+}
+
+/// The source potentials at `path` ([`write_potentials`]), `rows` of them.
+fn read_potentials(path: &Path, rows: usize) -> Result<Vec<f64>> {
+    use arrow::array::AsArray;
+    let reader = crate::source::open_parquet(path)?
+        .build()
+        .map_err(|e| HubnormError::parquet(path, e))?;
+    let mut g = Vec::with_capacity(rows);
+    for batch in reader {
+        let batch = batch.map_err(|e| HubnormError::parquet(path, e.into()))?;
+        let column = batch
+            .column_by_name(POTENTIAL_COLUMN)
+            .and_then(|c| c.as_primitive_opt::<arrow::datatypes::Float64Type>())
+            .ok_or_else(|| {
+                HubnormError::input(
+                    path,
+                    None,
+                    Some(POTENTIAL_COLUMN),
+                    "not a file of Sinkhorn potentials",
+                )
+            })?;
+        g.extend_from_slice(column.values());
+    }
+    if g.len() != rows {
+        return Err(HubnormError::input(
+            path,
+            None,
+            None,
+            format!("{} Sinkhorn potentials for a bank of {rows} rows", g.len()),
+        ));
+    }
+    Ok(g)
 }
 
 /// `hubnorm stats` as a stream of record batches into `sink` (`job.out`

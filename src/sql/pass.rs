@@ -51,7 +51,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::HubnormError;
 use crate::inputs::open_table;
 use crate::options::{human_bytes, BankSample, MemoryBudget, MethodSpec, PassOptions, ReadOptions};
-use crate::pipeline::{self, SearchJob, StatsJob};
+use crate::pipeline::{self, ProtocolBank, SearchJob, StatsJob};
 use crate::progress::Silent;
 use crate::query::results::{rows_schema, ResultRows};
 use crate::source::IdKind;
@@ -96,6 +96,27 @@ pub enum PassInputs {
         /// ([`ResultRows::WithReportColumns`]). `None`: the results' rows.
         #[serde(default)]
         report_depth: Option<usize>,
+        /// Where `sinkhorn-pp` draws its pseudo-test queries from, when it
+        /// is among the methods (a shard of `run`; not a table function).
+        #[serde(default)]
+        protocol_bank: Option<ProtocolBank>,
+    },
+    /// A round of one Sinkhorn method's sweeps (`sn`, `dbsn`), sharded over
+    /// the rows of its targets (the gallery, then the gallery bank):
+    /// [`crate::bank::sinkhorn::sinkhorn_round`], in
+    /// [`crate::bank::shards::round_schema`]. For `stats --cluster` only,
+    /// not a table function.
+    SinkhornRound {
+        gallery: String,
+        bank: String,
+        gallery_bank: Option<String>,
+        bank_sample: Option<BankSample>,
+        /// The one method, as [`methods_json`] writes it.
+        methods: String,
+        /// The Parquet file of the sources' potentials g that the client
+        /// wrote for this round (one `potential` column); `None` in the
+        /// first round.
+        source_potentials: Option<String>,
     },
 }
 
@@ -135,15 +156,21 @@ impl PassSpec {
         ))
     }
 
-    /// Pass 1 of `job` with `methods` (checked), whole.
+    /// Pass 1 of `job` with `methods` (checked), whole. `sinkhorn-pp`, which
+    /// has no statistic (a `run`'s pass 2 normalises each query), is left out.
     pub fn stats(job: &StatsJob, methods: &[MethodSpec], gallery_ids: IdKind) -> Self {
+        let with_statistics: Vec<MethodSpec> = methods
+            .iter()
+            .filter(|m| !m.method().single_query())
+            .copied()
+            .collect();
         PassSpec {
             inputs: PassInputs::Stats {
                 gallery: job.gallery.clone(),
                 bank: job.bank.clone(),
                 gallery_bank: job.gallery_bank.clone(),
                 bank_sample: job.bank_sample,
-                methods: methods_json(methods),
+                methods: methods_json(&with_statistics),
                 gallery_ids,
                 activation_rows: false,
             },
@@ -166,6 +193,30 @@ impl PassSpec {
                 query_ids,
                 gallery_ids,
                 report_depth: None,
+                protocol_bank: None,
+            },
+            read: job.options.read.clone(),
+            threads: job.options.threads,
+            shards: Vec::new(),
+            shard_column: false,
+        }
+    }
+
+    /// A round of the Sinkhorn `method` of `job`, whole (shard it over the
+    /// targets' rows), from the source potentials in `source_potentials`.
+    pub fn sinkhorn_round(
+        job: &StatsJob,
+        method: &MethodSpec,
+        source_potentials: Option<&std::path::Path>,
+    ) -> Self {
+        PassSpec {
+            inputs: PassInputs::SinkhornRound {
+                gallery: job.gallery.clone(),
+                bank: job.bank.clone(),
+                gallery_bank: job.gallery_bank.clone(),
+                bank_sample: job.bank_sample,
+                methods: methods_json(std::slice::from_ref(method)),
+                source_potentials: source_potentials.map(|p| p.display().to_string()),
             },
             read: job.options.read.clone(),
             threads: job.options.threads,
@@ -191,6 +242,15 @@ impl PassSpec {
     pub fn with_report_depth(mut self, depth: usize) -> Self {
         if let PassInputs::Search { report_depth, .. } = &mut self.inputs {
             *report_depth = Some(depth);
+        }
+        self
+    }
+
+    /// This search spec with `sinkhorn-pp`'s bank (see
+    /// [`pipeline::stream_search`]).
+    pub fn with_protocol_bank(mut self, bank: Option<ProtocolBank>) -> Self {
+        if let PassInputs::Search { protocol_bank, .. } = &mut self.inputs {
+            *protocol_bank = bank;
         }
         self
     }
@@ -225,11 +285,27 @@ impl PassSpec {
                 queries,
                 gallery,
                 stats,
+                protocol_bank,
                 ..
             } => {
                 absolute(queries)?;
                 absolute(gallery)?;
                 stats.as_mut().map(absolute).transpose()?;
+                if let Some(protocol) = protocol_bank {
+                    absolute(&mut protocol.bank)?;
+                }
+            }
+            PassInputs::SinkhornRound {
+                gallery,
+                bank,
+                gallery_bank,
+                source_potentials,
+                ..
+            } => {
+                absolute(gallery)?;
+                absolute(bank)?;
+                gallery_bank.as_mut().map(absolute).transpose()?;
+                source_potentials.as_mut().map(absolute).transpose()?;
             }
         }
         Ok(self)
@@ -240,6 +316,7 @@ impl PassSpec {
         match self.inputs {
             PassInputs::Stats { .. } => "hubnorm_stats",
             PassInputs::Search { .. } => "hubnorm_search",
+            PassInputs::SinkhornRound { .. } => "hubnorm_sinkhorn_round",
         }
     }
 
@@ -255,7 +332,9 @@ impl PassSpec {
 
     fn methods(&self) -> crate::Result<Vec<MethodSpec>> {
         let json = match &self.inputs {
-            PassInputs::Stats { methods, .. } | PassInputs::Search { methods, .. } => methods,
+            PassInputs::Stats { methods, .. }
+            | PassInputs::Search { methods, .. }
+            | PassInputs::SinkhornRound { methods, .. } => methods,
         };
         let list: serde_json::Value = serde_json::from_str(json)
             .map_err(|e| HubnormError::Internal(format!("the pass's methods: {e}")))?;
@@ -282,6 +361,7 @@ impl PassSpec {
                 report_depth,
                 ..
             } => rows_schema(*query_ids, *gallery_ids, result_rows(*report_depth)),
+            PassInputs::SinkhornRound { .. } => crate::bank::shards::round_schema(),
         };
         if !self.shard_column {
             return Ok(schema);
@@ -368,6 +448,7 @@ impl PassSpec {
                     stats,
                     k,
                     report_depth,
+                    protocol_bank,
                     ..
                 },
                 rows,
@@ -382,7 +463,39 @@ impl PassSpec {
                     overwrite: false,
                     options,
                 };
-                pipeline::stream_search(&job, rows, result_rows(*report_depth), &Silent, emit)
+                pipeline::stream_search(
+                    &job,
+                    rows,
+                    result_rows(*report_depth),
+                    protocol_bank.as_ref(),
+                    &Silent,
+                    emit,
+                )
+            }
+            (
+                PassInputs::SinkhornRound {
+                    gallery,
+                    bank,
+                    gallery_bank,
+                    bank_sample,
+                    source_potentials,
+                    ..
+                },
+                rows,
+            ) => {
+                let job = StatsJob {
+                    gallery: gallery.clone(),
+                    bank: bank.clone(),
+                    gallery_bank: gallery_bank.clone(),
+                    bank_sample: *bank_sample,
+                    methods,
+                    out: PathBuf::new(),
+                    overwrite: false,
+                    options,
+                    checkpoint: Default::default(),
+                };
+                let potentials = source_potentials.as_ref().map(std::path::Path::new);
+                pipeline::stream_sinkhorn_round(&job, rows, potentials, emit)
             }
         }
     }
@@ -567,8 +680,10 @@ fn shards_of(list: SendableRecordBatchStream, count: usize) -> Result<Vec<usize>
 /// Reserves a pass's budget from `pool`: half of what the pool has left
 /// (half of its limit when it is free), so that the operators around the
 /// pass and other passes sharing the pool (partitions of one query, or two
-/// table functions) get the rest. Refused when that is less than a quarter
-/// of the limit: the pool is mostly taken.
+/// table functions) get the rest. Two partitions get a half and a quarter,
+/// less what the operators around them hold by then (a sort's buffers):
+/// refused only when the budget is below a sixteenth of the limit, where
+/// the pool is mostly taken.
 fn reserve_budget(pool: &Arc<dyn MemoryPool>, name: &str) -> Result<(MemoryReservation, usize)> {
     let limit = match pool.memory_limit() {
         MemoryLimit::Finite(bytes) => bytes,
@@ -576,10 +691,10 @@ fn reserve_budget(pool: &Arc<dyn MemoryPool>, name: &str) -> Result<(MemoryReser
     };
     let free = limit.saturating_sub(pool.reserved());
     let budget = (limit / 2).min(free / 2);
-    if budget < limit / 4 {
+    if budget < limit / 16 {
         return Err(DataFusionError::ResourcesExhausted(format!(
-            "{name} needs a quarter of the memory pool ({}) and only {} of it are free; raise --memory-limit",
-            human_bytes(limit as u64 / 4),
+            "{name} needs half of what is free in the memory pool, at least a sixteenth of it ({}), and only {} of it are free; raise --memory-limit",
+            human_bytes(limit as u64 / 16),
             human_bytes(free as u64)
         )));
     }
