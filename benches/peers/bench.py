@@ -107,6 +107,13 @@ JOB_TEXT = {
                       "`--cluster-search-shards`, 4 by default) on the same two clusters. Results checked byte "
                       "for byte against the local file. cpu_s counts the client only. "
                       "GFLOP = 2·queries·gallery·d.",
+    "cluster-sn": "Pass 1 of Sinkhorn normalisation (`hubnorm stats --method sn`, τ = 0.01, T = 10) on one "
+                  "machine with `--threads 1` and `--threads 2` (the similarity tiles cached when they fit "
+                  "the memory limit, each iteration one fused pass over them), against `hubnorm stats "
+                  "--cluster` (16 shards) on the same two clusters: T + 1 rounds, each a job sharded over the "
+                  "gallery's rows, two sweeps per shard. Checked: the potentials within 1e-6 of their scale "
+                  "(not bit for bit: the rounds compute every update in the exact form), other columns "
+                  "identical. cpu_s counts the client only. GFLOP = 2·bank·gallery·d (one sweep's GEMM).",
     "hubness": "k-occurrence skewness (k = 10, all gallery items) of the same neighbour lists (hubnorm `run "
                "--methods none`'s results.parquet). hubnorm `report`; peer: pyarrow + numpy bincount + "
                "`scipy.stats.skew`. Checked against summary.json of `hubnorm run`.",
@@ -807,6 +814,8 @@ class Bench:
             gflop = 2.0 * data.nb * data.ng * data.d / 1e9
             if "stats" in a.cluster_passes:
                 self.run_group("cluster", a.cluster_size, data, 2, tools, a.cluster_repeats, gflop)
+            if "sn" in a.cluster_passes:
+                self.cluster_sn(data, clusters)
             if "search" not in a.cluster_passes:
                 return
 
@@ -840,6 +849,44 @@ class Bench:
                 self.log(f"cluster of {n} executor(s) (--memory-limit 4GiB each): peak RSS MiB of the "
                          f"scheduler, then each executor: {peaks}")
                 c.stop()
+
+    def cluster_sn(self, data, clusters):
+        """hubnorm stats --method sn (τ = 0.01, T = 10): local 1 and 2 threads against the two clusters,
+        which run the T iterations as T + 1 rounds sharded over the gallery's rows."""
+        a = self.args
+
+        def sn(rdir, extra):
+            return [[self.hub, "stats", "--gallery", data.gallery, "--bank", data.bank, "--method", "sn",
+                     "--out", os.path.join(rdir, "gallery_stats.parquet"), "--memory-limit",
+                     a.memory_limit_text, "--quiet", "--overwrite"] + extra]
+
+        def close(ref, mine):
+            import numpy as np
+            import pyarrow.parquet as pq
+            x = pq.read_table(os.path.join(ref, "gallery_stats.parquet"))
+            y = pq.read_table(os.path.join(mine, "gallery_stats.parquet"))
+            if x.column_names != y.column_names or x.num_rows != y.num_rows:
+                return "mismatch: other columns or rows"
+            worst, scale = 0.0, 0.0
+            for name in x.column_names:
+                u, v = x.column(name).to_numpy(), y.column(name).to_numpy()
+                if name.startswith("sn_"):
+                    worst = max(worst, float(np.max(np.abs(u - v))))
+                    scale = max(scale, float(np.max(np.abs(u))))
+                elif not np.array_equal(u, v):
+                    return f"mismatch: column {name} differs"
+            if worst > 1e-6 * scale:
+                return f"mismatch: potentials off by {worst:.2e} (scale {scale:.2e})"
+            return f"ok: potentials within {worst / scale:.1e} of their scale, other columns identical"
+
+        tools = [Tool(f"hubnorm-t{t}", lambda rdir, _, t=t: sn(rdir, ["--threads", str(t)]),
+                      check=close, checked=True) for t in (1, 2)]
+        tools += [Tool(f"hubnorm-cluster-{n}x1",
+                       lambda rdir, _, n=n: sn(rdir, ["--cluster", clusters[n].url, "--shards", "16"]),
+                       check=close, checked=True) for n in (1, 2)]
+        # One sweep's GEMM: one machine caches the tiles when they fit and then only sums exps.
+        gflop = 2.0 * data.nb * data.ng * data.d / 1e9
+        self.run_group("cluster-sn", a.cluster_size, data, 2, tools, a.cluster_repeats, gflop)
 
     # -- everything ----------------------------------------------------------------------------
     def run(self):
@@ -1480,7 +1527,7 @@ def summarize(out_dir):
         return g.gflops / p * 100 if p and not math.isnan(p) and not math.isnan(g.gflops) else float("nan")
 
     job_order = ["topk", "is-pass1", "is-pass2", "dis", "nnn", "sn", "hubness", "object-store", "cluster",
-                 "cluster-search"]
+                 "cluster-search", "cluster-sn"]
     for job in job_order:
         keys = [k for k in G if k[0] == job]
         if not keys:
@@ -1513,7 +1560,7 @@ def summarize(out_dir):
                 f"median wall time (target ≤ 1.25×)"
                 for k in keys if k[2].startswith("hubnorm-s3") and G[k].n
                 for loc in [(k[0], k[1], "hubnorm-local", k[3])] if loc in G and G[loc].n]
-        if job in ("cluster", "cluster-search"):
+        if job in ("cluster", "cluster-search", "cluster-sn"):
             for size in sorted({k[1] for k in keys}, key=_size_key):
                 w = {k[2]: G[k].wall for k in keys if k[1] == size and G[k].n}
                 if all(t in w for t in ("hubnorm-t2", "hubnorm-cluster-1x1", "hubnorm-cluster-2x1")):
@@ -1522,9 +1569,12 @@ def summarize(out_dir):
                           f"2-thread run's median wall time (target ≤ 1.2×); 1 → 2 executors is "
                           f"{w['hubnorm-cluster-1x1'] / w['hubnorm-cluster-2x1']:.2f}× faster (target ≥ 1.7×)"]
                 if all(t in w for t in ("hubnorm-t1", "hubnorm-cluster-1x1")):
+                    overhead = {"cluster": "planning, bank reads per shard, Flight transfers",
+                                "cluster-search": "planning, gallery reads per shard, Flight transfers",
+                                "cluster-sn": "a job per round, bank reads per shard and round, two sweeps "
+                                              "per round where one machine fuses them over cached tiles"}[job]
                     L.append(f"- {size}: 1 executor takes {w['hubnorm-cluster-1x1'] / w['hubnorm-t1']:.2f}× the "
-                             f"local 1-thread run (the cluster's overhead: planning, "
-                             f"{'gallery' if job == 'cluster-search' else 'bank'} reads per shard, Flight transfers)")
+                             f"local 1-thread run (the cluster's overhead: {overhead})")
         L.append("")
 
     # targets
@@ -1666,7 +1716,8 @@ def main(argv=None):
     p.add_argument("--cluster-size", default="100k", help="the cluster job's size (gallery × bank, d)")
     p.add_argument("--cluster-repeats", type=int, default=3)
     p.add_argument("--cluster-passes", type=lambda v: v.split(","), default=["stats", "search"],
-                   help="the cluster job's passes: stats (pass 1), search (pass 2), comma separated")
+                   help="the cluster job's passes: stats (pass 1), search (pass 2), sn (pass 1 of sn), "
+                        "comma separated")
     p.add_argument("--cluster-search-shards", type=int, default=4,
                    help="shards of query rows of the cluster job's search")
     p.add_argument("--scaling-repeats", type=int, default=1)
