@@ -173,10 +173,6 @@ pub fn check_shardable(methods: &[MethodSpec]) -> Result<()> {
     )
 }
 
-/// Refuses `methods` unless a cluster can compute their pass 1 in shards of
-/// gallery rows merged by the client: every method but the Sinkhorn ones
-/// (`sn`, `dbsn`), whose potentials come from sweeps over every gallery
-/// row at once.
 /// A usage error naming the methods `refused` picks, followed by `why`.
 fn refuse_methods(
     methods: &[MethodSpec],
@@ -274,11 +270,14 @@ pub fn stream_sinkhorn_round(
 ) -> Result<()> {
     let methods = stats_methods(job)?;
     let (method, setup) = match &methods[..] {
-        [method] => (method, method.method().sinkhorn(method)),
-        _ => (&methods[0], None),
-    };
-    let setup = setup.ok_or_else(|| {
-        HubnormError::Internal("a Sinkhorn round for a method without Sinkhorn sweeps".into())
+        [method] => method
+            .method()
+            .sinkhorn(method)
+            .map(|setup| (method, setup)),
+        _ => None,
+    }
+    .ok_or_else(|| {
+        HubnormError::Internal("a Sinkhorn round is for one method with Sinkhorn sweeps".into())
     })?;
     with_threads(job.options.threads, || {
         let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
