@@ -31,3 +31,9 @@ pub fn check() -> Result<()> {
         Ok(())
     }
 }
+
+/// Clears a stop request once the stopped work has unwound, so that the
+/// same process can run more work (the Python package, after Ctrl-C).
+pub fn reset() {
+    REQUESTED.store(false, Ordering::SeqCst);
+}

@@ -1,0 +1,370 @@
+"""hubnorm: hubness reduction for embedding retrieval, the same engine as the
+``hubnorm`` command-line tool.
+
+Dual-encoder retrieval ranks a gallery by the inner product of embeddings; in
+high dimensions a few gallery items ("hubs") become the nearest neighbour of
+very many queries. hubnorm re-scores with statistics of a *bank* of training
+queries (inverted softmax, QB-Norm, NNN, CSLS, DBNorm, Sinkhorn, dual
+softmax, mutual proximity, local scaling, ...), streamed out of core.
+
+Quick start::
+
+    import hubnorm
+    run = hubnorm.run("queries.parquet", "gallery.parquet", "bank.parquet",
+                      methods=["none", "is", "nnn"], k=10)
+    run.summary["methods"][1]      # hubness and recall of inverted softmax
+    run.results                    # pyarrow.Table of the top-k lists
+    run.write("out/")              # results.parquet, gallery_stats.parquet, summary.json
+
+Every table argument is a path or URL of Parquet files (streamed out of core,
+as the CLI streams it), a ``pyarrow.Table`` or ``RecordBatchReader``,
+anything with ``__arrow_c_stream__`` (polars, pandas >= 2.2, DuckDB), a
+``pandas.DataFrame``, or a 2-D float ``numpy`` array (ids 0..n-1; see
+:func:`embeddings` for ids and ground truth). Tables have an ``id`` column and
+an ``embedding`` column (fixed-size or variable lists of float16/32/64);
+queries may have ``target_id`` (the ground truth) for recall figures.
+
+In-memory inputs are written to a temporary Parquet file first (one copy, in
+a scratch directory removed afterwards), since every pass streams its inputs
+from files, some more than once; paths are read in place.
+
+Errors raise :class:`InputError` (with ``.file``, ``.row``, ``.column``),
+:class:`UsageError` or :class:`MemoryLimitError`, all :class:`HubnormError`.
+Ctrl-C stops a running job (``KeyboardInterrupt``) without leaving partial
+outputs. Method parameters are keyword arguments named like the CLI's flags
+(``beta=20``, ``nnn_k=128``, ``tau=0.01``, ...): see :func:`methods`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import _hubnorm
+from ._errors import HubnormError, InputError, MemoryLimitError, UsageError
+
+__version__ = _hubnorm.__version__
+__all__ = [
+    "HubnormError",
+    "InputError",
+    "MemoryLimitError",
+    "Run",
+    "UsageError",
+    "embeddings",
+    "methods",
+    "run",
+    "search",
+    "stats",
+]
+
+#: The three files ``run`` writes, as the CLI names them.
+RUN_OUTPUTS = ("results.parquet", "gallery_stats.parquet", "summary.json")
+
+
+def methods() -> list[dict[str, Any]]:
+    """Every method hubnorm knows: ``name``, ``summary`` and ``parameters``
+    (a list of ``(keyword, default, help)``). The keywords are what
+    :func:`run`, :func:`stats` and :func:`search` take as ``**params``."""
+    return _hubnorm.methods()
+
+
+def embeddings(array: Any, ids: Any = None, targets: Any = None) -> pa.Table:
+    """A table hubnorm reads, from a 2-D float ``numpy`` array (one row per
+    item), with ``ids`` (ints or strings; default 0..n-1) and, for queries,
+    ``targets`` (the gallery id each query should find).
+
+    Contiguous float16/32/64 arrays become the table's embedding column
+    without a copy (Arrow wraps the array's buffer)."""
+    import numpy as np
+
+    a = np.ascontiguousarray(array)
+    if a.ndim != 2 or a.dtype.kind != "f":
+        raise UsageError(f"embeddings: a 2-D float array is needed, not {a.ndim}-D {a.dtype}")
+    values = pa.array(a.reshape(-1))
+    column = pa.FixedSizeListArray.from_arrays(values, a.shape[1])
+    ids = pa.array(np.arange(a.shape[0], dtype=np.int64) if ids is None else ids)
+    if len(ids) != a.shape[0]:
+        raise UsageError(f"embeddings: {len(ids)} ids for {a.shape[0]} rows")
+    columns = {"id": ids, "embedding": column}
+    if targets is not None:
+        columns["target_id"] = pa.array(targets)
+    return pa.table(columns)
+
+
+class _Inputs:
+    """Paths for the table arguments of one call: paths as they are,
+    in-memory tables written to a scratch directory, removed on exit."""
+
+    def __init__(self) -> None:
+        self._scratch: str | None = None
+
+    def __enter__(self) -> "_Inputs":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def path(self, table: Any, role: str) -> str | None:
+        if table is None:
+            return None
+        if isinstance(table, (str, os.PathLike)):
+            return os.fspath(table)
+        if self._scratch is None:
+            self._scratch = tempfile.mkdtemp(prefix="hubnorm-inputs-")
+        path = os.path.join(self._scratch, f"{role}.parquet")
+        _write_table(_as_arrow(table, role), path)
+        return path
+
+
+def _as_arrow(table: Any, role: str) -> pa.Table | pa.RecordBatchReader:
+    if isinstance(table, (pa.Table, pa.RecordBatchReader)):
+        return table
+    if type(table).__module__.startswith("numpy"):
+        return embeddings(table)
+    if type(table).__module__.startswith("pandas"):
+        # pandas' own stream converts the frame again on every call.
+        return pa.Table.from_pandas(table, preserve_index=False)
+    if hasattr(table, "__arrow_c_stream__"):
+        return pa.RecordBatchReader.from_stream(table)
+    raise UsageError(
+        f"{role}: a path, a pyarrow Table or RecordBatchReader, an object with "
+        f"__arrow_c_stream__ or a 2-D numpy array is needed, not {type(table).__name__}"
+    )
+
+
+def _write_table(table: pa.Table | pa.RecordBatchReader, path: str) -> None:
+    if isinstance(table, pa.Table):
+        pq.write_table(table, path)
+        return
+    with pq.ParquetWriter(path, table.schema) as writer:
+        for batch in table:
+            writer.write_batch(batch)
+
+
+def _progress(enabled: bool):
+    """A callback drawing the running phase: tqdm where installed (notebooks
+    and terminals), else a line on stderr; ``None`` when disabled."""
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        tqdm = None
+    bars: dict[str, Any] = {}
+
+    def draw(phase: str, done: int, total: int, status: str) -> None:
+        if tqdm is not None:
+            bar = bars.get(phase)
+            if bar is None:
+                for old in bars.values():
+                    old.close()
+                bars.clear()
+                bar = bars[phase] = tqdm(total=total or None, desc=phase, leave=False)
+            bar.update(done - bar.n)
+            if status:
+                bar.set_postfix_str(status, refresh=False)
+            if total and done >= total:
+                bar.close()
+        else:
+            end = "\n" if total and done >= total else "\r"
+            print(f"hubnorm: {phase} {done}/{total} {status}", end=end, file=sys.stderr, flush=True)
+
+    return draw
+
+
+@dataclass
+class Run:
+    """What :func:`run` made: the CLI's three outputs, kept in ``directory``
+    (a temporary one unless ``out=`` was given)."""
+
+    directory: str
+    summary: dict[str, Any]
+    _temporary: bool = field(default=False, repr=False)
+
+    @property
+    def results(self) -> pa.Table:
+        """The top-k lists: ``method, query_id, rank, gallery_id, score, raw_score``."""
+        return pq.read_table(os.path.join(self.directory, "results.parquet"))
+
+    @property
+    def gallery_stats(self) -> pa.Table:
+        """Per gallery item, each method's statistics (``gallery_stats.parquet``)."""
+        return pq.read_table(os.path.join(self.directory, "gallery_stats.parquet"))
+
+    def write(self, directory: str | os.PathLike, overwrite: bool = False) -> str:
+        """Copies the three files into ``directory`` (created if missing),
+        byte for byte as the CLI writes them; refuses to replace existing
+        files unless ``overwrite``."""
+        directory = os.fspath(directory)
+        os.makedirs(directory, exist_ok=True)
+        for name in RUN_OUTPUTS:
+            target = os.path.join(directory, name)
+            if os.path.exists(target) and not overwrite:
+                raise UsageError(f"{target} already exists (pass overwrite=True to replace it)")
+        for name in RUN_OUTPUTS:
+            shutil.copyfile(os.path.join(self.directory, name), os.path.join(directory, name))
+        return directory
+
+    def __del__(self) -> None:
+        if self._temporary:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _names(methods: str | Iterable[str]) -> list[str]:
+    if isinstance(methods, str):
+        return [m.strip() for m in methods.split(",") if m.strip()]
+    return list(methods)
+
+
+def run(
+    queries: Any,
+    gallery: Any,
+    bank: Any = None,
+    *,
+    gallery_bank: Any = None,
+    methods: str | Sequence[str] = ("is",),
+    k: int = 10,
+    transductive: bool = False,
+    out: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    memory_limit: str = "2GiB",
+    threads: int = 0,
+    normalize: bool = True,
+    tolerance: float | None = None,
+    bank_sample: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    **params: float,
+) -> Run:
+    """Both passes, as ``hubnorm run``: statistics of ``bank`` (and
+    ``gallery_bank`` for the dual-bank methods) over ``gallery``, then the
+    corrected top-``k`` lists of ``queries`` for every method in
+    ``methods`` (names as in :func:`methods`; ``"none"`` is the plain inner
+    product).
+
+    ``out``: write the three files there (as the CLI; refused if they exist
+    unless ``overwrite``); by default they go to a temporary directory that
+    lives as long as the returned :class:`Run`. ``transductive=True`` uses
+    the queries themselves as the bank (``is``, ``sn``, ``dsl``,
+    ``sinkhorn-pp``; it peeks at the test set). ``memory_limit`` bounds the
+    job's memory ("2GiB", "512MiB"); ``threads=0`` uses every core;
+    ``normalize=False`` ranks by raw dot products instead of cosine;
+    ``tolerance`` stops ``sn``/``dbsn`` early; ``bank_sample`` uses that
+    many bank rows drawn with ``seed``. ``**params`` set method
+    parameters by the CLI's flag names (``beta=20``, ``nnn_k=128``).
+    """
+    temporary = out is None
+    directory = tempfile.mkdtemp(prefix="hubnorm-run-") if temporary else os.fspath(out)
+    try:
+        with _Inputs() as inputs:
+            summary = _hubnorm.run(
+                inputs.path(queries, "queries"),
+                inputs.path(gallery, "gallery"),
+                inputs.path(bank, "bank"),
+                inputs.path(gallery_bank, "gallery_bank"),
+                _names(methods),
+                params,
+                k,
+                transductive,
+                directory,
+                overwrite or temporary,
+                memory_limit,
+                threads,
+                normalize,
+                tolerance,
+                bank_sample,
+                seed,
+                _progress(progress),
+            )
+    except BaseException:
+        if temporary:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return Run(directory, json.loads(summary), temporary)
+
+
+def stats(
+    gallery: Any,
+    bank: Any,
+    *,
+    out: str | os.PathLike,
+    gallery_bank: Any = None,
+    methods: str | Sequence[str] = ("is",),
+    overwrite: bool = False,
+    memory_limit: str = "2GiB",
+    threads: int = 0,
+    normalize: bool = True,
+    tolerance: float | None = None,
+    bank_sample: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    **params: float,
+) -> pa.Table:
+    """Pass 1, as ``hubnorm stats``: each gallery item's statistics for
+    ``methods`` over ``bank``, written to ``out`` (``gallery_stats.parquet``)
+    and returned as a table. Arguments as for :func:`run`."""
+    with _Inputs() as inputs:
+        path = _hubnorm.stats(
+            inputs.path(gallery, "gallery"),
+            inputs.path(bank, "bank"),
+            inputs.path(gallery_bank, "gallery_bank"),
+            _names(methods),
+            params,
+            os.fspath(out),
+            overwrite,
+            memory_limit,
+            threads,
+            normalize,
+            tolerance,
+            bank_sample,
+            seed,
+            _progress(progress),
+        )
+    return pq.read_table(path)
+
+
+def search(
+    queries: Any,
+    gallery: Any,
+    *,
+    out: str | os.PathLike,
+    stats: str | os.PathLike | None = None,
+    methods: str | Sequence[str] = ("is",),
+    k: int = 10,
+    overwrite: bool = False,
+    memory_limit: str = "2GiB",
+    threads: int = 0,
+    normalize: bool = True,
+    progress: bool = True,
+    **params: float,
+) -> tuple[pa.Table, dict[str, Any]]:
+    """Pass 2, as ``hubnorm search``: the corrected top-``k`` lists of
+    ``queries`` with the statistics of the file ``stats`` (from
+    :func:`stats`; none for ``methods=["none"]``), written to ``out``
+    (``results.parquet``). Returns the results and the summary (hubness
+    and, with ground truth, recall figures)."""
+    with _Inputs() as inputs:
+        summary = _hubnorm.search(
+            inputs.path(queries, "queries"),
+            inputs.path(gallery, "gallery"),
+            None if stats is None else os.fspath(stats),
+            _names(methods),
+            params,
+            k,
+            os.fspath(out),
+            overwrite,
+            memory_limit,
+            threads,
+            normalize,
+            _progress(progress),
+        )
+    return pq.read_table(os.fspath(out)), json.loads(summary)

@@ -1,0 +1,395 @@
+//! `hubnorm._hubnorm`: the Rust side of the Python package. Each function
+//! runs one hubnorm job (the library's `pipeline`, as the command-line tool
+//! does) on a worker thread while the calling thread, with the GIL released,
+//! waits for it, reports progress and checks for Ctrl-C; the public,
+//! documented API is the Python package around it (`hubnorm/__init__.py`).
+
+use std::path::PathBuf;
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use hubnorm::error::{HubnormError, Location};
+use hubnorm::options::{
+    BankSample, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, ReadOptions,
+};
+use hubnorm::pipeline::{self, RunJob, SearchJob, StatsJob};
+use hubnorm::progress::Progress;
+use pyo3::exceptions::{PyKeyboardInterrupt, PyOSError, PyRuntimeError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// How often the waiting thread looks for Ctrl-C and draws progress.
+const POLL: Duration = Duration::from_millis(100);
+
+/// Progress of the running job, written by the worker and read by the
+/// waiting thread (which alone may call into Python).
+#[derive(Default)]
+struct Shared {
+    state: Mutex<ProgressState>,
+}
+
+#[derive(Default, Clone)]
+struct ProgressState {
+    phase: String,
+    done: u64,
+    total: u64,
+    status: String,
+}
+
+impl Progress for Shared {
+    fn start(&self, phase: &str, total: u64) {
+        let mut state = self.state.lock().expect("progress lock");
+        *state = ProgressState {
+            phase: phase.to_owned(),
+            total,
+            ..ProgressState::default()
+        };
+    }
+    fn advance(&self, n: u64) {
+        self.state.lock().expect("progress lock").done += n;
+    }
+    fn status(&self, text: &str) {
+        self.state.lock().expect("progress lock").status = text.to_owned();
+    }
+    fn finish(&self) {
+        let mut state = self.state.lock().expect("progress lock");
+        state.done = state.total;
+    }
+}
+
+/// Whether the worker has finished, with the condition the waiting thread
+/// sleeps on (both `Sync`: the wait runs without the GIL, on the caller's
+/// thread, so that Ctrl-C reaches it there).
+#[derive(Default)]
+struct Done {
+    finished: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Done {
+    fn set(&self) {
+        *self.finished.lock().expect("done lock") = true;
+        self.wake.notify_all();
+    }
+
+    /// Waits up to `timeout`; whether the worker has finished.
+    fn wait(&self, timeout: Duration) -> bool {
+        let finished = self.finished.lock().expect("done lock");
+        let (finished, _) = self
+            .wake
+            .wait_timeout_while(finished, timeout, |finished| !*finished)
+            .expect("done lock");
+        *finished
+    }
+}
+
+/// Runs `job` on a worker thread; meanwhile, with the GIL released, waits
+/// for it, hands progress to `on_progress(phase, done, total, status)`
+/// and, on Ctrl-C (a pending signal), asks the job to stop, waits for it
+/// to unwind (nothing is committed) and raises `KeyboardInterrupt`.
+///
+/// The stop request is process-wide (`hubnorm::cancel`): Ctrl-C stops
+/// every job running in the process, as it stops the CLI.
+fn run_job<T: Send>(
+    py: Python<'_>,
+    on_progress: Option<&Bound<'_, PyAny>>,
+    job: impl FnOnce(&dyn Progress) -> hubnorm::Result<T> + Send,
+) -> PyResult<T> {
+    let shared = Shared::default();
+    let done = Done::default();
+    std::thread::scope(|scope| {
+        let worker = {
+            let (shared, done) = (&shared, &done);
+            scope.spawn(move || {
+                let outcome = job(shared);
+                done.set();
+                outcome
+            })
+        };
+        let mut drawn = None;
+        loop {
+            let finished = py.detach(|| done.wait(POLL));
+            // Ctrl-C, or an exception from the progress callback (Ctrl-C
+            // can land there too): stop the job and raise it.
+            let mut step = || -> PyResult<()> {
+                if let Some(callback) = on_progress {
+                    let state = shared.state.lock().expect("progress lock").clone();
+                    let key = (
+                        state.phase.clone(),
+                        state.done,
+                        state.total,
+                        state.status.clone(),
+                    );
+                    if drawn.as_ref() != Some(&key) && !state.phase.is_empty() {
+                        callback.call1((state.phase, state.done, state.total, state.status))?;
+                        drawn = Some(key);
+                    }
+                }
+                py.check_signals()
+            };
+            if let Err(raised) = step() {
+                hubnorm::cancel::request();
+                let _ = py.detach(|| worker.join());
+                hubnorm::cancel::reset();
+                return Err(raised);
+            }
+            if finished {
+                break;
+            }
+        }
+        let outcome = py.detach(|| worker.join()).map_err(|_| {
+            PyRuntimeError::new_err("hubnorm: internal error: the worker thread panicked")
+        })?;
+        outcome.map_err(|e| to_python(py, e))
+    })
+}
+
+/// The Python exception for a hubnorm error: the classes of
+/// `hubnorm._errors`, with the CLI's message.
+fn to_python(py: Python<'_>, error: HubnormError) -> PyErr {
+    let message = error.to_string();
+    let raise = |class: &str, extra: Option<&Location>| -> PyResult<PyErr> {
+        let module = py.import("hubnorm._errors")?;
+        let class = module.getattr(class)?;
+        let kwargs = PyDict::new(py);
+        if let Some(location) = extra {
+            kwargs.set_item("file", location.file.display().to_string())?;
+            kwargs.set_item("row", location.row)?;
+            kwargs.set_item("column", location.column.clone())?;
+        }
+        let value = class.call((message.clone(),), Some(&kwargs))?;
+        Ok(PyErr::from_value(value))
+    };
+    let made = match &error {
+        HubnormError::Input { location, .. } => raise("InputError", Some(location)),
+        HubnormError::Usage(_) => raise("UsageError", None),
+        HubnormError::Budget(_) => raise("MemoryLimitError", None),
+        HubnormError::Interrupted(_) => Ok(PyKeyboardInterrupt::new_err(message.clone())),
+        HubnormError::Io { .. } => Ok(PyOSError::new_err(message.clone())),
+        _ => raise("HubnormError", None),
+    };
+    made.unwrap_or_else(|e| e)
+}
+
+/// Parameter flags (`beta`, `ka`, `nnn_k`, …: the CLI's flags with `_` for
+/// `-`) with their values.
+fn method_params(params: &Bound<'_, PyDict>) -> PyResult<MethodParams> {
+    let flags = MethodParams::flags();
+    let mut out = MethodParams::default();
+    for (name, value) in params.iter() {
+        let name: String = name.extract()?;
+        let flag = name.replace('_', "-");
+        let parameter = flags.iter().find(|p| p.flag == flag).ok_or_else(|| {
+            let known: Vec<String> = flags.iter().map(|p| p.flag.replace('-', "_")).collect();
+            usage(
+                params.py(),
+                format!(
+                    "no method takes a parameter {name}; the parameters are {}",
+                    known.join(", ")
+                ),
+            )
+        })?;
+        out.set(parameter.flag, value.extract::<f64>()?);
+    }
+    Ok(out)
+}
+
+fn usage(py: Python<'_>, message: String) -> PyErr {
+    to_python(py, HubnormError::Usage(message))
+}
+
+/// The methods named, with the parameters (every method takes those it has).
+fn method_specs(
+    py: Python<'_>,
+    names: Vec<String>,
+    params: &Bound<'_, PyDict>,
+) -> PyResult<Vec<MethodSpec>> {
+    let params = method_params(params)?;
+    names
+        .iter()
+        .map(|name| {
+            let kind: MethodKind = name.parse().map_err(|e| to_python(py, e))?;
+            Ok(MethodSpec::from_kind(kind, &params))
+        })
+        .collect()
+}
+
+/// The pass options shared by every job.
+fn pass_options(
+    py: Python<'_>,
+    memory_limit: &str,
+    threads: usize,
+    normalize: bool,
+    tolerance: Option<f64>,
+) -> PyResult<PassOptions> {
+    let memory: MemoryBudget = memory_limit.parse().map_err(|e| to_python(py, e))?;
+    Ok(PassOptions {
+        memory,
+        threads,
+        sinkhorn_tolerance: tolerance,
+        read: ReadOptions {
+            normalize,
+            ..ReadOptions::default()
+        },
+        ..PassOptions::default()
+    })
+}
+
+fn bank_sample(rows: Option<u64>, seed: u64) -> Option<BankSample> {
+    rows.map(|rows| BankSample { rows, seed })
+}
+
+/// `hubnorm run`: both passes into `out_dir`; returns summary.json's text.
+#[pyfunction]
+#[pyo3(signature = (queries, gallery, bank, gallery_bank, methods, params, k, transductive,
+    out_dir, overwrite, memory_limit, threads, normalize, tolerance, sample_rows, seed,
+    on_progress))]
+#[allow(clippy::too_many_arguments)]
+fn run(
+    py: Python<'_>,
+    queries: String,
+    gallery: String,
+    bank: Option<String>,
+    gallery_bank: Option<String>,
+    methods: Vec<String>,
+    params: &Bound<'_, PyDict>,
+    k: usize,
+    transductive: bool,
+    out_dir: PathBuf,
+    overwrite: bool,
+    memory_limit: &str,
+    threads: usize,
+    normalize: bool,
+    tolerance: Option<f64>,
+    sample_rows: Option<u64>,
+    seed: u64,
+    on_progress: Option<&Bound<'_, PyAny>>,
+) -> PyResult<String> {
+    let job = RunJob {
+        queries,
+        gallery,
+        bank: bank.unwrap_or_default(),
+        gallery_bank,
+        bank_sample: bank_sample(sample_rows, seed),
+        transductive,
+        methods: method_specs(py, methods, params)?,
+        k,
+        out_dir: out_dir.clone(),
+        overwrite,
+        options: pass_options(py, memory_limit, threads, normalize, tolerance)?,
+        cluster: None,
+    };
+    run_job(py, on_progress, |progress| pipeline::run(&job, progress))?;
+    std::fs::read_to_string(out_dir.join("summary.json"))
+        .map_err(|e| PyOSError::new_err(format!("{}: {e}", out_dir.display())))
+}
+
+/// `hubnorm stats`: pass 1 into `out`; returns the path written.
+#[pyfunction]
+#[pyo3(signature = (gallery, bank, gallery_bank, methods, params, out, overwrite,
+    memory_limit, threads, normalize, tolerance, sample_rows, seed, on_progress))]
+#[allow(clippy::too_many_arguments)]
+fn stats(
+    py: Python<'_>,
+    gallery: String,
+    bank: String,
+    gallery_bank: Option<String>,
+    methods: Vec<String>,
+    params: &Bound<'_, PyDict>,
+    out: PathBuf,
+    overwrite: bool,
+    memory_limit: &str,
+    threads: usize,
+    normalize: bool,
+    tolerance: Option<f64>,
+    sample_rows: Option<u64>,
+    seed: u64,
+    on_progress: Option<&Bound<'_, PyAny>>,
+) -> PyResult<String> {
+    let job = StatsJob {
+        gallery,
+        bank,
+        gallery_bank,
+        bank_sample: bank_sample(sample_rows, seed),
+        methods: method_specs(py, methods, params)?,
+        out,
+        overwrite,
+        options: pass_options(py, memory_limit, threads, normalize, tolerance)?,
+        // A checkpoint is for a long run that a user resumes by hand.
+        checkpoint: hubnorm::checkpoint::CheckpointOptions {
+            interval: None,
+            resume: false,
+        },
+    };
+    let outcome = run_job(py, on_progress, |progress| {
+        pipeline::run_stats(&job, progress)
+    })?;
+    Ok(outcome.path.display().to_string())
+}
+
+/// `hubnorm search`: pass 2 into `out`; returns the summary as JSON.
+#[pyfunction]
+#[pyo3(signature = (queries, gallery, stats, methods, params, k, out, overwrite,
+    memory_limit, threads, normalize, on_progress))]
+#[allow(clippy::too_many_arguments)]
+fn search(
+    py: Python<'_>,
+    queries: String,
+    gallery: String,
+    stats: Option<PathBuf>,
+    methods: Vec<String>,
+    params: &Bound<'_, PyDict>,
+    k: usize,
+    out: PathBuf,
+    overwrite: bool,
+    memory_limit: &str,
+    threads: usize,
+    normalize: bool,
+    on_progress: Option<&Bound<'_, PyAny>>,
+) -> PyResult<String> {
+    let job = SearchJob {
+        queries,
+        gallery,
+        stats,
+        methods: method_specs(py, methods, params)?,
+        k,
+        out,
+        overwrite,
+        options: pass_options(py, memory_limit, threads, normalize, None)?,
+    };
+    let summary = run_job(py, on_progress, |progress| {
+        pipeline::run_search(&job, progress)
+    })?;
+    serde_json::to_string(&summary).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+}
+
+/// The registry: each method's name, summary and parameters (flag, default,
+/// help), for the package's docstrings.
+#[pyfunction]
+fn methods(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
+    hubnorm::method::REGISTRY
+        .iter()
+        .map(|m| {
+            let entry = PyDict::new(py);
+            entry.set_item("name", m.name())?;
+            entry.set_item("summary", m.summary())?;
+            let parameters: Vec<(String, f64, &str)> = m
+                .parameters()
+                .iter()
+                .map(|p| (p.flag.replace('-', "_"), p.default, p.help))
+                .collect();
+            entry.set_item("parameters", parameters)?;
+            Ok(entry)
+        })
+        .collect()
+}
+
+#[pymodule]
+fn _hubnorm(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(run, m)?)?;
+    m.add_function(wrap_pyfunction!(stats, m)?)?;
+    m.add_function(wrap_pyfunction!(search, m)?)?;
+    m.add_function(wrap_pyfunction!(methods, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

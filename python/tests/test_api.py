@@ -1,0 +1,259 @@
+"""The Python package against the CLI on data-samples/: the same files byte
+for byte where files are written, the same tables otherwise; inputs as paths,
+pyarrow tables and readers, numpy arrays, pandas and polars frames; the
+error types; progress; Ctrl-C in a child interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import hubnorm
+
+METHODS = "is,dis,nnn,csls,gc,dn,dual-is,dual-dis"
+
+
+def bytes_of(path: Path) -> bytes:
+    return Path(path).read_bytes()
+
+
+def sample(samples: Path, name: str) -> str:
+    return str(samples / f"{name}.parquet")
+
+
+def test_run_writes_the_cli_files(cli, samples, tmp_path):
+    cli("run", "--queries", sample(samples, "queries"), "--gallery", sample(samples, "gallery"),
+        "--bank", sample(samples, "bank"), "--gallery-bank", sample(samples, "gallery_bank"),
+        "--methods", METHODS, "--k", "10", "--beta", "25", "--out", str(tmp_path / "cli"))
+    run = hubnorm.run(sample(samples, "queries"), sample(samples, "gallery"), sample(samples, "bank"),
+                      gallery_bank=sample(samples, "gallery_bank"), methods=METHODS, k=10, beta=25,
+                      out=tmp_path / "py", progress=False)
+    for name in hubnorm.RUN_OUTPUTS:
+        assert bytes_of(tmp_path / "py" / name) == bytes_of(tmp_path / "cli" / name), name
+    summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    assert run.summary == summary
+    names = ["none"] + METHODS.split(",")
+    assert [m["method"] for m in run.summary["methods"]] == names
+    assert run.summary["methods"][1]["parameters"]["beta"] == 25
+    assert run.results.num_rows == 600 * len(names) * 10
+    assert run.gallery_stats.num_rows == 600
+    # A run without out= keeps its files in a temporary directory; write()
+    # copies them, byte for byte, and refuses to replace them.
+    again = hubnorm.run(sample(samples, "queries"), sample(samples, "gallery"),
+                        sample(samples, "bank"), gallery_bank=sample(samples, "gallery_bank"),
+                        methods=METHODS, k=10, beta=25, progress=False)
+    written = again.write(tmp_path / "copy")
+    for name in hubnorm.RUN_OUTPUTS:
+        assert bytes_of(Path(written) / name) == bytes_of(tmp_path / "cli" / name), name
+    with pytest.raises(hubnorm.UsageError, match="already exists"):
+        again.write(tmp_path / "copy")
+    directory = again.directory
+    del again
+    assert not os.path.exists(directory)
+
+
+def test_stats_and_search_write_the_cli_files(cli, samples, tmp_path):
+    cli("stats", "--gallery", sample(samples, "gallery"), "--bank", sample(samples, "bank"),
+        "--methods", "is,nnn", "--out", str(tmp_path / "cli_stats.parquet"), "--quiet")
+    cli("search", "--queries", sample(samples, "queries"), "--gallery", sample(samples, "gallery"),
+        "--stats", str(tmp_path / "cli_stats.parquet"), "--methods", "is,nnn", "--k", "5",
+        "--out", str(tmp_path / "cli_results.parquet"), "--quiet")
+    table = hubnorm.stats(sample(samples, "gallery"), sample(samples, "bank"), methods=["is", "nnn"],
+                          out=tmp_path / "py_stats.parquet", progress=False)
+    assert bytes_of(tmp_path / "py_stats.parquet") == bytes_of(tmp_path / "cli_stats.parquet")
+    assert table.equals(pq.read_table(tmp_path / "cli_stats.parquet"))
+    # The results record the stats file's path: the same file for both.
+    results, summary = hubnorm.search(sample(samples, "queries"), sample(samples, "gallery"),
+                                      stats=tmp_path / "cli_stats.parquet", methods="is,nnn", k=5,
+                                      out=tmp_path / "py_results.parquet", progress=False)
+    assert bytes_of(tmp_path / "py_results.parquet") == bytes_of(tmp_path / "cli_results.parquet")
+    assert results.num_rows == 600 * 2 * 5
+    assert [m["method"] for m in summary["methods"]] == ["is", "nnn"]
+    # The figures the CLI prints: skew(N10), R@1 and MRR per method.
+    printed = cli("search", "--queries", sample(samples, "queries"), "--gallery",
+                  sample(samples, "gallery"), "--stats", str(tmp_path / "cli_stats.parquet"),
+                  "--methods", "is,nnn", "--k", "5", "--out", str(tmp_path / "again.parquet")).stdout
+    rows = [line.split() for line in printed.splitlines() if line.startswith(("is ", "nnn "))]
+    for row, method in zip(rows, summary["methods"]):
+        assert row[2] == f"{method['k_occurrence_skewness']:.3f}", (row, method)
+        assert row[3] == f"{100 * method['R@1']:.2f}", (row, method)
+        assert row[-1] == f"{method['MRR']:.4f}", (row, method)
+    assert len(rows) == 2
+
+
+def in_memory_forms(path: str):
+    """The table at `path` as every in-memory input the package takes."""
+    table = pq.read_table(path)
+    yield "pyarrow.Table", table
+    yield "RecordBatchReader", pa.RecordBatchReader.from_batches(table.schema, table.to_batches(100))
+    yield "pandas", pytest.importorskip("pandas").DataFrame(table.to_pandas())
+    yield "polars", pytest.importorskip("polars").from_arrow(table)
+
+
+def results_rows(table: pa.Table) -> pa.Table:
+    return table.replace_schema_metadata(None)
+
+
+def test_in_memory_inputs_give_the_path_results(samples):
+    kwargs = dict(methods="is,nnn", k=5, progress=False)
+    by_path = hubnorm.run(sample(samples, "queries"), sample(samples, "gallery"),
+                          sample(samples, "bank"), **kwargs)
+    expected = results_rows(by_path.results)
+    for label, gallery in in_memory_forms(sample(samples, "gallery")):
+        run = hubnorm.run(sample(samples, "queries"), gallery, sample(samples, "bank"), **kwargs)
+        assert results_rows(run.results).equals(expected), label
+        assert run.summary["methods"] == by_path.summary["methods"], label
+    # numpy arrays: ids 0..n-1 unless given, ground truth through embeddings().
+    queries = pq.read_table(sample(samples, "queries"))
+    gallery = pq.read_table(sample(samples, "gallery"))
+    bank = pq.read_table(sample(samples, "bank"))
+    matrix = lambda t: np.stack(t.column("embedding").to_numpy(zero_copy_only=False))
+    q = hubnorm.embeddings(matrix(queries), ids=queries.column("id"),
+                           targets=queries.column("target_id"))
+    g = hubnorm.embeddings(matrix(gallery), ids=gallery.column("id"))
+    run = hubnorm.run(q, g, matrix(bank), **kwargs)
+    assert results_rows(run.results).equals(expected)
+    assert run.summary["methods"] == by_path.summary["methods"]
+
+
+def test_embeddings_wrap_a_contiguous_array_without_a_copy():
+    a = np.random.default_rng(1).standard_normal((50, 8)).astype(np.float32)
+    table = hubnorm.embeddings(a)
+    values = table.column("embedding").chunk(0).values
+    assert values.buffers()[1].address == a.ctypes.data
+    assert table.column("id").to_pylist() == list(range(50))
+    with pytest.raises(hubnorm.UsageError, match="2-D float"):
+        hubnorm.embeddings(np.zeros(5))
+
+
+def test_errors_carry_the_cli_facts(samples, tmp_path):
+    # A ragged embedding: file, row and column of the bad value.
+    table = pq.read_table(sample(samples, "gallery"))
+    rows = table.column("embedding").to_pylist()
+    rows[7] = rows[7][:10]
+    bad = table.set_column(table.schema.get_field_index("embedding"), "embedding",
+                           pa.array(rows, pa.list_(pa.float32())))
+    bad_path = tmp_path / "bad_gallery.parquet"
+    pq.write_table(bad, bad_path)
+    with pytest.raises(hubnorm.InputError) as raised:
+        hubnorm.run(sample(samples, "queries"), bad_path, sample(samples, "bank"), progress=False,
+                    out=tmp_path / "out")
+    error = raised.value
+    assert error.file == str(bad_path)
+    assert error.row == 7 and error.column == "embedding", (error.row, error.column, str(error))
+    assert "bad_gallery.parquet" in str(error)
+    assert isinstance(error, hubnorm.HubnormError) and isinstance(error, ValueError)
+    assert not (tmp_path / "out" / "results.parquet").exists()
+    with pytest.raises(hubnorm.UsageError, match="unknown method|nope"):
+        hubnorm.run(sample(samples, "queries"), sample(samples, "gallery"), sample(samples, "bank"),
+                    methods="is,nope", progress=False)
+    with pytest.raises(hubnorm.UsageError, match="no method takes a parameter"):
+        hubnorm.run(sample(samples, "queries"), sample(samples, "gallery"), sample(samples, "bank"),
+                    bta=3, progress=False)
+    with pytest.raises(hubnorm.MemoryLimitError):
+        hubnorm.run(sample(samples, "queries"), sample(samples, "gallery"), sample(samples, "bank"),
+                    memory_limit="1MiB", progress=False)
+    with pytest.raises(FileNotFoundError if False else hubnorm.HubnormError):
+        hubnorm.run(tmp_path / "missing.parquet", sample(samples, "gallery"),
+                    sample(samples, "bank"), progress=False)
+
+
+def test_progress_is_drawn_unless_turned_off(samples, capfd):
+    hubnorm.run(sample(samples, "queries"), sample(samples, "gallery"), sample(samples, "bank"),
+                progress=False)
+    assert capfd.readouterr().err == ""
+    hubnorm.run(sample(samples, "queries"), sample(samples, "gallery"), sample(samples, "bank"),
+                progress=True)
+    assert "pass" in capfd.readouterr().err
+
+
+def test_help_explains_the_methods_and_parameters():
+    doc = hubnorm.run.__doc__
+    assert "methods" in doc and "memory_limit" in doc and "transductive" in doc
+    names = {m["name"] for m in hubnorm.methods()}
+    assert {"is", "nnn", "sn", "dbsn", "mp", "sinkhorn-pp"} <= names
+    beta = [p for m in hubnorm.methods() if m["name"] == "is" for p in m["parameters"]]
+    assert beta[0][0] == "beta" and beta[0][1] == 20.0
+
+
+def test_ctrl_c_stops_a_run_without_outputs(tmp_path):
+    """SIGINT to an interpreter inside a long run: KeyboardInterrupt, exit
+    status of an interrupted Python, and no output file."""
+    script = textwrap.dedent(f"""
+        import sys, numpy as np, hubnorm
+        rng = np.random.default_rng(3)
+        gallery = hubnorm.embeddings(rng.standard_normal((20000, 128), dtype=np.float32))
+        bank = hubnorm.embeddings(rng.standard_normal((20000, 128), dtype=np.float32))
+        queries = hubnorm.embeddings(rng.standard_normal((200, 128), dtype=np.float32))
+        print("started", flush=True)
+        try:
+            hubnorm.run(queries, gallery, bank, methods="sn", iterations=200,
+                        out={str(tmp_path / "out")!r}, progress=False)
+        except KeyboardInterrupt as e:
+            print("interrupted:", e, flush=True)
+            sys.exit(130)
+        print("finished", flush=True)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "started"
+    time.sleep(3)
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 130, (out, err)
+    assert "interrupted" in out, (out, err)
+    leftovers = list((tmp_path / "out").glob("*")) if (tmp_path / "out").exists() else []
+    assert not [p for p in leftovers if p.name in hubnorm.RUN_OUTPUTS], leftovers
+
+
+def test_a_path_larger_than_the_memory_limit_stays_within_it(tmp_path):
+    """A gallery file of 2.9× `memory_limit`, read by path: the child
+    interpreter's peak RSS grows by at most the limit plus 48 MiB (thread
+    stacks, the allocator's slack, the results' reading) over its RSS once
+    hubnorm is imported."""
+    limit_mib = 48
+    rng = np.random.default_rng(5)
+    dim = 384
+    paths = {}
+    for role, rows in (("gallery", 96_000), ("bank", 4_000), ("queries", 300)):
+        paths[role] = str(tmp_path / f"{role}.parquet")
+        schema = pa.schema([("id", pa.int64()), ("embedding", pa.list_(pa.float32(), dim))])
+        with pq.ParquetWriter(paths[role], schema) as writer:
+            for start in range(0, rows, 8_000):
+                n = min(8_000, rows - start)
+                values = pa.array(rng.standard_normal(n * dim, dtype=np.float32))
+                writer.write_table(pa.table({
+                    "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
+                    "embedding": pa.FixedSizeListArray.from_arrays(values, dim),
+                }, schema=schema))
+    gallery_mib = 96_000 * dim * 4 / 2**20
+    assert gallery_mib > 2.5 * limit_mib
+    script = textwrap.dedent(f"""
+        import resource, hubnorm
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        run = hubnorm.run({paths['queries']!r}, {paths['gallery']!r}, {paths['bank']!r},
+                          methods="is,nnn", k=10, memory_limit="{limit_mib}MiB", threads=2,
+                          progress=False)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print(base, peak, run.summary["gallery"])
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    base_kib, peak_kib, gallery = map(int, done.stdout.split())
+    assert gallery == 96_000
+    grown_mib = (peak_kib - base_kib) / 1024
+    assert grown_mib <= limit_mib + 48, (
+        f"peak RSS grew by {grown_mib:.0f} MiB for a {limit_mib} MiB limit "
+        f"(gallery {gallery_mib:.0f} MiB)")
