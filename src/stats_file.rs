@@ -11,7 +11,7 @@ use arrow::datatypes::{DataType, Float32Type, Float64Type};
 
 use crate::error::{HubnormError, Result};
 use crate::ids::{id_at, IdIndex};
-use crate::method::{ColumnKind, ColumnValues, MethodKind, MethodSpec};
+use crate::method::{ColumnKind, ColumnValues, MethodKind, MethodParams, MethodSpec};
 
 pub use crate::bank::driver::{
     stats_of_rows, stream_stats, write_stats, SinkhornReport, StatsInputs, StatsPlan, StatsSink,
@@ -58,6 +58,29 @@ pub(crate) fn file_metadata(path: &Path) -> Result<HashMap<String, String>> {
                 .collect()
         })
         .unwrap_or_default())
+}
+
+/// The methods `kinds` for a pass that reads a stats file recording
+/// `from_file`: with no parameter given (`params` empty), a method that
+/// needs a bank takes the statistic the file holds for it when it holds
+/// exactly one; otherwise each takes `params` and its defaults (as
+/// `hubnorm search --stats FILE --method is` without `--beta`).
+pub fn methods_for_stats_file(
+    kinds: &[MethodKind],
+    params: &MethodParams,
+    from_file: &[MethodSpec],
+) -> Vec<MethodSpec> {
+    kinds
+        .iter()
+        .map(|&kind| {
+            let candidates: Vec<&MethodSpec> =
+                from_file.iter().filter(|m| m.kind() == kind).collect();
+            match (kind.needs_bank(), params.is_empty(), candidates.as_slice()) {
+                (true, true, [only]) => **only,
+                _ => MethodSpec::from_kind(kind, params),
+            }
+        })
+        .collect()
 }
 
 /// The methods recorded in a `gallery_stats.parquet` file.

@@ -53,20 +53,29 @@ from ._errors import HubnormError, InputError, MemoryLimitError, UsageError
 
 __version__ = _hubnorm.__version__
 __all__ = [
+    "Comparison",
     "HubnormError",
     "InputError",
     "MemoryLimitError",
     "Run",
     "UsageError",
+    "compare",
     "embeddings",
+    "export",
     "methods",
+    "report",
     "run",
     "search",
     "stats",
+    "tune",
 ]
 
 #: The three files ``run`` writes, as the CLI names them.
 RUN_OUTPUTS = ("results.parquet", "gallery_stats.parquet", "summary.json")
+#: The files ``compare`` writes besides ``run``'s.
+COMPARE_OUTPUTS = ("compare.parquet", "compare.md", "report.parquet", "gallery_report.parquet")
+#: The files ``report`` writes.
+REPORT_OUTPUTS = ("report.parquet", "gallery_report.parquet")
 
 
 def methods() -> list[dict[str, Any]]:
@@ -189,6 +198,7 @@ class Run:
     directory: str
     summary: dict[str, Any]
     _temporary: bool = field(default=False, repr=False)
+    _files: tuple[str, ...] = field(default=RUN_OUTPUTS, repr=False)
 
     @property
     def results(self) -> pa.Table:
@@ -201,16 +211,16 @@ class Run:
         return pq.read_table(os.path.join(self.directory, "gallery_stats.parquet"))
 
     def write(self, directory: str | os.PathLike, overwrite: bool = False) -> str:
-        """Copies the three files into ``directory`` (created if missing),
+        """Copies the output files into ``directory`` (created if missing),
         byte for byte as the CLI writes them; refuses to replace existing
         files unless ``overwrite``."""
         directory = os.fspath(directory)
         os.makedirs(directory, exist_ok=True)
-        for name in RUN_OUTPUTS:
+        for name in self._files:
             target = os.path.join(directory, name)
             if os.path.exists(target) and not overwrite:
                 raise UsageError(f"{target} already exists (pass overwrite=True to replace it)")
-        for name in RUN_OUTPUTS:
+        for name in self._files:
             shutil.copyfile(os.path.join(self.directory, name), os.path.join(directory, name))
         return directory
 
@@ -368,3 +378,217 @@ def search(
             _progress(progress),
         )
     return pq.read_table(os.fspath(out)), json.loads(summary)
+
+
+@dataclass
+class Comparison(Run):
+    """What :func:`compare` made: a :class:`Run` of every method, with the
+    comparison (``compare.parquet``, ``compare.md``) and the reports."""
+
+    left_out: list[str] = field(default_factory=list)
+    html: str | None = None
+
+    @property
+    def table(self) -> pa.Table:
+        """One row per method: hubness measures and quality figures side by side."""
+        return pq.read_table(os.path.join(self.directory, "compare.parquet"))
+
+    @property
+    def report(self) -> pa.Table:
+        """Per method, the hubness and quality report (``report.parquet``)."""
+        return pq.read_table(os.path.join(self.directory, "report.parquet"))
+
+
+def compare(
+    queries: Any,
+    gallery: Any,
+    bank: Any = None,
+    *,
+    gallery_bank: Any = None,
+    methods: str | Sequence[str] | None = None,
+    k: int = 10,
+    hubness_k: int = 10,
+    transductive: bool = False,
+    out: str | os.PathLike | None = None,
+    html: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    memory_limit: str = "2GiB",
+    threads: int = 0,
+    normalize: bool = True,
+    tolerance: float | None = None,
+    bank_sample: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    **params: float,
+) -> Comparison:
+    """Every method side by side, as ``hubnorm compare``: a :func:`run` of
+    ``methods`` (by default every method the inputs allow, each with its
+    defaults; ``left_out`` says which were left out and why), with hubness
+    at ``hubness_k``, the comparison table and the reports; ``html`` also
+    writes the self-contained HTML page there. Other arguments as for
+    :func:`run`."""
+    temporary = out is None
+    directory = tempfile.mkdtemp(prefix="hubnorm-compare-") if temporary else os.fspath(out)
+    try:
+        with _Inputs() as inputs:
+            summary, left_out = _hubnorm.compare(
+                inputs.path(queries, "queries"),
+                inputs.path(gallery, "gallery"),
+                inputs.path(bank, "bank"),
+                inputs.path(gallery_bank, "gallery_bank"),
+                [] if methods is None else _names(methods),
+                params,
+                k,
+                hubness_k,
+                transductive,
+                directory,
+                None if html is None else os.fspath(html),
+                overwrite or temporary,
+                memory_limit,
+                threads,
+                normalize,
+                tolerance,
+                bank_sample,
+                seed,
+                _progress(progress),
+            )
+    except BaseException:
+        if temporary:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return Comparison(directory, json.loads(summary), temporary, RUN_OUTPUTS + COMPARE_OUTPUTS,
+                      left_out, None if html is None else os.fspath(html))
+
+
+def report(
+    results: Any,
+    gallery: Any,
+    *,
+    out: str | os.PathLike,
+    queries: Any = None,
+    stats: str | os.PathLike | None = None,
+    k: int = 10,
+    html: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    memory_limit: str = "2GiB",
+    threads: int = 0,
+    normalize: bool = True,
+    progress: bool = True,
+) -> pa.Table:
+    """Hubness (k-occurrence at ``k``) and, with ``queries`` that have
+    ground truth, quality of a results table, as ``hubnorm report``:
+    hubnorm's own or any table with ``query_id`` and ``gallery_id``
+    (``method`` and ``rank`` used when present). Writes ``report.parquet``
+    and ``gallery_report.parquet`` into ``out`` (and ``html``) and returns
+    the report table."""
+    with _Inputs() as inputs:
+        _hubnorm.report(
+            inputs.path(results, "results"),
+            inputs.path(gallery, "gallery"),
+            inputs.path(queries, "queries"),
+            None if stats is None else os.fspath(stats),
+            k,
+            os.fspath(out),
+            None if html is None else os.fspath(html),
+            overwrite,
+            memory_limit,
+            threads,
+            normalize,
+            _progress(progress),
+        )
+    return pq.read_table(os.path.join(os.fspath(out), "report.parquet"))
+
+
+def export(
+    gallery: Any,
+    stats: str | os.PathLike,
+    *,
+    out: str | os.PathLike,
+    method: str = "is",
+    overwrite: bool = False,
+    memory_limit: str = "2GiB",
+    threads: int = 0,
+    normalize: bool = True,
+    progress: bool = True,
+    **params: float,
+) -> pa.Table:
+    """The gallery for an inner-product vector index, as ``hubnorm export``:
+    every (normalised) vector with h(g) of ``method`` appended (d + 1
+    values), so that a normalised query vector with :data:`QUERY_SUFFIX`
+    (-1) appended ranks by the corrected score s(q, g) - h(g). ``method`` takes
+    the statistic ``stats`` holds for it (or ``**params``). Writes ``out``
+    and returns it as a table."""
+    with _Inputs() as inputs:
+        _hubnorm.export(
+            inputs.path(gallery, "gallery"),
+            os.fspath(stats),
+            method,
+            params,
+            os.fspath(out),
+            overwrite,
+            memory_limit,
+            threads,
+            normalize,
+            _progress(progress),
+        )
+    return pq.read_table(os.fspath(out))
+
+
+#: The value to append to every normalised query vector searched against
+#: :func:`export`'s vectors.
+QUERY_SUFFIX = -1.0
+
+
+def tune(
+    gallery: Any,
+    bank: Any,
+    *,
+    out: str | os.PathLike,
+    validation: Any = None,
+    validation_split: float | None = None,
+    validation_gallery: Any = None,
+    gallery_bank: Any = None,
+    methods: str | Sequence[str] = (),
+    grid: Sequence[str] = (),
+    metric: str = "r1",
+    seed: int = 0,
+    html: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    memory_limit: str = "2GiB",
+    threads: int = 0,
+    normalize: bool = True,
+    tolerance: float | None = None,
+    progress: bool = True,
+) -> tuple[pa.Table, dict[str, Any]]:
+    """Each method's parameters chosen on validation queries, as
+    ``hubnorm tune``: ``validation`` (queries with ground truth in the
+    gallery) or ``validation_split`` (that fraction of the bank, drawn with
+    ``seed``, searched in ``validation_gallery`` or the gallery). ``methods``
+    (default: every method with parameters the inputs allow), ``grid`` axes
+    as on the command line (``"beta=10,20,40"``, ``"nnn.k=64,128"``),
+    ``metric`` ``r1``/``r5``/``r10``/``mrr``. Writes ``tune.parquet`` and
+    ``tuned.json`` into ``out``; returns the grid and the chosen
+    configuration (usable as ``run(..., **params)`` or the CLI's
+    ``--config``)."""
+    with _Inputs() as inputs:
+        tuned = _hubnorm.tune(
+            inputs.path(gallery, "gallery"),
+            inputs.path(bank, "bank"),
+            inputs.path(gallery_bank, "gallery_bank"),
+            inputs.path(validation, "validation"),
+            validation_split,
+            inputs.path(validation_gallery, "validation_gallery"),
+            seed,
+            _names(methods),
+            list(grid),
+            metric,
+            os.fspath(out),
+            None if html is None else os.fspath(html),
+            overwrite,
+            memory_limit,
+            threads,
+            normalize,
+            tolerance,
+            _progress(progress),
+        )
+    return pq.read_table(os.path.join(os.fspath(out), "tune.parquet")), json.loads(tuned)

@@ -9,6 +9,8 @@ use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use hubnorm::error::{HubnormError, Location};
+use hubnorm::evaluate::{self, CompareJob, ReportJob};
+use hubnorm::export::ExportJob;
 use hubnorm::options::{
     BankSample, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, ReadOptions,
 };
@@ -198,6 +200,14 @@ fn usage(py: Python<'_>, message: String) -> PyErr {
     to_python(py, HubnormError::Usage(message))
 }
 
+/// The method kinds named.
+fn method_kinds(py: Python<'_>, names: &[String]) -> PyResult<Vec<MethodKind>> {
+    names
+        .iter()
+        .map(|name| name.parse().map_err(|e| to_python(py, e)))
+        .collect()
+}
+
 /// The methods named, with the parameters (every method takes those it has).
 fn method_specs(
     py: Python<'_>,
@@ -205,13 +215,10 @@ fn method_specs(
     params: &Bound<'_, PyDict>,
 ) -> PyResult<Vec<MethodSpec>> {
     let params = method_params(params)?;
-    names
-        .iter()
-        .map(|name| {
-            let kind: MethodKind = name.parse().map_err(|e| to_python(py, e))?;
-            Ok(MethodSpec::from_kind(kind, &params))
-        })
-        .collect()
+    Ok(method_kinds(py, &names)?
+        .into_iter()
+        .map(|kind| MethodSpec::from_kind(kind, &params))
+        .collect())
 }
 
 /// The pass options shared by every job.
@@ -347,11 +354,19 @@ fn search(
     normalize: bool,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<String> {
+    // Without parameters, each method takes the statistic the file holds.
+    let from_file = match &stats {
+        Some(path) => pipeline::stats_file_methods(path).map_err(|e| to_python(py, e))?,
+        None => Vec::new(),
+    };
+    let kinds = method_kinds(py, &methods)?;
+    let methods =
+        hubnorm::stats_file::methods_for_stats_file(&kinds, &method_params(params)?, &from_file);
     let job = SearchJob {
         queries,
         gallery,
         stats,
-        methods: method_specs(py, methods, params)?,
+        methods,
         k,
         out,
         overwrite,
@@ -361,6 +376,219 @@ fn search(
         pipeline::run_search(&job, progress)
     })?;
     serde_json::to_string(&summary).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+}
+
+/// `hubnorm compare`: a run of `methods` (every method the inputs allow
+/// when empty) into `out_dir` with the comparison files; returns the
+/// summary as JSON and the methods left out, with why.
+#[pyfunction]
+#[pyo3(signature = (queries, gallery, bank, gallery_bank, methods, params, k, hubness_k,
+    transductive, out_dir, html, overwrite, memory_limit, threads, normalize, tolerance,
+    sample_rows, seed, on_progress))]
+#[allow(clippy::too_many_arguments)]
+fn compare(
+    py: Python<'_>,
+    queries: String,
+    gallery: String,
+    bank: Option<String>,
+    gallery_bank: Option<String>,
+    methods: Vec<String>,
+    params: &Bound<'_, PyDict>,
+    k: usize,
+    hubness_k: usize,
+    transductive: bool,
+    out_dir: PathBuf,
+    html: Option<PathBuf>,
+    overwrite: bool,
+    memory_limit: &str,
+    threads: usize,
+    normalize: bool,
+    tolerance: Option<f64>,
+    sample_rows: Option<u64>,
+    seed: u64,
+    on_progress: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(String, Vec<String>)> {
+    if hubness_k == 0 {
+        return Err(usage(py, "hubness_k must be at least 1".into()));
+    }
+    let mut options = pass_options(py, memory_limit, threads, normalize, tolerance)?;
+    options.report.hubness_k = hubness_k;
+    let job = CompareJob {
+        run: RunJob {
+            queries,
+            gallery,
+            bank: bank.unwrap_or_default(),
+            gallery_bank,
+            bank_sample: bank_sample(sample_rows, seed),
+            transductive,
+            methods: method_specs(py, methods, params)?,
+            k,
+            out_dir,
+            overwrite,
+            options,
+            cluster: None,
+        },
+        text_column: "text".into(),
+        html,
+    };
+    let outcome = run_job(py, on_progress, |progress| {
+        evaluate::compare(&job, progress)
+    })?;
+    let summary = serde_json::to_string(&outcome.summary)
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    Ok((summary, outcome.left_out))
+}
+
+/// `hubnorm report`: hubness and quality of a results file (anyone's) into
+/// `out_dir`.
+#[pyfunction]
+#[pyo3(signature = (results, gallery, queries, stats, k, out_dir, html, overwrite,
+    memory_limit, threads, normalize, on_progress))]
+#[allow(clippy::too_many_arguments)]
+fn report(
+    py: Python<'_>,
+    results: PathBuf,
+    gallery: String,
+    queries: Option<String>,
+    stats: Option<PathBuf>,
+    k: usize,
+    out_dir: PathBuf,
+    html: Option<PathBuf>,
+    overwrite: bool,
+    memory_limit: &str,
+    threads: usize,
+    normalize: bool,
+    on_progress: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let mut options = pass_options(py, memory_limit, threads, normalize, None)?;
+    options.report.hubness_k = k;
+    let job = ReportJob {
+        results,
+        gallery,
+        queries,
+        stats,
+        k,
+        out_dir,
+        html,
+        text_column: "text".into(),
+        overwrite,
+        options,
+    };
+    run_job(py, on_progress, |progress| evaluate::report(&job, progress))?;
+    Ok(())
+}
+
+/// `hubnorm export`: the gallery with the method's h(g) appended to every
+/// vector, for an inner-product index; returns (rows, dimension).
+#[pyfunction]
+#[pyo3(signature = (gallery, stats, method, params, out, overwrite, memory_limit, threads,
+    normalize, on_progress))]
+#[allow(clippy::too_many_arguments)]
+fn export(
+    py: Python<'_>,
+    gallery: String,
+    stats: PathBuf,
+    method: String,
+    params: &Bound<'_, PyDict>,
+    out: PathBuf,
+    overwrite: bool,
+    memory_limit: &str,
+    threads: usize,
+    normalize: bool,
+    on_progress: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(u64, usize)> {
+    let from_file = pipeline::stats_file_methods(&stats).map_err(|e| to_python(py, e))?;
+    let kinds = method_kinds(py, &[method])?;
+    let [method] = hubnorm::stats_file::methods_for_stats_file(
+        &kinds,
+        &method_params(params)?,
+        &from_file,
+    )[..] else {
+        unreachable!("one kind, one method");
+    };
+    let job = ExportJob {
+        gallery,
+        stats,
+        method,
+        out,
+        overwrite,
+        options: pass_options(py, memory_limit, threads, normalize, None)?,
+    };
+    let summary = run_job(py, on_progress, |progress| {
+        hubnorm::export::export(&job, progress)
+    })?;
+    Ok((summary.rows, summary.dim))
+}
+
+/// `hubnorm tune`: each method's parameters chosen on validation queries
+/// (`validation`, a table with ground truth; or `validation_split` of the
+/// bank); writes `tune.parquet` and `tuned.json` into `out_dir` and returns
+/// tuned.json's text.
+#[pyfunction]
+#[pyo3(signature = (gallery, bank, gallery_bank, validation, validation_split,
+    validation_gallery, seed, methods, grid, metric, out_dir, html, overwrite, memory_limit,
+    threads, normalize, tolerance, on_progress))]
+#[allow(clippy::too_many_arguments)]
+fn tune(
+    py: Python<'_>,
+    gallery: String,
+    bank: String,
+    gallery_bank: Option<String>,
+    validation: Option<String>,
+    validation_split: Option<f64>,
+    validation_gallery: Option<String>,
+    seed: u64,
+    methods: Vec<String>,
+    grid: Vec<String>,
+    metric: &str,
+    out_dir: PathBuf,
+    html: Option<PathBuf>,
+    overwrite: bool,
+    memory_limit: &str,
+    threads: usize,
+    normalize: bool,
+    tolerance: Option<f64>,
+    on_progress: Option<&Bound<'_, PyAny>>,
+) -> PyResult<String> {
+    use hubnorm::tune::{GridAxis, TuneJob, Validation};
+    let validation = match (validation, validation_split) {
+        (Some(queries), None) => Validation::Queries(queries),
+        (None, Some(fraction)) => Validation::SplitBank {
+            fraction,
+            seed,
+            gallery: validation_gallery,
+        },
+        _ => {
+            return Err(usage(
+                py,
+                "tune takes validation queries or a validation_split of the bank, one of them"
+                    .into(),
+            ))
+        }
+    };
+    let grid = grid
+        .iter()
+        .map(|axis| axis.parse::<GridAxis>())
+        .collect::<hubnorm::Result<Vec<_>>>()
+        .map_err(|e| to_python(py, e))?;
+    let job = TuneJob {
+        gallery,
+        bank,
+        gallery_bank,
+        validation,
+        methods: method_kinds(py, &methods)?,
+        grid,
+        metric: metric.parse().map_err(|e| to_python(py, e))?,
+        out_dir: out_dir.clone(),
+        html,
+        overwrite,
+        options: pass_options(py, memory_limit, threads, normalize, tolerance)?,
+    };
+    run_job(py, on_progress, |progress| {
+        hubnorm::tune::tune(&job, progress)
+    })?;
+    std::fs::read_to_string(out_dir.join("tuned.json"))
+        .map_err(|e| PyOSError::new_err(format!("{}: {e}", out_dir.display())))
 }
 
 /// The registry: each method's name, summary and parameters (flag, default,
@@ -389,6 +617,10 @@ fn _hubnorm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(stats, m)?)?;
     m.add_function(wrap_pyfunction!(search, m)?)?;
+    m.add_function(wrap_pyfunction!(compare, m)?)?;
+    m.add_function(wrap_pyfunction!(report, m)?)?;
+    m.add_function(wrap_pyfunction!(export, m)?)?;
+    m.add_function(wrap_pyfunction!(tune, m)?)?;
     m.add_function(wrap_pyfunction!(methods, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -257,3 +257,76 @@ def test_a_path_larger_than_the_memory_limit_stays_within_it(tmp_path):
     assert grown_mib <= limit_mib + 48, (
         f"peak RSS grew by {grown_mib:.0f} MiB for a {limit_mib} MiB limit "
         f"(gallery {gallery_mib:.0f} MiB)")
+
+
+def test_compare_report_and_export_write_the_cli_files(cli, samples, tmp_path):
+    q, g, b = (sample(samples, n) for n in ("queries", "gallery", "bank"))
+    cli("compare", "--queries", q, "--gallery", g, "--bank", b, "--methods", "is,nnn,csls",
+        "--k", "5", "--hubness-k", "5", "--out", str(tmp_path / "cli_compare"))
+    comparison = hubnorm.compare(q, g, b, methods="is,nnn,csls", k=5, hubness_k=5,
+                                 out=tmp_path / "py_compare", progress=False)
+    for name in hubnorm.RUN_OUTPUTS + hubnorm.COMPARE_OUTPUTS:
+        assert bytes_of(tmp_path / "py_compare" / name) == bytes_of(tmp_path / "cli_compare" / name), name
+    assert set(comparison.table["method"].to_pylist()) == {"none", "is", "nnn", "csls"}
+    assert comparison.report.num_rows > 0
+    # Without methods: every method the inputs allow, and why the others are left out.
+    everything = hubnorm.compare(q, g, b, k=5, progress=False)
+    assert "dual-is" in " ".join(everything.left_out), everything.left_out
+    assert len(everything.summary["methods"]) > 8
+
+    cli("report", "--results", str(tmp_path / "cli_compare" / "results.parquet"), "--gallery", g,
+        "--queries", q, "--k", "5", "--out", str(tmp_path / "cli_report"))
+    table = hubnorm.report(tmp_path / "cli_compare" / "results.parquet", g, queries=q, k=5,
+                           out=tmp_path / "py_report", progress=False)
+    for name in hubnorm.REPORT_OUTPUTS:
+        assert bytes_of(tmp_path / "py_report" / name) == bytes_of(tmp_path / "cli_report" / name), name
+    assert set(table["method"].to_pylist()) == {"none", "is", "nnn", "csls"}
+
+    stats = str(tmp_path / "cli_compare" / "gallery_stats.parquet")
+    cli("export", "--gallery", g, "--stats", stats, "--method", "nnn", "--out",
+        str(tmp_path / "cli_export.parquet"))
+    exported = hubnorm.export(g, stats, method="nnn", out=tmp_path / "py_export.parquet",
+                              progress=False)
+    assert bytes_of(tmp_path / "py_export.parquet") == bytes_of(tmp_path / "cli_export.parquet")
+    assert exported.num_rows == 600
+    assert exported.schema.field("embedding").type.list_size == 385
+
+
+def test_the_faiss_example_serves_hubnorms_lists(samples):
+    """examples/faiss_export.py: FAISS IndexFlatIP over `export` gives
+    hubnorm's own `search` lists."""
+    if os.environ.get("HUBNORM_REQUIRE_FAISS") != "1":  # .ci/run installs faiss-cpu
+        pytest.importorskip("faiss")
+    example = Path(__file__).resolve().parents[2] / "examples" / "faiss_export.py"
+    for method in ("is", "nnn"):
+        done = subprocess.run([sys.executable, str(example), str(samples), "--method", method],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "for all but 0" in done.stdout, done.stdout
+
+
+def test_tune_writes_the_cli_files(cli, samples, tmp_path):
+    g, b = sample(samples, "gallery"), sample(samples, "bank")
+    q = sample(samples, "queries")
+    cli("tune", "--gallery", g, "--bank", b, "--validation", q, "--methods", "is,nnn",
+        "--grid", "beta=10,30", "--out", str(tmp_path / "cli"))
+    grid, tuned = hubnorm.tune(g, b, validation=q, methods="is,nnn", grid=["beta=10,30"],
+                               out=tmp_path / "py", progress=False)
+    for name in ("tune.parquet", "tuned.json"):
+        assert bytes_of(tmp_path / "py" / name) == bytes_of(tmp_path / "cli" / name), name
+    assert grid.num_rows >= 3
+    assert {m["method"] for m in tuned["methods"]} >= {"is", "nnn"}
+    with pytest.raises(hubnorm.UsageError, match="one of them"):
+        hubnorm.tune(g, b, out=tmp_path / "none", progress=False)
+
+
+def test_the_notebook_example_runs(samples):
+    """examples/compare_methods.py, run as a script: every method compared,
+    the page written."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "compare_methods.py"
+    done = subprocess.run([sys.executable, str(example), str(samples)], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "skewness" in done.stdout and "dual-dis" in done.stdout, done.stdout
+    page = done.stdout.split("open ")[-1].split(" in a browser")[0]
+    assert os.path.getsize(page) > 10_000

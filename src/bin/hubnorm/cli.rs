@@ -696,27 +696,11 @@ impl MethodArgs {
         if self.config.is_some() {
             return self.specs(MethodKind::default());
         }
-        let params = self.params();
-        let mut methods = Vec::new();
-        for kind in self.kinds(MethodKind::default())? {
-            let explicit = MethodSpec::from_kind(kind, &params);
-            let candidates: Vec<MethodSpec> = from_file
-                .iter()
-                .filter(|m| m.kind() == kind)
-                .copied()
-                .collect();
-            methods.push(
-                match (
-                    kind.needs_bank(),
-                    self.any_parameter(),
-                    candidates.as_slice(),
-                ) {
-                    (true, false, [only]) => *only,
-                    _ => explicit,
-                },
-            );
-        }
-        Ok(methods)
+        Ok(hubnorm::stats_file::methods_for_stats_file(
+            &self.kinds(MethodKind::default())?,
+            &self.params(),
+            from_file,
+        ))
     }
 }
 
