@@ -62,10 +62,12 @@ __all__ = [
     "compare",
     "embeddings",
     "export",
+    "hubness",
     "methods",
     "report",
     "run",
     "search",
+    "sql",
     "stats",
     "tune",
 ]
@@ -592,3 +594,50 @@ def tune(
             _progress(progress),
         )
     return pq.read_table(os.path.join(os.fspath(out), "tune.parquet")), json.loads(tuned)
+
+
+def sql(
+    query: str,
+    tables: Mapping[str, Any] | None = None,
+    *,
+    run: str | os.PathLike | None = None,
+    memory_limit: str = "2GiB",
+    threads: int = 0,
+) -> pa.Table:
+    """The rows of the last statement of ``query`` (statements separated by
+    ``;``), as ``hubnorm sql``: DataFusion SQL with hubnorm's functions
+    installed (``hub_cosine``, ``hub_corrected_score``, ``hub_kocc``, the
+    table functions ``hubnorm_stats(...)`` and ``hubnorm_search(...)``, ...),
+    over ``tables`` (name to a path or an in-memory table) and the output
+    and input tables of the ``run`` directory.
+
+    The rows come back through a temporary Parquet file (one copy)."""
+    scratch = tempfile.mkdtemp(prefix="hubnorm-sql-")
+    try:
+        with _Inputs() as inputs:
+            named = [(name, inputs.path(table, name)) for name, table in (tables or {}).items()]
+            out = os.path.join(scratch, "rows.parquet")
+            _hubnorm.sql(query, named, None if run is None else os.fspath(run), out, memory_limit,
+                         threads, None)
+        return pq.read_table(out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def hubness(results: Any, gallery: Any, *, k: int = 10) -> dict[str, dict[str, float]]:
+    """Hubness of top-k lists: per method (``"results"`` when the table has
+    no ``method`` column), the k-occurrence measures at ``k`` (skewness,
+    hub occurrence, antihub rate, Gini, Robin Hood, ...). ``results`` is
+    hubnorm's results table or anyone's with ``query_id`` and
+    ``gallery_id`` (``rank`` used when present); ``gallery`` is needed
+    because items no list retrieved count too (antihubs). A shortcut of
+    :func:`report`."""
+    scratch = tempfile.mkdtemp(prefix="hubnorm-hubness-")
+    try:
+        table = report(results, gallery, out=os.path.join(scratch, "report"), k=k, progress=False)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    measures: dict[str, dict[str, float]] = {}
+    for row in table.to_pylist():
+        measures.setdefault(row["method"], {})[row["measure"]] = row["value"]
+    return measures

@@ -16,6 +16,7 @@ use hubnorm::options::{
 };
 use hubnorm::pipeline::{self, RunJob, SearchJob, StatsJob};
 use hubnorm::progress::Progress;
+use hubnorm::sql::{run_sql, OutputFormat, SqlJob, SqlOptions};
 use pyo3::exceptions::{PyKeyboardInterrupt, PyOSError, PyRuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -591,6 +592,43 @@ fn tune(
         .map_err(|e| PyOSError::new_err(format!("{}: {e}", out_dir.display())))
 }
 
+/// `hubnorm sql`: `sql` (statements separated by `;`) over `tables` (name,
+/// path) and the tables of `run_dir`, with hubnorm's functions installed;
+/// the last statement's rows go to the Parquet file `out`. Returns their
+/// number.
+#[pyfunction]
+#[pyo3(signature = (sql, tables, run_dir, out, memory_limit, threads, on_progress))]
+#[allow(clippy::too_many_arguments)]
+fn sql(
+    py: Python<'_>,
+    sql: String,
+    tables: Vec<(String, String)>,
+    run_dir: Option<PathBuf>,
+    out: PathBuf,
+    memory_limit: &str,
+    threads: usize,
+    on_progress: Option<&Bound<'_, PyAny>>,
+) -> PyResult<usize> {
+    let memory: MemoryBudget = memory_limit.parse().map_err(|e| to_python(py, e))?;
+    let job = SqlJob {
+        tables,
+        run_dir,
+        sql,
+        source: None,
+        format: OutputFormat::Parquet,
+        out: Some(out),
+        overwrite: true,
+        options: SqlOptions {
+            memory,
+            threads,
+            read: ReadOptions::default(),
+        },
+        cluster: None,
+    };
+    let outcome = run_job(py, on_progress, |_| run_sql(&job, &mut std::io::sink()))?;
+    Ok(outcome.rows)
+}
+
 /// The registry: each method's name, summary and parameters (flag, default,
 /// help), for the package's docstrings.
 #[pyfunction]
@@ -621,6 +659,7 @@ fn _hubnorm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(report, m)?)?;
     m.add_function(wrap_pyfunction!(export, m)?)?;
     m.add_function(wrap_pyfunction!(tune, m)?)?;
+    m.add_function(wrap_pyfunction!(sql, m)?)?;
     m.add_function(wrap_pyfunction!(methods, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -330,3 +330,34 @@ def test_the_notebook_example_runs(samples):
     assert "skewness" in done.stdout and "dual-dis" in done.stdout, done.stdout
     page = done.stdout.split("open ")[-1].split(" in a browser")[0]
     assert os.path.getsize(page) > 10_000
+
+
+def test_sql_returns_the_cli_rows(cli, samples, tmp_path):
+    query = ("SELECT g.id, hub_cosine(q.embedding, g.embedding) AS s FROM q JOIN g "
+             "ON hub_cosine(q.embedding, g.embedding) > 0.8 ORDER BY s DESC, g.id LIMIT 20")
+    q, g = sample(samples, "queries"), sample(samples, "gallery")
+    cli("sql", "--table", f"q={q}", "--table", f"g={g}", "--format", "parquet",
+        "--out", str(tmp_path / "cli.parquet"), query)
+    expected = pq.read_table(tmp_path / "cli.parquet")
+    rows = hubnorm.sql(query, {"q": q, "g": g})
+    assert rows.equals(expected)
+    assert rows.num_rows == 20
+    # In-memory tables, and a run directory's tables.
+    assert hubnorm.sql(query, {"q": pq.read_table(q), "g": g}).equals(expected)
+    run = hubnorm.run(q, g, sample(samples, "bank"), methods="is", k=3, progress=False)
+    counted = hubnorm.sql("SELECT method, count(*) AS n FROM results GROUP BY method ORDER BY method",
+                          run=run.directory)
+    assert counted.to_pylist() == [{"method": "is", "n": 1800}, {"method": "none", "n": 1800}]
+    with pytest.raises(hubnorm.HubnormError, match="nope"):
+        hubnorm.sql("SELECT * FROM nope")
+
+
+def test_hubness_of_a_results_table_is_the_summarys(samples):
+    q, g, b = (sample(samples, n) for n in ("queries", "gallery", "bank"))
+    run = hubnorm.run(q, g, b, methods="is,nnn", k=10, progress=False)
+    measures = hubnorm.hubness(run.results, g, k=10)
+    for method in run.summary["methods"]:
+        figures = measures[method["method"]]
+        hub = method["hubness"]
+        for name in ("skewness", "antihub_rate", "hub_occurrence", "gini", "robin_hood"):
+            assert figures[name] == pytest.approx(hub[name], rel=1e-12, abs=1e-12), (method["method"], name)
