@@ -136,6 +136,39 @@ class _Inputs:
         return path
 
 
+class _Outputs:
+    """The directory a run writes to: `out`, or a temporary one (removed
+    again if the run fails; else it lives as long as the returned object)."""
+
+    def __init__(self, out: str | os.PathLike | None, prefix: str) -> None:
+        self.temporary = out is None
+        self.directory = tempfile.mkdtemp(prefix=prefix) if self.temporary else os.fspath(out)
+
+    def __enter__(self) -> tuple[str, bool]:
+        return self.directory, self.temporary
+
+    def __exit__(self, kind: object, *exc: object) -> None:
+        if kind is not None and self.temporary:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _run_args(inputs: _Inputs, queries: Any, gallery: Any, bank: Any, gallery_bank: Any,
+              methods: str | Sequence[str], k: int, transductive: bool, directory: str,
+              overwrite: bool) -> dict[str, Any]:
+    """A run's tables and choices, as the extension reads them."""
+    return {
+        "queries": inputs.path(queries, "queries"),
+        "gallery": inputs.path(gallery, "gallery"),
+        "bank": inputs.path(bank, "bank"),
+        "gallery_bank": inputs.path(gallery_bank, "gallery_bank"),
+        "methods": _names(methods),
+        "k": k,
+        "transductive": transductive,
+        "out_dir": directory,
+        "overwrite": overwrite,
+    }
+
+
 def _as_arrow(table: Any, role: str) -> pa.Table | pa.RecordBatchReader:
     if isinstance(table, (pa.Table, pa.RecordBatchReader)):
         return table
@@ -159,6 +192,13 @@ def _write_table(table: pa.Table | pa.RecordBatchReader, path: str) -> None:
     with pq.ParquetWriter(path, table.schema) as writer:
         for batch in table:
             writer.write_batch(batch)
+
+
+def _options(memory_limit: str, threads: int, normalize: bool, tolerance: float | None = None,
+             bank_sample: int | None = None, seed: int = 0) -> dict[str, Any]:
+    """The options every job takes, as the extension reads them."""
+    return {"memory_limit": memory_limit, "threads": threads, "normalize": normalize,
+            "tolerance": tolerance, "bank_sample": bank_sample, "seed": seed}
 
 
 def _progress(enabled: bool):
@@ -274,33 +314,14 @@ def run(
     many bank rows drawn with ``seed``. ``**params`` set method
     parameters by the CLI's flag names (``beta=20``, ``nnn_k=128``).
     """
-    temporary = out is None
-    directory = tempfile.mkdtemp(prefix="hubnorm-run-") if temporary else os.fspath(out)
-    try:
-        with _Inputs() as inputs:
-            summary = _hubnorm.run(
-                inputs.path(queries, "queries"),
-                inputs.path(gallery, "gallery"),
-                inputs.path(bank, "bank"),
-                inputs.path(gallery_bank, "gallery_bank"),
-                _names(methods),
-                params,
-                k,
-                transductive,
-                directory,
-                overwrite or temporary,
-                memory_limit,
-                threads,
-                normalize,
-                tolerance,
-                bank_sample,
-                seed,
-                _progress(progress),
-            )
-    except BaseException:
-        if temporary:
-            shutil.rmtree(directory, ignore_errors=True)
-        raise
+    with _Outputs(out, "hubnorm-run-") as (directory, temporary), _Inputs() as inputs:
+        summary = _hubnorm.run(
+            _run_args(inputs, queries, gallery, bank, gallery_bank, methods, k, transductive,
+                      directory, overwrite or temporary),
+            params,
+            _options(memory_limit, threads, normalize, tolerance, bank_sample, seed),
+            _progress(progress),
+        )
     return Run(directory, json.loads(summary), temporary)
 
 
@@ -333,12 +354,7 @@ def stats(
             params,
             os.fspath(out),
             overwrite,
-            memory_limit,
-            threads,
-            normalize,
-            tolerance,
-            bank_sample,
-            seed,
+            _options(memory_limit, threads, normalize, tolerance, bank_sample, seed),
             _progress(progress),
         )
     return pq.read_table(path)
@@ -374,9 +390,7 @@ def search(
             k,
             os.fspath(out),
             overwrite,
-            memory_limit,
-            threads,
-            normalize,
+            _options(memory_limit, threads, normalize),
             _progress(progress),
         )
     return pq.read_table(os.fspath(out)), json.loads(summary)
@@ -429,35 +443,17 @@ def compare(
     at ``hubness_k``, the comparison table and the reports; ``html`` also
     writes the self-contained HTML page there. Other arguments as for
     :func:`run`."""
-    temporary = out is None
-    directory = tempfile.mkdtemp(prefix="hubnorm-compare-") if temporary else os.fspath(out)
-    try:
-        with _Inputs() as inputs:
-            summary, left_out = _hubnorm.compare(
-                inputs.path(queries, "queries"),
-                inputs.path(gallery, "gallery"),
-                inputs.path(bank, "bank"),
-                inputs.path(gallery_bank, "gallery_bank"),
-                [] if methods is None else _names(methods),
-                params,
-                k,
-                hubness_k,
-                transductive,
-                directory,
-                None if html is None else os.fspath(html),
-                overwrite or temporary,
-                memory_limit,
-                threads,
-                normalize,
-                tolerance,
-                bank_sample,
-                seed,
-                _progress(progress),
-            )
-    except BaseException:
-        if temporary:
-            shutil.rmtree(directory, ignore_errors=True)
-        raise
+    with _Outputs(out, "hubnorm-compare-") as (directory, temporary), _Inputs() as inputs:
+        summary, left_out = _hubnorm.compare(
+            _run_args(inputs, queries, gallery, bank, gallery_bank,
+                      [] if methods is None else methods, k, transductive, directory,
+                      overwrite or temporary),
+            params,
+            hubness_k,
+            None if html is None else os.fspath(html),
+            _options(memory_limit, threads, normalize, tolerance, bank_sample, seed),
+            _progress(progress),
+        )
     return Comparison(directory, json.loads(summary), temporary, RUN_OUTPUTS + COMPARE_OUTPUTS,
                       left_out, None if html is None else os.fspath(html))
 
@@ -493,9 +489,7 @@ def report(
             os.fspath(out),
             None if html is None else os.fspath(html),
             overwrite,
-            memory_limit,
-            threads,
-            normalize,
+            _options(memory_limit, threads, normalize),
             _progress(progress),
         )
     return pq.read_table(os.path.join(os.fspath(out), "report.parquet"))
@@ -528,9 +522,7 @@ def export(
             params,
             os.fspath(out),
             overwrite,
-            memory_limit,
-            threads,
-            normalize,
+            _options(memory_limit, threads, normalize),
             _progress(progress),
         )
     return pq.read_table(os.fspath(out))
@@ -580,17 +572,13 @@ def tune(
             inputs.path(validation, "validation"),
             validation_split,
             inputs.path(validation_gallery, "validation_gallery"),
-            seed,
             _names(methods),
             list(grid),
             metric,
             os.fspath(out),
             None if html is None else os.fspath(html),
             overwrite,
-            memory_limit,
-            threads,
-            normalize,
-            tolerance,
+            _options(memory_limit, threads, normalize, tolerance, seed=seed),
             _progress(progress),
         )
     return pq.read_table(os.path.join(os.fspath(out), "tune.parquet")), json.loads(tuned)
@@ -617,8 +605,8 @@ def sql(
         with _Inputs() as inputs:
             named = [(name, inputs.path(table, name)) for name, table in (tables or {}).items()]
             out = os.path.join(scratch, "rows.parquet")
-            _hubnorm.sql(query, named, None if run is None else os.fspath(run), out, memory_limit,
-                         threads, None)
+            _hubnorm.sql(query, named, None if run is None else os.fspath(run), out,
+                         _options(memory_limit, threads, True), None)
         return pq.read_table(out)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -222,80 +222,104 @@ fn method_specs(
         .collect())
 }
 
-/// The pass options shared by every job.
-fn pass_options(
-    py: Python<'_>,
-    memory_limit: &str,
+/// The options every job shares, as the package passes them (a dict).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct Options {
+    memory_limit: String,
     threads: usize,
     normalize: bool,
+    /// `sn`/`dbsn`: stop once the marginals are within it.
     tolerance: Option<f64>,
-) -> PyResult<PassOptions> {
-    let memory: MemoryBudget = memory_limit.parse().map_err(|e| to_python(py, e))?;
-    Ok(PassOptions {
-        memory,
-        threads,
-        sinkhorn_tolerance: tolerance,
-        read: ReadOptions {
-            normalize,
-            ..ReadOptions::default()
-        },
-        ..PassOptions::default()
-    })
+    /// Bank rows drawn with `seed` (all when `None`).
+    bank_sample: Option<u64>,
+    seed: u64,
 }
 
-fn bank_sample(rows: Option<u64>, seed: u64) -> Option<BankSample> {
-    rows.map(|rows| BankSample { rows, seed })
+impl Options {
+    fn pass_options(&self, py: Python<'_>) -> PyResult<PassOptions> {
+        let memory: MemoryBudget = self.memory_limit.parse().map_err(|e| to_python(py, e))?;
+        Ok(PassOptions {
+            memory,
+            threads: self.threads,
+            sinkhorn_tolerance: self.tolerance,
+            read: ReadOptions {
+                normalize: self.normalize,
+                ..ReadOptions::default()
+            },
+            ..PassOptions::default()
+        })
+    }
+
+    fn bank_sample(&self) -> Option<BankSample> {
+        self.bank_sample.map(|rows| BankSample {
+            rows,
+            seed: self.seed,
+        })
+    }
 }
 
-/// `hubnorm run`: both passes into `out_dir`; returns summary.json's text.
-#[pyfunction]
-#[pyo3(signature = (queries, gallery, bank, gallery_bank, methods, params, k, transductive,
-    out_dir, overwrite, memory_limit, threads, normalize, tolerance, sample_rows, seed,
-    on_progress))]
-#[allow(clippy::too_many_arguments)]
-fn run(
-    py: Python<'_>,
+/// The tables and choices of a `run` (and of `compare`'s run), as the
+/// package passes them (a dict).
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+struct RunArgs {
     queries: String,
     gallery: String,
     bank: Option<String>,
     gallery_bank: Option<String>,
     methods: Vec<String>,
-    params: &Bound<'_, PyDict>,
     k: usize,
     transductive: bool,
     out_dir: PathBuf,
     overwrite: bool,
-    memory_limit: &str,
-    threads: usize,
-    normalize: bool,
-    tolerance: Option<f64>,
-    sample_rows: Option<u64>,
-    seed: u64,
+}
+
+impl RunArgs {
+    /// The run these arguments describe, with `params` and `options`.
+    fn job(
+        self,
+        py: Python<'_>,
+        params: &Bound<'_, PyDict>,
+        options: &Options,
+    ) -> PyResult<RunJob> {
+        Ok(RunJob {
+            queries: self.queries,
+            gallery: self.gallery,
+            bank: self.bank.unwrap_or_default(),
+            gallery_bank: self.gallery_bank,
+            bank_sample: options.bank_sample(),
+            transductive: self.transductive,
+            methods: method_specs(py, self.methods, params)?,
+            k: self.k,
+            out_dir: self.out_dir,
+            overwrite: self.overwrite,
+            options: options.pass_options(py)?,
+            cluster: None,
+        })
+    }
+}
+
+/// `hubnorm run`: both passes into `out_dir`; returns summary.json's text.
+#[pyfunction]
+#[pyo3(signature = (args, params, options, on_progress))]
+fn run(
+    py: Python<'_>,
+    args: RunArgs,
+    params: &Bound<'_, PyDict>,
+    options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<String> {
-    let job = RunJob {
-        queries,
-        gallery,
-        bank: bank.unwrap_or_default(),
-        gallery_bank,
-        bank_sample: bank_sample(sample_rows, seed),
-        transductive,
-        methods: method_specs(py, methods, params)?,
-        k,
-        out_dir: out_dir.clone(),
-        overwrite,
-        options: pass_options(py, memory_limit, threads, normalize, tolerance)?,
-        cluster: None,
-    };
+    let job = args.job(py, params, &options)?;
     run_job(py, on_progress, |progress| pipeline::run(&job, progress))?;
-    std::fs::read_to_string(out_dir.join("summary.json"))
-        .map_err(|e| PyOSError::new_err(format!("{}: {e}", out_dir.display())))
+    std::fs::read_to_string(job.out_dir.join("summary.json"))
+        .map_err(|e| PyOSError::new_err(format!("{}: {e}", job.out_dir.display())))
 }
 
 /// `hubnorm stats`: pass 1 into `out`; returns the path written.
 #[pyfunction]
 #[pyo3(signature = (gallery, bank, gallery_bank, methods, params, out, overwrite,
-    memory_limit, threads, normalize, tolerance, sample_rows, seed, on_progress))]
+    options, on_progress))]
 #[allow(clippy::too_many_arguments)]
 fn stats(
     py: Python<'_>,
@@ -306,23 +330,18 @@ fn stats(
     params: &Bound<'_, PyDict>,
     out: PathBuf,
     overwrite: bool,
-    memory_limit: &str,
-    threads: usize,
-    normalize: bool,
-    tolerance: Option<f64>,
-    sample_rows: Option<u64>,
-    seed: u64,
+    options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<String> {
     let job = StatsJob {
         gallery,
         bank,
         gallery_bank,
-        bank_sample: bank_sample(sample_rows, seed),
+        bank_sample: options.bank_sample(),
         methods: method_specs(py, methods, params)?,
         out,
         overwrite,
-        options: pass_options(py, memory_limit, threads, normalize, tolerance)?,
+        options: options.pass_options(py)?,
         // A checkpoint is for a long run that a user resumes by hand.
         checkpoint: hubnorm::checkpoint::CheckpointOptions {
             interval: None,
@@ -338,7 +357,7 @@ fn stats(
 /// `hubnorm search`: pass 2 into `out`; returns the summary as JSON.
 #[pyfunction]
 #[pyo3(signature = (queries, gallery, stats, methods, params, k, out, overwrite,
-    memory_limit, threads, normalize, on_progress))]
+    options, on_progress))]
 #[allow(clippy::too_many_arguments)]
 fn search(
     py: Python<'_>,
@@ -350,9 +369,7 @@ fn search(
     k: usize,
     out: PathBuf,
     overwrite: bool,
-    memory_limit: &str,
-    threads: usize,
-    normalize: bool,
+    options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<String> {
     // Without parameters, each method takes the statistic the file holds.
@@ -371,7 +388,7 @@ fn search(
         k,
         out,
         overwrite,
-        options: pass_options(py, memory_limit, threads, normalize, None)?,
+        options: options.pass_options(py)?,
     };
     let summary = run_job(py, on_progress, |progress| {
         pipeline::run_search(&job, progress)
@@ -383,52 +400,23 @@ fn search(
 /// when empty) into `out_dir` with the comparison files; returns the
 /// summary as JSON and the methods left out, with why.
 #[pyfunction]
-#[pyo3(signature = (queries, gallery, bank, gallery_bank, methods, params, k, hubness_k,
-    transductive, out_dir, html, overwrite, memory_limit, threads, normalize, tolerance,
-    sample_rows, seed, on_progress))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (args, params, hubness_k, html, options, on_progress))]
 fn compare(
     py: Python<'_>,
-    queries: String,
-    gallery: String,
-    bank: Option<String>,
-    gallery_bank: Option<String>,
-    methods: Vec<String>,
+    args: RunArgs,
     params: &Bound<'_, PyDict>,
-    k: usize,
     hubness_k: usize,
-    transductive: bool,
-    out_dir: PathBuf,
     html: Option<PathBuf>,
-    overwrite: bool,
-    memory_limit: &str,
-    threads: usize,
-    normalize: bool,
-    tolerance: Option<f64>,
-    sample_rows: Option<u64>,
-    seed: u64,
+    options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(String, Vec<String>)> {
     if hubness_k == 0 {
         return Err(usage(py, "hubness_k must be at least 1".into()));
     }
-    let mut options = pass_options(py, memory_limit, threads, normalize, tolerance)?;
-    options.report.hubness_k = hubness_k;
+    let mut run = args.job(py, params, &options)?;
+    run.options.report.hubness_k = hubness_k;
     let job = CompareJob {
-        run: RunJob {
-            queries,
-            gallery,
-            bank: bank.unwrap_or_default(),
-            gallery_bank,
-            bank_sample: bank_sample(sample_rows, seed),
-            transductive,
-            methods: method_specs(py, methods, params)?,
-            k,
-            out_dir,
-            overwrite,
-            options,
-            cluster: None,
-        },
+        run,
         text_column: "text".into(),
         html,
     };
@@ -444,7 +432,7 @@ fn compare(
 /// `out_dir`.
 #[pyfunction]
 #[pyo3(signature = (results, gallery, queries, stats, k, out_dir, html, overwrite,
-    memory_limit, threads, normalize, on_progress))]
+    options, on_progress))]
 #[allow(clippy::too_many_arguments)]
 fn report(
     py: Python<'_>,
@@ -456,13 +444,11 @@ fn report(
     out_dir: PathBuf,
     html: Option<PathBuf>,
     overwrite: bool,
-    memory_limit: &str,
-    threads: usize,
-    normalize: bool,
+    options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
-    let mut options = pass_options(py, memory_limit, threads, normalize, None)?;
-    options.report.hubness_k = k;
+    let mut pass = options.pass_options(py)?;
+    pass.report.hubness_k = k;
     let job = ReportJob {
         results,
         gallery,
@@ -473,7 +459,7 @@ fn report(
         html,
         text_column: "text".into(),
         overwrite,
-        options,
+        options: pass,
     };
     run_job(py, on_progress, |progress| evaluate::report(&job, progress))?;
     Ok(())
@@ -482,8 +468,7 @@ fn report(
 /// `hubnorm export`: the gallery with the method's h(g) appended to every
 /// vector, for an inner-product index; returns (rows, dimension).
 #[pyfunction]
-#[pyo3(signature = (gallery, stats, method, params, out, overwrite, memory_limit, threads,
-    normalize, on_progress))]
+#[pyo3(signature = (gallery, stats, method, params, out, overwrite, options, on_progress))]
 #[allow(clippy::too_many_arguments)]
 fn export(
     py: Python<'_>,
@@ -493,9 +478,7 @@ fn export(
     params: &Bound<'_, PyDict>,
     out: PathBuf,
     overwrite: bool,
-    memory_limit: &str,
-    threads: usize,
-    normalize: bool,
+    options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(u64, usize)> {
     let from_file = pipeline::stats_file_methods(&stats).map_err(|e| to_python(py, e))?;
@@ -513,7 +496,7 @@ fn export(
         method,
         out,
         overwrite,
-        options: pass_options(py, memory_limit, threads, normalize, None)?,
+        options: options.pass_options(py)?,
     };
     let summary = run_job(py, on_progress, |progress| {
         hubnorm::export::export(&job, progress)
@@ -527,8 +510,7 @@ fn export(
 /// tuned.json's text.
 #[pyfunction]
 #[pyo3(signature = (gallery, bank, gallery_bank, validation, validation_split,
-    validation_gallery, seed, methods, grid, metric, out_dir, html, overwrite, memory_limit,
-    threads, normalize, tolerance, on_progress))]
+    validation_gallery, methods, grid, metric, out_dir, html, overwrite, options, on_progress))]
 #[allow(clippy::too_many_arguments)]
 fn tune(
     py: Python<'_>,
@@ -538,17 +520,13 @@ fn tune(
     validation: Option<String>,
     validation_split: Option<f64>,
     validation_gallery: Option<String>,
-    seed: u64,
     methods: Vec<String>,
     grid: Vec<String>,
     metric: &str,
     out_dir: PathBuf,
     html: Option<PathBuf>,
     overwrite: bool,
-    memory_limit: &str,
-    threads: usize,
-    normalize: bool,
-    tolerance: Option<f64>,
+    options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<String> {
     use hubnorm::tune::{GridAxis, TuneJob, Validation};
@@ -556,7 +534,7 @@ fn tune(
         (Some(queries), None) => Validation::Queries(queries),
         (None, Some(fraction)) => Validation::SplitBank {
             fraction,
-            seed,
+            seed: options.seed,
             gallery: validation_gallery,
         },
         _ => {
@@ -583,7 +561,7 @@ fn tune(
         out_dir: out_dir.clone(),
         html,
         overwrite,
-        options: pass_options(py, memory_limit, threads, normalize, tolerance)?,
+        options: options.pass_options(py)?,
     };
     run_job(py, on_progress, |progress| {
         hubnorm::tune::tune(&job, progress)
@@ -597,7 +575,7 @@ fn tune(
 /// the last statement's rows go to the Parquet file `out`. Returns their
 /// number.
 #[pyfunction]
-#[pyo3(signature = (sql, tables, run_dir, out, memory_limit, threads, on_progress))]
+#[pyo3(signature = (sql, tables, run_dir, out, options, on_progress))]
 #[allow(clippy::too_many_arguments)]
 fn sql(
     py: Python<'_>,
@@ -605,11 +583,10 @@ fn sql(
     tables: Vec<(String, String)>,
     run_dir: Option<PathBuf>,
     out: PathBuf,
-    memory_limit: &str,
-    threads: usize,
+    options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<usize> {
-    let memory: MemoryBudget = memory_limit.parse().map_err(|e| to_python(py, e))?;
+    let pass = options.pass_options(py)?;
     let job = SqlJob {
         tables,
         run_dir,
@@ -619,9 +596,9 @@ fn sql(
         out: Some(out),
         overwrite: true,
         options: SqlOptions {
-            memory,
-            threads,
-            read: ReadOptions::default(),
+            memory: pass.memory,
+            threads: pass.threads,
+            read: pass.read,
         },
         cluster: None,
     };

@@ -458,15 +458,7 @@ pub fn stream_stats(
             },
             progress,
         )?;
-        let report = SinkhornReport {
-            method,
-            iterations: outcome.iterations,
-            marginal_error: outcome.marginal_error,
-            exact_column_updates: outcome.exact_column_updates,
-            cached_tiles: outcome.cached,
-            target_chunks: outcome.target_chunks,
-            bank_blocks: outcome.source_blocks,
-        };
+        let report = SinkhornReport::new(method, &outcome);
         metadata.push(report.metadata_entry()?);
         reports.push(report);
         let mut f = outcome.target_potential;
@@ -510,6 +502,19 @@ pub struct SinkhornReport {
 }
 
 impl SinkhornReport {
+    /// How `method`'s iterations that gave `outcome` ended.
+    pub fn new(method: MethodSpec, outcome: &crate::bank::sinkhorn::SinkhornOutcome) -> Self {
+        SinkhornReport {
+            method,
+            iterations: outcome.iterations,
+            marginal_error: outcome.marginal_error,
+            exact_column_updates: outcome.exact_column_updates,
+            cached_tiles: outcome.cached,
+            target_chunks: outcome.target_chunks,
+            bank_blocks: outcome.source_blocks,
+        }
+    }
+
     /// The stats file's metadata entry for this report.
     pub fn metadata_entry(&self) -> Result<(String, String)> {
         let key = format!("hubnorm.sinkhorn.{}", self.method.column_prefix());

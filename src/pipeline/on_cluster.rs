@@ -161,15 +161,7 @@ fn sinkhorn_on(
         },
     )?;
     drop(scratch);
-    let report = SinkhornReport {
-        method,
-        iterations: outcome.iterations,
-        marginal_error: outcome.marginal_error,
-        exact_column_updates: outcome.exact_column_updates,
-        cached_tiles: outcome.cached,
-        target_chunks: outcome.target_chunks,
-        bank_blocks: outcome.source_blocks,
-    };
+    let report = SinkhornReport::new(method, &outcome);
     let mut f = outcome.target_potential;
     f.truncate(gallery_rows);
     Ok((f, report))

@@ -4,6 +4,21 @@
 
 use super::*;
 
+/// The gallery and the banks of `job` for `methods`, opened as pass 1
+/// reads them (the bank sampled as `job` says).
+fn open_stats_tables(job: &StatsJob, methods: &[MethodSpec]) -> Result<(EmbeddingTable, Banks)> {
+    let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+    let banks = open_banks(
+        &job.bank,
+        job.gallery_bank.as_deref(),
+        job.bank_sample,
+        methods,
+        &gallery,
+        &job.options,
+    )?;
+    Ok((gallery, banks))
+}
+
 /// Opens pass 1's inputs for `job` (in its thread pool) and hands them,
 /// with the stats file's metadata, to `pass`.
 fn with_stats_inputs<T: Send>(
@@ -12,15 +27,7 @@ fn with_stats_inputs<T: Send>(
     pass: impl FnOnce(&StatsInputs<'_>, Vec<(String, String)>) -> Result<T> + Send,
 ) -> Result<T> {
     with_threads(job.options.threads, || {
-        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
-        let banks = open_banks(
-            &job.bank,
-            job.gallery_bank.as_deref(),
-            job.bank_sample,
-            methods,
-            &gallery,
-            &job.options,
-        )?;
+        let (gallery, banks) = open_stats_tables(job, methods)?;
         let index = IdIndex::build(&gallery)?;
         let metadata = banks.stats_metadata(&gallery, job.bank_sample, &job.options);
         pass(&banks.inputs(&gallery, &index), metadata)
@@ -209,16 +216,8 @@ pub fn stream_stats_rows(
         check_shardable(&methods)?;
     }
     with_threads(job.options.threads, || {
-        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
+        let (gallery, banks) = open_stats_tables(job, &methods)?;
         gallery.check_shard(&gallery_rows)?;
-        let banks = open_banks(
-            &job.bank,
-            job.gallery_bank.as_deref(),
-            job.bank_sample,
-            &methods,
-            &gallery,
-            &job.options,
-        )?;
         let inputs = StatsInputs {
             gallery: &gallery,
             bank: &banks.bank,
@@ -280,15 +279,7 @@ pub fn stream_sinkhorn_round(
         HubnormError::Internal("a Sinkhorn round is for one method with Sinkhorn sweeps".into())
     })?;
     with_threads(job.options.threads, || {
-        let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
-        let banks = open_banks(
-            &job.bank,
-            job.gallery_bank.as_deref(),
-            job.bank_sample,
-            &methods,
-            &gallery,
-            &job.options,
-        )?;
+        let (gallery, banks) = open_stats_tables(job, &methods)?;
         let mut targets = vec![&gallery];
         if setup.with_gallery_bank {
             targets.push(banks.gallery_bank.as_ref().ok_or_else(|| {

@@ -415,17 +415,7 @@ impl PassSpec {
                 },
                 rows,
             ) => {
-                let job = StatsJob {
-                    gallery: gallery.clone(),
-                    bank: bank.clone(),
-                    gallery_bank: gallery_bank.clone(),
-                    bank_sample: *bank_sample,
-                    methods,
-                    out: PathBuf::new(),
-                    overwrite: false,
-                    options,
-                    checkpoint: Default::default(),
-                };
+                let job = stats_job(gallery, bank, gallery_bank, *bank_sample, methods, options);
                 match rows {
                     Some(rows) => {
                         pipeline::stream_stats_rows(&job, rows, *activation_rows, &Silent, emit)
@@ -483,21 +473,33 @@ impl PassSpec {
                 },
                 rows,
             ) => {
-                let job = StatsJob {
-                    gallery: gallery.clone(),
-                    bank: bank.clone(),
-                    gallery_bank: gallery_bank.clone(),
-                    bank_sample: *bank_sample,
-                    methods,
-                    out: PathBuf::new(),
-                    overwrite: false,
-                    options,
-                    checkpoint: Default::default(),
-                };
+                let job = stats_job(gallery, bank, gallery_bank, *bank_sample, methods, options);
                 let potentials = source_potentials.as_ref().map(std::path::Path::new);
                 pipeline::stream_sinkhorn_round(&job, rows, potentials, emit)
             }
         }
+    }
+}
+
+/// A stats job over these tables, for a task (no output file, no checkpoint).
+fn stats_job(
+    gallery: &str,
+    bank: &str,
+    gallery_bank: &Option<String>,
+    bank_sample: Option<BankSample>,
+    methods: Vec<MethodSpec>,
+    options: PassOptions,
+) -> StatsJob {
+    StatsJob {
+        gallery: gallery.to_owned(),
+        bank: bank.to_owned(),
+        gallery_bank: gallery_bank.clone(),
+        bank_sample,
+        methods,
+        out: PathBuf::new(),
+        overwrite: false,
+        options,
+        checkpoint: Default::default(),
     }
 }
 
