@@ -111,7 +111,8 @@ fn run_job<T: Send>(
         };
         let mut drawn = None;
         loop {
-            let finished = py.detach(|| done.wait(POLL));
+            // A worker that panicked never sets `done`: it has finished too.
+            let finished = py.detach(|| done.wait(POLL)) || worker.is_finished();
             // Ctrl-C, or an exception from the progress callback (Ctrl-C
             // can land there too): stop the job and raise it.
             let mut step = || -> PyResult<()> {
