@@ -629,3 +629,18 @@ def hubness(results: Any, gallery: Any, *, k: int = 10) -> dict[str, dict[str, f
     for row in table.to_pylist():
         measures.setdefault(row["method"], {})[row["measure"]] = row["value"]
     return measures
+
+
+def _method_list() -> str:
+    """The registry as docstring lines: each method, its summary and its
+    parameters' keywords with their defaults."""
+    lines = ["", "Methods (``methods=``) and their parameters (``**params``, defaults shown):", ""]
+    for method in _hubnorm.methods():
+        params = ", ".join(f"{name}={default:g}" for name, default, _ in method["parameters"])
+        lines.append(f"- ``{method['name']}``: {method['summary']}" + (f" ({params})" if params else ""))
+    return "\n".join(f"    {line}" if line else line for line in lines)
+
+
+for _function in (run, stats, search, compare):
+    _function.__doc__ = (_function.__doc__ or "") + _method_list()
+del _function

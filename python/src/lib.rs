@@ -620,7 +620,8 @@ fn methods(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
             let parameters: Vec<(String, f64, &str)> = m
                 .parameters()
                 .iter()
-                .map(|p| (p.flag.replace('-', "_"), p.default, p.help))
+                // The keyword's default, as for the CLI flag (`pseudo_queries` is m − 1).
+                .map(|p| (p.flag.replace('-', "_"), p.default - p.flag_offset, p.help))
                 .collect();
             entry.set_item("parameters", parameters)?;
             Ok(entry)

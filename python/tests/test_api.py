@@ -181,6 +181,12 @@ def test_progress_is_drawn_unless_turned_off(samples, capfd):
 def test_help_explains_the_methods_and_parameters():
     doc = hubnorm.run.__doc__
     assert "methods" in doc and "memory_limit" in doc and "transductive" in doc
+    # Every method with its summary and its parameters' keywords and defaults.
+    assert "``nnn``" in doc and "nnn_k=128" in doc and "``sn``" in doc and "tau=0.01" in doc
+    assert "``dbsn``" in hubnorm.compare.__doc__
+    # Defaults are the keywords' (sinkhorn-pp's pseudo_queries is m - 1, as the CLI flag).
+    pp = [p for m in hubnorm.methods() if m["name"] == "sinkhorn-pp" for p in m["parameters"]]
+    assert ("pseudo_queries", 127.0) in [(name, default) for name, default, _ in pp]
     names = {m["name"] for m in hubnorm.methods()}
     assert {"is", "nnn", "sn", "dbsn", "mp", "sinkhorn-pp"} <= names
     beta = [p for m in hubnorm.methods() if m["name"] == "is" for p in m["parameters"]]
