@@ -23,6 +23,7 @@ use crate::options::ReadOptions;
 
 mod blocks;
 mod footer;
+pub mod memory;
 mod parts;
 
 pub use blocks::{normalise_ids, BlockReader};
@@ -118,6 +119,10 @@ impl EmbeddingBlock {
 /// An object-store URL names an object, a prefix (a directory of parts) or
 /// a glob on keys ([`crate::storage`]); its files are URLs too.
 pub fn expand_spec(spec: &str) -> Result<Vec<PathBuf>> {
+    if memory::is_memory(Path::new(spec)) {
+        memory::lookup(Path::new(spec))?;
+        return Ok(vec![PathBuf::from(spec)]);
+    }
     if crate::storage::is_url(spec) {
         match crate::storage::locate(Path::new(spec))? {
             crate::storage::Location::Remote(url) => return crate::storage::expand_remote(&url),
@@ -216,9 +221,7 @@ impl EmbeddingTable {
         let mut dim = None;
         let mut has_targets = None;
         for path in files {
-            let builder = open_parquet(&path)?;
-            let schema = builder.schema().clone();
-            let part_rows = builder.metadata().file_metadata().num_rows() as u64;
+            let (schema, part_rows) = part_schema(&path)?;
             let columns = locate_columns(&path, &schema, options, want_targets)?;
             let kind = IdKind::of(schema.field(columns.id).data_type())
                 .expect("checked by locate_columns");
@@ -535,6 +538,18 @@ impl InputFile {
             InputFile::Remote(r) => Some(r),
         }
     }
+}
+
+/// The Arrow schema and row count of one part: a Parquet file's footer,
+/// or an in-memory table's.
+fn part_schema(path: &Path) -> Result<(arrow::datatypes::SchemaRef, u64)> {
+    if memory::is_memory(path) {
+        let table = memory::lookup(path)?;
+        return Ok((table.schema.clone(), table.rows));
+    }
+    let builder = open_parquet(path)?;
+    let rows = builder.metadata().file_metadata().num_rows() as u64;
+    Ok((builder.schema().clone(), rows))
 }
 
 /// Opens a Parquet file (or object) for reading. A missing or unreadable

@@ -780,3 +780,112 @@ fn a_stats_column_of_the_wrong_type_is_refused() {
     );
     assert!(!dir.path().join("out.parquet").exists());
 }
+
+/// `table`'s rows in record batches of the given sizes, cycled (0 included:
+/// an empty batch must be skipped).
+fn in_batches(table: &arrow::array::RecordBatch, sizes: &[usize]) -> Vec<arrow::array::RecordBatch> {
+    let mut batches = Vec::new();
+    let mut start = 0;
+    for &size in sizes.iter().cycle() {
+        if start >= table.num_rows() {
+            break;
+        }
+        let size = size.min(table.num_rows() - start);
+        batches.push(table.slice(start, size));
+        start += size;
+    }
+    batches
+}
+
+#[test]
+fn in_memory_tables_read_like_their_files() {
+    use hubnorm::source::{memory, EmbeddingTable};
+    let dir = tempfile::tempdir().unwrap();
+    // With a 16 MiB limit and one thread, pass 1 streams the gallery in
+    // chunks and pass 2 its blocks: reads resume inside the batches.
+    let c = case(9, 700, 5000, 3000, 64);
+    write_case(dir.path(), &c);
+    let small_limit: MemoryBudget = "16MiB".parse().unwrap();
+    let job = run_job(dir.path(), "files", 10, small_limit, 1);
+    let from_files = pipeline::run(&job, &Silent).unwrap();
+    let register = |name: &str, sizes: &[usize]| {
+        let table = read_parquet(&dir.path().join(format!("{name}.parquet")));
+        memory::register(name, table.schema(), in_batches(&table, sizes)).unwrap()
+    };
+    let queries = register("queries", &[97, 0, 1, 300]);
+    let gallery = register("gallery", &[1000, 7, 0, 2500, 13]);
+    let bank = register("bank", &[3000]);
+    let in_memory = RunJob {
+        queries: queries.path().to_owned(),
+        gallery: gallery.path().to_owned(),
+        bank: bank.path().to_owned(),
+        ..run_job(dir.path(), "memory", 10, small_limit, 1)
+    };
+    let from_memory = pipeline::run(&in_memory, &Silent).unwrap();
+    assert_eq!(from_files.methods, from_memory.methods);
+    assert_eq!(
+        results_of(dir.path(), "files"),
+        results_of(dir.path(), "memory")
+    );
+
+    // Reads from a row inside a batch, over a range, and of a sample.
+    let options = hubnorm::options::ReadOptions::default();
+    let file = EmbeddingTable::open("gallery", &job.gallery, &options, false).unwrap();
+    let held = EmbeddingTable::open("gallery", gallery.path(), &options, false).unwrap();
+    assert_eq!((held.rows, held.dim), (file.rows, file.dim));
+    let rows_of = |table: &EmbeddingTable, range: std::ops::Range<u64>| {
+        let blocks = table.blocks_in(333, range).unwrap();
+        let blocks: Vec<_> = blocks.map(|b| b.unwrap()).collect();
+        let data: Vec<f32> = blocks.iter().flat_map(|b| b.data.clone()).collect();
+        let ids: Vec<_> = blocks.iter().map(|b| b.ids.to_data()).collect();
+        (data, ids.len(), blocks.iter().map(|b| b.first_row).collect::<Vec<_>>())
+    };
+    for range in [0..5000, 1003..1010, 1007..4321, 4999..5000] {
+        assert_eq!(rows_of(&file, range.clone()), rows_of(&held, range));
+    }
+    let sampled = |table: &EmbeddingTable| {
+        let sample = table.sampled(700, 3).unwrap();
+        let ids: Vec<_> = sample.blocks(256).map(|b| b.unwrap().ids.to_data()).collect();
+        ids
+    };
+    assert_eq!(sampled(&file), sampled(&held));
+
+    // A bad row is named by the table's path, with the row in the table.
+    let table = read_parquet(&dir.path().join("gallery.parquet"));
+    let mut batches = in_batches(&table, &[1000, 7]);
+    let bad_row = 1003;
+    let position = table.schema().index_of("embedding").unwrap();
+    let mut columns = batches[1].columns().to_vec();
+    let values: Vec<f32> = {
+        use arrow::array::AsArray;
+        let list = columns[position].as_fixed_size_list();
+        let mut v = list.values().as_primitive::<arrow::datatypes::Float32Type>().values().to_vec();
+        v[(bad_row - 1000) * 64 + 5] = f32::NAN;
+        v
+    };
+    columns[position] = std::sync::Arc::new(
+        arrow::array::FixedSizeListArray::try_new(
+            std::sync::Arc::new(arrow::datatypes::Field::new("item", arrow::datatypes::DataType::Float32, true)),
+            64,
+            std::sync::Arc::new(arrow::array::Float32Array::from(values)),
+            None,
+        )
+        .unwrap(),
+    );
+    batches[1] = arrow::array::RecordBatch::try_new(batches[1].schema(), columns).unwrap();
+    let bad = memory::register("gallery", table.schema(), batches).unwrap();
+    let failed = pipeline::run(
+        &RunJob {
+            gallery: bad.path().to_owned(),
+            ..run_job(dir.path(), "bad", 10, small_limit, 1)
+        },
+        &Silent,
+    )
+    .unwrap_err();
+    let message = failed.to_string();
+    assert!(
+        message.contains(bad.path()) && message.contains("row 1003") && message.contains("embedding"),
+        "{message}"
+    );
+    assert!(!dir.path().join("bad").join("results.parquet").exists());
+}

@@ -24,9 +24,17 @@ anything with ``__arrow_c_stream__`` (polars, pandas >= 2.2, DuckDB), a
 an ``embedding`` column (fixed-size or variable lists of float16/32/64);
 queries may have ``target_id`` (the ground truth) for recall figures.
 
-In-memory inputs are written to a temporary Parquet file first (one copy, in
-a scratch directory removed afterwards), since every pass streams its inputs
-from files, some more than once; paths are read in place.
+In-memory inputs cross into the engine through the Arrow C stream interface
+without a copy: the passes read the producer's buffers (pyarrow, polars,
+numpy through :func:`embeddings`) directly, as often as they need to. Copies
+happen only where there is no Arrow layout to share: a ``pandas.DataFrame``
+is converted by pyarrow once, a one-shot stream (a ``RecordBatchReader``)
+is drained and its batches held in memory for the call (the passes read
+their inputs more than once), and a results table given to :func:`report`
+or :func:`hubness` is written to a scratch Parquet file (the engine reads
+results files as files). Paths are streamed out of core, in place. An error
+in an in-memory table names it ``memory://ROLE-N`` (e.g.
+``memory://gallery-3``) with the row in that table.
 
 Errors raise :class:`InputError` (with ``.file``, ``.row``, ``.column``),
 :class:`UsageError` or :class:`MemoryLimitError`, all :class:`HubnormError`.
@@ -112,28 +120,38 @@ def embeddings(array: Any, ids: Any = None, targets: Any = None) -> pa.Table:
 
 class _Inputs:
     """Paths for the table arguments of one call: paths as they are,
-    in-memory tables written to a scratch directory, removed on exit."""
+    in-memory tables registered with the engine under a ``memory://`` path
+    (their Arrow buffers shared, not copied) for as long as the call runs."""
 
     def __init__(self) -> None:
+        self._held: list[Any] = []
         self._scratch: str | None = None
 
     def __enter__(self) -> "_Inputs":
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._held.clear()
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
-    def path(self, table: Any, role: str) -> str | None:
+    def path(self, table: Any, role: str, *, as_file: bool = False) -> str | None:
+        """The path the engine reads ``table`` by. ``as_file``: the engine
+        reads this argument as a Parquet file (a results table), so an
+        in-memory one is written to a scratch file."""
         if table is None:
             return None
         if isinstance(table, (str, os.PathLike)):
             return os.fspath(table)
-        if self._scratch is None:
-            self._scratch = tempfile.mkdtemp(prefix="hubnorm-inputs-")
-        path = os.path.join(self._scratch, f"{role}.parquet")
-        _write_table(_as_arrow(table, role), path)
-        return path
+        if as_file:
+            if self._scratch is None:
+                self._scratch = tempfile.mkdtemp(prefix="hubnorm-inputs-")
+            path = os.path.join(self._scratch, f"{role}.parquet")
+            _write_table(_as_arrow(table, role), path)
+            return path
+        held = _hubnorm.InMemoryTable(_as_arrow(table, role), role)
+        self._held.append(held)
+        return held.path
 
 
 class _Outputs:
@@ -169,23 +187,26 @@ def _run_args(inputs: _Inputs, queries: Any, gallery: Any, bank: Any, gallery_ba
     }
 
 
-def _as_arrow(table: Any, role: str) -> pa.Table | pa.RecordBatchReader:
-    if isinstance(table, (pa.Table, pa.RecordBatchReader)):
-        return table
+def _as_arrow(table: Any, role: str) -> Any:
+    """``table`` as something with ``__arrow_c_stream__`` (which the engine
+    imports without copying), converting only what has no Arrow layout."""
     if type(table).__module__.startswith("numpy"):
         return embeddings(table)
     if type(table).__module__.startswith("pandas"):
-        # pandas' own stream converts the frame again on every call.
+        # A frame's rows are numpy objects (an embedding column of arrays):
+        # pyarrow converts them once, here.
         return pa.Table.from_pandas(table, preserve_index=False)
     if hasattr(table, "__arrow_c_stream__"):
-        return pa.RecordBatchReader.from_stream(table)
+        return table
     raise UsageError(
         f"{role}: a path, a pyarrow Table or RecordBatchReader, an object with "
         f"__arrow_c_stream__ or a 2-D numpy array is needed, not {type(table).__name__}"
     )
 
 
-def _write_table(table: pa.Table | pa.RecordBatchReader, path: str) -> None:
+def _write_table(table: Any, path: str) -> None:
+    if not isinstance(table, (pa.Table, pa.RecordBatchReader)):
+        table = pa.RecordBatchReader.from_stream(table)
     if isinstance(table, pa.Table):
         pq.write_table(table, path)
         return
@@ -481,7 +502,7 @@ def report(
     the report table."""
     with _Inputs() as inputs:
         _hubnorm.report(
-            inputs.path(results, "results"),
+            inputs.path(results, "results", as_file=True),
             inputs.path(gallery, "gallery"),
             inputs.path(queries, "queries"),
             None if stats is None else os.fspath(stats),
@@ -599,17 +620,11 @@ def sql(
     over ``tables`` (name to a path or an in-memory table) and the output
     and input tables of the ``run`` directory.
 
-    The rows come back through a temporary Parquet file (one copy)."""
-    scratch = tempfile.mkdtemp(prefix="hubnorm-sql-")
-    try:
-        with _Inputs() as inputs:
-            named = [(name, inputs.path(table, name)) for name, table in (tables or {}).items()]
-            out = os.path.join(scratch, "rows.parquet")
-            _hubnorm.sql(query, named, None if run is None else os.fspath(run), out,
-                         _options(memory_limit, threads, True), None)
-        return pq.read_table(out)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    The rows come back as Arrow record batches, without a copy."""
+    with _Inputs() as inputs:
+        named = [(name, inputs.path(table, name)) for name, table in (tables or {}).items()]
+        return _hubnorm.sql(query, named, None if run is None else os.fspath(run),
+                            _options(memory_limit, threads, True), None)
 
 
 def hubness(results: Any, gallery: Any, *, k: int = 10) -> dict[str, dict[str, float]]:

@@ -572,30 +572,29 @@ fn tune(
 }
 
 /// `hubnorm sql`: `sql` (statements separated by `;`) over `tables` (name,
-/// path) and the tables of `run_dir`, with hubnorm's functions installed;
-/// the last statement's rows go to the Parquet file `out`. Returns their
-/// number.
+/// path) and the tables of `run_dir`, with hubnorm's functions installed.
+/// Returns the last statement's rows as a `pyarrow.Table`, handed over
+/// through the Arrow C data interface (no copy).
 #[pyfunction]
-#[pyo3(signature = (sql, tables, run_dir, out, options, on_progress))]
-#[allow(clippy::too_many_arguments)]
-fn sql(
-    py: Python<'_>,
+#[pyo3(signature = (sql, tables, run_dir, options, on_progress))]
+fn sql<'py>(
+    py: Python<'py>,
     sql: String,
     tables: Vec<(String, String)>,
     run_dir: Option<PathBuf>,
-    out: PathBuf,
     options: Options,
-    on_progress: Option<&Bound<'_, PyAny>>,
-) -> PyResult<usize> {
+    on_progress: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    use arrow_pyarrow::IntoPyArrow;
     let pass = options.pass_options(py)?;
     let job = SqlJob {
         tables,
         run_dir,
         sql,
         source: None,
-        format: OutputFormat::Parquet,
-        out: Some(out),
-        overwrite: true,
+        format: OutputFormat::Batches,
+        out: None,
+        overwrite: false,
         options: SqlOptions {
             memory: pass.memory,
             threads: pass.threads,
@@ -604,7 +603,16 @@ fn sql(
         cluster: None,
     };
     let outcome = run_job(py, on_progress, |_| run_sql(&job, &mut std::io::sink()))?;
-    Ok(outcome.rows)
+    let (schema, batches) = outcome.batches.expect("kept by OutputFormat::Batches");
+    // DataFusion's batches may carry less field metadata than the plan's schema.
+    let batches = batches
+        .into_iter()
+        .map(|batch| batch.with_schema(schema.clone()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    arrow_pyarrow::Table::try_new(batches, schema)
+        .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
+        .into_pyarrow(py)
 }
 
 /// The registry: each method's name, summary and parameters (flag, default,
@@ -629,6 +637,79 @@ fn methods(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
         .collect()
 }
 
+/// An Arrow table handed over by Python, readable by the jobs under
+/// `path` (`memory://ROLE-N`) until this object is dropped. Its record
+/// batches are imported through the Arrow C stream interface: they share
+/// the producer's buffers (pyarrow, polars, numpy through pyarrow), and
+/// nothing is copied. A one-shot stream is drained here, since the passes
+/// read their inputs several times; its batches are then held in memory.
+#[pyclass(frozen, module = "hubnorm._hubnorm")]
+struct InMemoryTable {
+    registration: hubnorm::source::memory::Registration,
+    rows: u64,
+}
+
+#[pymethods]
+impl InMemoryTable {
+    #[new]
+    fn new(py: Python<'_>, data: &Bound<'_, PyAny>, role: &str) -> PyResult<Self> {
+        use arrow::record_batch::RecordBatchReader;
+        use arrow_pyarrow::FromPyArrow;
+        let describe = |message: String| {
+            let location = Location {
+                file: format!("the in-memory {role}").into(),
+                row: None,
+                column: None,
+            };
+            to_python(py, HubnormError::Input { location, message })
+        };
+        let reader = arrow::ffi_stream::ArrowArrayStreamReader::from_pyarrow_bound(data)
+            .map_err(|e| describe(format!("not an Arrow stream: {e}")))?;
+        let schema = reader.schema();
+        let batches = reader
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| describe(format!("reading its Arrow stream failed: {e}")))?;
+        let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
+        let registration = hubnorm::source::memory::register(role, schema, batches)
+            .map_err(|e| to_python(py, e))?;
+        Ok(InMemoryTable { registration, rows })
+    }
+
+    /// The path the jobs read the table by.
+    #[getter]
+    fn path(&self) -> &str {
+        self.registration.path()
+    }
+
+    /// The table's rows.
+    #[getter]
+    fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// The addresses of every buffer the table's columns hold (children
+    /// included): how the tests see that the producer's buffers are shared.
+    fn buffer_addresses(&self) -> PyResult<Vec<usize>> {
+        fn collect(data: &arrow::array::ArrayData, out: &mut Vec<usize>) {
+            out.extend(data.buffers().iter().map(|b| b.as_ptr() as usize));
+            data.child_data().iter().for_each(|child| collect(child, out));
+        }
+        let table = hubnorm::source::memory::lookup(std::path::Path::new(self.path()))
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        let mut out = Vec::new();
+        for batch in &table.batches {
+            for column in batch.columns() {
+                collect(&column.to_data(), &mut out);
+            }
+        }
+        Ok(out)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<InMemoryTable {} ({} rows)>", self.path(), self.rows)
+    }
+}
+
 #[pymodule]
 fn _hubnorm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
@@ -640,6 +721,7 @@ fn _hubnorm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tune, m)?)?;
     m.add_function(wrap_pyfunction!(sql, m)?)?;
     m.add_function(wrap_pyfunction!(methods, m)?)?;
+    m.add_class::<InMemoryTable>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -137,6 +137,34 @@ def test_embeddings_wrap_a_contiguous_array_without_a_copy():
         hubnorm.embeddings(np.zeros(5))
 
 
+def test_in_memory_tables_cross_without_a_copy(samples):
+    """The engine holds the producer's buffers: a numpy array's, through
+    embeddings() and the Arrow C stream, and a pyarrow table's."""
+    a = np.random.default_rng(2).standard_normal((300, 16)).astype(np.float32)
+    held = hubnorm._hubnorm.InMemoryTable(hubnorm.embeddings(a), "gallery")
+    assert held.path.startswith("memory://gallery-") and held.rows == 300
+    assert a.ctypes.data in held.buffer_addresses()
+    table = pq.read_table(sample(samples, "gallery"))
+    held = hubnorm._hubnorm.InMemoryTable(table, "gallery")
+    values = table.column("embedding").chunk(0).values
+    assert values.buffers()[1].address in held.buffer_addresses()
+    polars = pytest.importorskip("polars")
+    frame = polars.from_arrow(table)
+    held = hubnorm._hubnorm.InMemoryTable(frame, "gallery")
+    assert held.rows == table.num_rows
+
+
+def test_a_one_shot_stream_serves_every_pass(samples):
+    """A RecordBatchReader can be read once; the passes read the gallery
+    more than once, so its batches are held for the call."""
+    kwargs = dict(methods="is,nnn", k=5, progress=False)
+    q, g, b = (sample(samples, n) for n in ("queries", "gallery", "bank"))
+    expected = results_rows(hubnorm.run(q, g, b, **kwargs).results)
+    table = pq.read_table(g)
+    stream = pa.RecordBatchReader.from_batches(table.schema, table.to_batches(max_chunksize=97))
+    assert results_rows(hubnorm.run(q, stream, b, **kwargs).results).equals(expected)
+
+
 def test_errors_carry_the_cli_facts(samples, tmp_path):
     # A ragged embedding: file, row and column of the bad value.
     table = pq.read_table(sample(samples, "gallery"))
@@ -155,6 +183,13 @@ def test_errors_carry_the_cli_facts(samples, tmp_path):
     assert "bad_gallery.parquet" in str(error)
     assert isinstance(error, hubnorm.HubnormError) and isinstance(error, ValueError)
     assert not (tmp_path / "out" / "results.parquet").exists()
+    # The same table in memory, in batches of 5 rows: named by its memory://
+    # path, with the row in the table.
+    chunked = pa.Table.from_batches(bad.to_batches(max_chunksize=5))
+    with pytest.raises(hubnorm.InputError) as raised:
+        hubnorm.run(sample(samples, "queries"), chunked, sample(samples, "bank"), progress=False)
+    assert raised.value.file.startswith("memory://gallery-"), raised.value.file
+    assert (raised.value.row, raised.value.column) == (7, "embedding"), str(raised.value)
     with pytest.raises(hubnorm.UsageError, match="unknown method|nope"):
         hubnorm.run(sample(samples, "queries"), sample(samples, "gallery"), sample(samples, "bank"),
                     methods="is,nope", progress=False)
@@ -164,7 +199,7 @@ def test_errors_carry_the_cli_facts(samples, tmp_path):
     with pytest.raises(hubnorm.MemoryLimitError):
         hubnorm.run(sample(samples, "queries"), sample(samples, "gallery"), sample(samples, "bank"),
                     memory_limit="1MiB", progress=False)
-    with pytest.raises(FileNotFoundError if False else hubnorm.HubnormError):
+    with pytest.raises(hubnorm.InputError, match="no such file"):
         hubnorm.run(tmp_path / "missing.parquet", sample(samples, "gallery"),
                     sample(samples, "bank"), progress=False)
 
@@ -263,6 +298,35 @@ def test_a_path_larger_than_the_memory_limit_stays_within_it(tmp_path):
     assert grown_mib <= limit_mib + 48, (
         f"peak RSS grew by {grown_mib:.0f} MiB for a {limit_mib} MiB limit "
         f"(gallery {gallery_mib:.0f} MiB)")
+
+
+def test_an_in_memory_gallery_larger_than_the_memory_limit_is_not_copied(tmp_path):
+    """A numpy gallery of 2.9× `memory_limit`: the run reads its buffer in
+    place, so the peak RSS grows by no more than for a path (the limit plus
+    48 MiB), far less than the gallery's size."""
+    limit_mib = 48
+    script = textwrap.dedent(f"""
+        import resource, numpy as np, hubnorm
+        rng = np.random.default_rng(5)
+        gallery = rng.standard_normal((96_000, 384), dtype=np.float32)
+        bank = hubnorm.embeddings(rng.standard_normal((4_000, 384), dtype=np.float32))
+        queries = hubnorm.embeddings(rng.standard_normal((300, 384), dtype=np.float32))
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        run = hubnorm.run(queries, gallery, bank, methods="is,nnn", k=10,
+                          memory_limit="{limit_mib}MiB", threads=2, progress=False)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print(base, peak, run.summary["gallery"])
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    base_kib, peak_kib, gallery = map(int, done.stdout.split())
+    assert gallery == 96_000
+    gallery_mib = 96_000 * 384 * 4 / 2**20
+    grown_mib = (peak_kib - base_kib) / 1024
+    assert grown_mib <= limit_mib + 48, (
+        f"peak RSS grew by {grown_mib:.0f} MiB for a {limit_mib} MiB limit "
+        f"(gallery {gallery_mib:.0f} MiB in memory)")
 
 
 def test_compare_report_and_export_write_the_cli_files(cli, samples, tmp_path):

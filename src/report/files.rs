@@ -14,7 +14,7 @@ use crate::error::{HubnormError, Result};
 use crate::ids::{id_at, IdIndex};
 use crate::report::compare::{Comparison, MethodFigures};
 use crate::sink::{AtomicFile, ParquetSink};
-use crate::source::{normalise_ids, open_parquet, EmbeddingTable};
+use crate::source::{memory, normalise_ids, open_parquet, EmbeddingTable};
 
 /// Reads the named columns of one Parquet file (all rows); a name the file
 /// lacks is an error naming the file and column.
@@ -70,11 +70,17 @@ pub fn read_file_columns(path: &Path, names: &[&str]) -> Result<Vec<ArrayRef>> {
 pub fn read_text_column(table: &EmbeddingTable, column: &str) -> Result<Option<ArrayRef>> {
     let mut pieces = Vec::with_capacity(table.parts.len());
     for part in &table.parts {
-        let has = open_parquet(&part.path)?.schema().index_of(column).is_ok();
-        if !has {
-            return Ok(None);
-        }
-        let values = read_file_columns(&part.path, &[column])?.remove(0);
+        let values = if memory::is_memory(&part.path) {
+            match memory::lookup(&part.path)?.column(column)? {
+                Some(values) => values,
+                None => return Ok(None),
+            }
+        } else {
+            if open_parquet(&part.path)?.schema().index_of(column).is_err() {
+                return Ok(None);
+            }
+            read_file_columns(&part.path, &[column])?.remove(0)
+        };
         pieces.push(arrow::compute::cast(&values, &DataType::Utf8)?);
     }
     let refs: Vec<&dyn Array> = pieces.iter().map(|a| a.as_ref()).collect();

@@ -35,7 +35,7 @@ struct PartReader {
     path: PathBuf,
     /// Table row of the part's first row.
     table_first_row: u64,
-    reader: ParquetRecordBatchReader,
+    reader: PartBatches,
     /// The object read, when remote (see [`decode_error`]).
     probe: Option<crate::storage::RemoteFile>,
     columns: Columns,
@@ -66,6 +66,9 @@ impl<'a> BlockReader<'a> {
             return Ok(false);
         };
         self.next_part += 1;
+        if memory::is_memory(&part.path) {
+            return self.open_memory_part(part);
+        }
         let (builder, probe) = open_parquet_probed(&part.path)?;
         let columns = locate_columns(
             &part.path,
@@ -139,7 +142,7 @@ impl<'a> BlockReader<'a> {
             }
             builder = builder.with_row_groups(kept);
         }
-        let mut reader = builder.build().map_err(|e| {
+        let reader = builder.build().map_err(|e| {
             decode_error(
                 &part.path,
                 None,
@@ -147,9 +150,10 @@ impl<'a> BlockReader<'a> {
                 probe.as_ref(),
             )
         })?;
+        let mut reader = PartBatches::Parquet(reader);
         let mut pending = None;
         while batch_first_row < skip {
-            match next_batch(&mut reader) {
+            match reader.next_batch() {
                 Some(Ok(batch)) if batch_first_row + batch.num_rows() as u64 <= skip => {
                     batch_first_row += batch.num_rows() as u64;
                 }
@@ -181,6 +185,45 @@ impl<'a> BlockReader<'a> {
         Ok(true)
     }
 
+    /// Opens an in-memory part: its batches are sliced, never copied, and
+    /// the rows before a resumed reader's start are skipped without reading.
+    fn open_memory_part(&mut self, part: &TablePart) -> Result<bool> {
+        let table = memory::lookup(&part.path)?;
+        let columns = locate_columns(
+            &part.path,
+            &table.schema,
+            &self.table.options,
+            self.table.has_targets,
+        )?;
+        let skip = std::mem::take(&mut self.skip_in_next_part);
+        let mut next = 0;
+        let mut batch_first_row = 0u64;
+        let mut pending = None;
+        while batch_first_row < skip {
+            let Some(batch) = table.batches.get(next) else {
+                break;
+            };
+            next += 1;
+            let rows = batch.num_rows() as u64;
+            if batch_first_row + rows <= skip {
+                batch_first_row += rows;
+            } else {
+                pending = Some((batch.clone(), (skip - batch_first_row) as usize));
+                break;
+            }
+        }
+        self.current = Some(PartReader {
+            path: part.path.clone(),
+            table_first_row: part.first_row,
+            reader: PartBatches::Memory { table, next },
+            probe: None,
+            columns,
+            pending,
+            batch_first_row,
+        });
+        Ok(true)
+    }
+
     /// The next block, or `None` at the end of the table.
     pub fn next_block(&mut self) -> Result<Option<EmbeddingBlock>> {
         crate::cancel::check()?;
@@ -204,7 +247,7 @@ impl<'a> BlockReader<'a> {
             }
             let part = self.current.as_mut().expect("opened above");
             if part.pending.is_none() {
-                match next_batch(&mut part.reader) {
+                match part.reader.next_batch() {
                     Some(Ok(batch)) => part.pending = Some((batch, 0)),
                     Some(Err(e)) => {
                         let err = decode_error(
@@ -314,13 +357,36 @@ impl<'a> BlockReader<'a> {
     }
 }
 
+/// Where a part's record batches come from.
+enum PartBatches {
+    Parquet(ParquetRecordBatchReader),
+    /// An in-memory table, from its batch `next` on.
+    Memory {
+        table: std::sync::Arc<memory::MemoryTable>,
+        next: usize,
+    },
+}
+
+impl PartBatches {
+    fn next_batch(&mut self) -> Option<std::result::Result<RecordBatch, String>> {
+        match self {
+            PartBatches::Parquet(reader) => next_parquet_batch(reader),
+            PartBatches::Memory { table, next } => {
+                let batch = table.batches.get(*next)?.clone();
+                *next += 1;
+                Some(Ok(batch))
+            }
+        }
+    }
+}
+
 /// The next record batch of `reader`. The parquet crate (59) panics on
 /// some damaged pages instead of failing, e.g. on a dictionary index bit
 /// width over 32 (`BitReader::get_batch`,
 /// tests/fixtures/fuzz/dictionary_bit_width.parquet); such a panic is
 /// caught here and is a decoding error like the others. The reader must not
 /// be used after an error.
-fn next_batch(
+fn next_parquet_batch(
     reader: &mut ParquetRecordBatchReader,
 ) -> Option<std::result::Result<RecordBatch, String>> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.next())) {

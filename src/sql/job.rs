@@ -34,6 +34,9 @@ pub enum OutputFormat {
     Csv,
     /// A Parquet file (needs an output path), streamed.
     Parquet,
+    /// Record batches kept in [`SqlOutcome::batches`], for the library's
+    /// callers (the Python package); not a command-line choice.
+    Batches,
 }
 
 impl std::str::FromStr for OutputFormat {
@@ -80,6 +83,8 @@ pub struct SqlOutcome {
     pub tables: Vec<(String, String)>,
     /// Recorded inputs that could not be registered, and why.
     pub skipped: Vec<String>,
+    /// The last statement's schema and rows, with [`OutputFormat::Batches`].
+    pub batches: Option<(datafusion::arrow::datatypes::SchemaRef, Vec<RecordBatch>)>,
 }
 
 /// Output files of the commands a run directory may hold, as table names.
@@ -158,8 +163,21 @@ pub fn run_tables(dir: &Path) -> Result<(NamedTables, Vec<String>)> {
     Ok((tables, skipped))
 }
 
-/// Registers the Parquet files of `spec` (file, directory or glob) as `name`.
+/// Registers the Parquet files of `spec` (file, directory or glob), or the
+/// in-memory table it names, as `name`.
 async fn register_parquet(ctx: &SessionContext, name: &str, spec: &str) -> Result<()> {
+    if crate::source::memory::is_memory(Path::new(spec)) {
+        let table = crate::source::memory::lookup(Path::new(spec))?;
+        // The batches are shared, not copied.
+        let table = datafusion::datasource::MemTable::try_new(
+            table.schema.clone(),
+            vec![table.batches.clone()],
+        )
+        .map_err(|e| sql_error(e, None))?;
+        ctx.register_table(name, Arc::new(table))
+            .map_err(|e| sql_error(e, None))?;
+        return Ok(());
+    }
     let files = crate::source::expand_spec(spec)?;
     let urls = files
         .iter()
@@ -298,7 +316,7 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
             }
         }
         if let Some(output) = output {
-            output.finish()?;
+            outcome.batches = output.finish()?;
         }
     }
     Ok(outcome)
@@ -318,6 +336,11 @@ enum Output<'a> {
         file: Option<AtomicFile>,
     },
     Parquet(ParquetSink),
+    /// Kept for the caller.
+    Batches {
+        batches: Vec<RecordBatch>,
+        schema: datafusion::arrow::datatypes::SchemaRef,
+    },
 }
 
 impl<'a> Output<'a> {
@@ -327,7 +350,7 @@ impl<'a> Output<'a> {
         stdout: &'a mut dyn Write,
     ) -> Result<Self> {
         let (writer, file): (Box<dyn Write + 'a>, Option<AtomicFile>) = match &job.out {
-            Some(out) if job.format != OutputFormat::Parquet => {
+            Some(out) if matches!(job.format, OutputFormat::Table | OutputFormat::Csv) => {
                 let (file, handle) = AtomicFile::create(out, job.overwrite)?;
                 (Box::new(std::io::BufWriter::new(handle)), Some(file))
             }
@@ -346,6 +369,10 @@ impl<'a> Output<'a> {
                     .build(writer),
                 file,
             },
+            OutputFormat::Batches => Output::Batches {
+                batches: Vec::new(),
+                schema,
+            },
             OutputFormat::Parquet => Output::Parquet(ParquetSink::create(
                 job.out.as_deref().expect("checked"),
                 schema,
@@ -360,11 +387,16 @@ impl<'a> Output<'a> {
             Output::Table { batches, .. } => batches.push(batch),
             Output::Csv { writer, .. } => writer.write(&batch)?,
             Output::Parquet(sink) => sink.write(&batch)?,
+            Output::Batches { batches, .. } => batches.push(batch),
         }
         Ok(())
     }
 
-    fn finish(self) -> Result<()> {
+    /// Flushes and commits the output; returns the rows when they are kept.
+    #[allow(clippy::type_complexity)]
+    fn finish(
+        self,
+    ) -> Result<Option<(datafusion::arrow::datatypes::SchemaRef, Vec<RecordBatch>)>> {
         let io = |e: std::io::Error| HubnormError::io("standard output", e);
         match self {
             Output::Table {
@@ -390,7 +422,8 @@ impl<'a> Output<'a> {
             Output::Parquet(sink) => {
                 sink.finish()?;
             }
+            Output::Batches { batches, schema } => return Ok(Some((schema, batches))),
         }
-        Ok(())
+        Ok(None)
     }
 }

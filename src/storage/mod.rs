@@ -53,10 +53,12 @@ pub fn is_url(text: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
-/// Whether `path` is a URL of an object store (not a local path or `file://`).
+/// Whether `path` is a URL of an object store (not a local path, `file://`
+/// or an in-memory table's `memory://`).
 pub fn is_remote(path: &Path) -> bool {
-    path.to_str()
-        .is_some_and(|s| is_url(s) && !s.starts_with("file://"))
+    path.to_str().is_some_and(|s| {
+        is_url(s) && !s.starts_with("file://") && !s.starts_with(crate::source::memory::SCHEME)
+    })
 }
 
 /// What `path` names. A URL that cannot be used (unknown scheme, secrets in
@@ -334,6 +336,7 @@ mod tests {
         assert!(!is_url("://nothing"));
         assert!(is_remote(Path::new("gs://b/k")));
         assert!(!is_remote(Path::new("file:///tmp/x")));
+        assert!(!is_remote(Path::new("memory://queries-1")));
         match locate(Path::new("file:///tmp/x.parquet")).unwrap() {
             Location::Local(p) => assert_eq!(p, PathBuf::from("/tmp/x.parquet")),
             Location::Remote(u) => panic!("{u} is local"),
