@@ -3,6 +3,7 @@
 //! drivers of pass 1 (column statistics), pass 2 (search) and the Sinkhorn
 //! sweeps.
 
+pub mod bf16;
 pub mod column_stats;
 mod dispatch;
 pub mod exp;

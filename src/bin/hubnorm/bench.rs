@@ -61,6 +61,53 @@ fn measured_peak_gflops(pool: &rayon::ThreadPool) -> Option<f64> {
     }
 }
 
+/// bf16 dot-product throughput of this machine (AVX512_BF16): 12
+/// independent chains of `vdpbf16ps` per thread, each instruction 16 lanes ×
+/// 2 products and 2 additions (4 flops), on every worker thread at once.
+fn measured_bf16_peak_gflops(pool: &rayon::ThreadPool) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !hubnorm::kernel::bf16::has_avx512_bf16() {
+            return None;
+        }
+        #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+        fn dot_chains(iterations: u64) -> f32 {
+            use std::arch::x86_64::*;
+            // SAFETY: plain bit patterns of 32 bf16 values.
+            let (x, y) = unsafe {
+                (
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi16(0x3f80)),
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi16(0x3400)),
+                )
+            };
+            let mut acc = [_mm512_set1_ps(1.0); 12];
+            for _ in 0..iterations {
+                for a in acc.iter_mut() {
+                    *a = _mm512_dpbf16_ps(*a, x, y);
+                }
+            }
+            acc.iter().map(|a| _mm512_reduce_add_ps(*a)).sum()
+        }
+        let iterations = 20_000_000u64;
+        let threads = pool.current_num_threads();
+        let t = Instant::now();
+        let sum: f32 = pool.install(|| {
+            (0..threads)
+                .into_par_iter()
+                // SAFETY: AVX512_BF16 was detected above.
+                .map(|_| unsafe { dot_chains(std::hint::black_box(iterations)) })
+                .sum()
+        });
+        std::hint::black_box(sum);
+        let flops = threads as f64 * iterations as f64 * 12.0 * 16.0 * 4.0;
+        Some(flops / t.elapsed().as_secs_f64() / 1e9)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Embedding dimensions to measure.
@@ -223,8 +270,12 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             });
         return match best {
             Some(peak) => {
+                let bf16 = (0..3)
+                    .filter_map(|_| measured_bf16_peak_gflops(&pool))
+                    .fold(None, |best: Option<f64>, p| Some(best.map_or(p, |b| b.max(p))));
+                let bf16 = bf16.map_or(String::new(), |p| format!(" bf16_peak_gflops={p:.1}"));
                 println!(
-                    "peak_gflops={peak:.1} threads={}",
+                    "peak_gflops={peak:.1} threads={}{bf16}",
                     pool.current_num_threads()
                 );
                 Ok(())
@@ -235,11 +286,13 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         };
     }
     let peak = measured_peak_gflops(&pool).unwrap_or(DESIGN_PEAK_GFLOPS);
+    let bf16_peak = measured_bf16_peak_gflops(&pool);
     println!(
-        "threads {}, AVX-512 {}, GEMM: {}, measured FMA peak {peak:.1} GFLOP/s (DESIGN.md's machine: {DESIGN_PEAK_GFLOPS})",
+        "threads {}, AVX-512 {}, GEMM: {}, measured FMA peak {peak:.1} GFLOP/s, bf16 dot peak {} (DESIGN.md's machine: {DESIGN_PEAK_GFLOPS})",
         pool.current_num_threads(),
         if has_avx512() { "on" } else { "off" },
-        hubnorm::kernel::gemm::backend_name()
+        hubnorm::kernel::gemm::backend_name(),
+        bf16_peak.map_or("n/a (no AVX512_BF16)".into(), |p| format!("{p:.1} GFLOP/s")),
     );
     for &dim in &args.dims {
         if args.sinkhorn_only {

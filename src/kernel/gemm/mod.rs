@@ -119,6 +119,60 @@ pub fn similarity_tile(
     }
 }
 
+/// The bits [`similarity_tile`] writes for rows `q` and `g` of an `m × n`
+/// tile (of any `dim = q.len()`), computed for this one pair: what a
+/// screened search re-scores its candidates with, so that they come out
+/// exactly as the full tile would have them. `None` where the tile takes a
+/// path whose summation order this does not reproduce: a system BLAS, a CPU
+/// without AVX-512 (other `gemm` kernels), or the shapes the `gemm` crate
+/// hands to its small-matrix kernels (`m` or `n` ≤ 1, `m·n` ≤ 256, `dim` ≤ 2).
+///
+/// The `gemm` crate (0.19) computes every element of such a tile by its
+/// AVX-512 microkernel: a chain of fused multiply-adds from +0 over each
+/// depth block of `kc` dimensions, in order, the blocks' sums added to the
+/// element in order. `kc` is `min(dim, 512)` for tiles of at most 64 × 64
+/// and otherwise the crate's cache-derived [`gemm_common::cache::kernel_params`]
+/// (for its 64 × 6 f32 microkernel); `tests::tile_scores_are_the_tiles_bits`
+/// holds this to the crate's output.
+pub fn tile_score(q: &[f32], g: &[f32], m: usize, n: usize) -> Option<f32> {
+    let dim = q.len();
+    assert_eq!(g.len(), dim, "rows of different dimensions");
+    if BLAS.get().is_some() || !has_avx512f() || dim <= 2 || m <= 1 || n <= 1 || m * n <= 256 {
+        return None;
+    }
+    let kc = depth_block(m, n, dim);
+    let mut element = 0.0f32;
+    for (block, (q, g)) in q.chunks(kc).zip(g.chunks(kc)).enumerate() {
+        let sum = q.iter().zip(g).fold(0.0f32, |acc, (&x, &y)| x.mul_add(y, acc));
+        element = if block == 0 { sum } else { element + sum };
+    }
+    Some(element)
+}
+
+/// The `gemm` crate's depth block for an `m × n × dim` f32 product on AVX-512.
+fn depth_block(m: usize, n: usize, dim: usize) -> usize {
+    /// Rows and columns of the crate's AVX-512 f32 microkernel (4 × 16 by 6).
+    const MR: usize = 64;
+    const NR: usize = 6;
+    if m <= 64 && n <= 64 {
+        dim.min(512)
+    } else {
+        // The crate computes a row-major destination as its transpose.
+        gemm_common::cache::kernel_params(n, m, dim, MR, NR, std::mem::size_of::<f32>()).kc
+    }
+}
+
+fn has_avx512f() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// The textbook triple loop, kept as the baseline the benchmark compares with
 /// and as a reference in tests. Never used on the hot path.
 pub fn naive_similarity_tile(
@@ -164,5 +218,53 @@ mod tests {
             // Padding beyond the tile width is left alone.
             assert!(fast[i * ld + n..(i + 1) * ld].iter().all(|v| v.is_nan()));
         }
+    }
+
+    /// Every element of tiles of the search's shape and of edge shapes, at
+    /// dimensions on both sides of the depth blocks, equals `tile_score`'s
+    /// bits; values span magnitudes (tiny ones make products round and
+    /// underflow) and signs, so that a different order would show.
+    #[test]
+    fn tile_scores_are_the_tiles_bits() {
+        if !has_avx512f() {
+            eprintln!("SKIPPED: no AVX-512F here: the gemm crate takes another kernel");
+            return;
+        }
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let unit = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            let scale = [1.0f32, 1e-3, 1e-20, 3.0][(state % 4) as usize];
+            unit * scale
+        };
+        let shapes = [(512, 2048), (100, 37), (65, 65), (64, 64), (2, 200), (17, 300)];
+        let mut checked = 0;
+        for &(m, n) in &shapes {
+            for dim in [3, 384, 511, 513, 768, 1000, 1537, 4096] {
+                let a: Vec<f32> = (0..m * dim).map(|_| next()).collect();
+                let b: Vec<f32> = (0..n * dim).map(|_| next()).collect();
+                let mut out = vec![0.0f32; m * n];
+                similarity_tile(&mut out, n, &a, m, &b, n, dim);
+                for i in (0..m).step_by(7) {
+                    for j in (0..n).step_by(5) {
+                        let q = &a[i * dim..(i + 1) * dim];
+                        let g = &b[j * dim..(j + 1) * dim];
+                        let expected = out[i * n + j];
+                        let got = tile_score(q, g, m, n).expect("a microkernel tile");
+                        assert_eq!(
+                            got.to_bits(),
+                            expected.to_bits(),
+                            "{m}×{n} tile, dim {dim}, element ({i}, {j}): {got} vs {expected}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 10_000, "{checked}");
+        assert!(tile_score(&[1.0; 8], &[1.0; 8], 1, 300).is_none());
+        assert!(tile_score(&[1.0; 8], &[1.0; 8], 16, 16).is_none());
     }
 }
