@@ -146,6 +146,64 @@ pub struct PassOptions {
     pub sinkhorn_tolerance: Option<f64>,
     /// How the summaries measure hubness and quality.
     pub report: ReportOptions,
+    /// How pass 2 computes the similarities it ranks by.
+    pub precision: Precision,
+}
+
+/// How pass 2 computes the similarities it ranks by (`--precision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// f32 tiles throughout.
+    #[default]
+    Exact,
+    /// A bf16 screen, re-scoring in f32 every item it cannot rule out of a
+    /// top-k (docs/precision.md): the lists, scores and counts of `Exact`.
+    /// Needs AVX512_BF16 (and the `gemm` crate's AVX-512 tiles).
+    Screened,
+    /// `Screened` where the CPU and the methods allow it, else `Exact`.
+    Auto,
+}
+
+impl Precision {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Exact => "exact",
+            Precision::Screened => "screened",
+            Precision::Auto => "auto",
+        }
+    }
+
+    /// Whether pass 2 screens, for methods that `all_screenable` or not;
+    /// `Screened` where it cannot is refused, naming what is missing.
+    pub fn screens(self, all_screenable: bool) -> Result<bool> {
+        let cpu = crate::kernel::bf16::has_avx512_bf16() && crate::kernel::gemm::blas().is_none();
+        match self {
+            Precision::Exact => Ok(false),
+            Precision::Auto => Ok(cpu && all_screenable),
+            Precision::Screened if !cpu => Err(HubnormError::Usage(
+                "--precision screened needs AVX512_BF16 and the built-in GEMM (no HUBNORM_BLAS); this machine has not both: use --precision auto or exact".into(),
+            )),
+            Precision::Screened if !all_screenable => Err(HubnormError::Usage(
+                "--precision screened: dsl, gc, ls, nicdm and mp score other than s − h(g), which the screen cannot bound yet; use --precision auto (they run exact) or exact".into(),
+            )),
+            Precision::Screened => Ok(true),
+        }
+    }
+}
+
+impl FromStr for Precision {
+    type Err = HubnormError;
+    fn from_str(s: &str) -> std::result::Result<Self, HubnormError> {
+        match s {
+            "exact" => Ok(Precision::Exact),
+            "screened" => Ok(Precision::Screened),
+            "auto" => Ok(Precision::Auto),
+            other => Err(HubnormError::Usage(format!(
+                "--precision is exact, screened or auto, not '{other}'"
+            ))),
+        }
+    }
 }
 
 /// How runs summarise their top-k lists and ranks.
@@ -177,6 +235,7 @@ impl Default for PassOptions {
             threads: 0,
             sinkhorn_tolerance: None,
             report: ReportOptions::default(),
+            precision: Precision::Exact,
         }
     }
 }

@@ -198,6 +198,28 @@ pub struct RunSummary {
     pub k: usize,
     pub normalize: bool,
     pub methods: Vec<MethodSummary>,
+    /// What pass 2's bf16 screen did, when it screened (`--precision`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub screen: Option<ScreenSummary>,
+}
+
+/// What pass 2's bf16 screen did: the (query, item) pairs it screened (per
+/// scoring) and those it re-scored in f32. The results are the exact
+/// search's; the share re-scored is what the screen did not save, and grows
+/// as the similarities crowd together (a narrow band, a large k).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct ScreenSummary {
+    pub screened_pairs: u64,
+    pub rescored_pairs: u64,
+}
+
+impl ScreenSummary {
+    pub(crate) fn of(counts: crate::kernel::ScreenCounts) -> Self {
+        ScreenSummary {
+            screened_pairs: counts.screened,
+            rescored_pairs: counts.rescored,
+        }
+    }
 }
 
 /// summary.json: the summary, and the fingerprint the run's Parquet outputs

@@ -376,9 +376,9 @@ pub(crate) fn refuse_output_in_inputs(out: &Path, inputs: &[(&str, &str)]) -> Re
     let out = &crate::storage::local_or_url(out)?;
     let out_abs = absolute(out);
     // An in-memory table is no place an output could be written to.
-    let files = inputs.iter().filter(|(_, spec)| {
-        !spec.is_empty() && !crate::source::memory::is_memory(Path::new(spec))
-    });
+    let files = inputs
+        .iter()
+        .filter(|(_, spec)| !spec.is_empty() && !crate::source::memory::is_memory(Path::new(spec)));
     for &(role, spec) in files {
         let local_spec = crate::storage::local_or_url(Path::new(spec))?;
         let spec_path = local_spec.as_path();

@@ -783,7 +783,10 @@ fn a_stats_column_of_the_wrong_type_is_refused() {
 
 /// `table`'s rows in record batches of the given sizes, cycled (0 included:
 /// an empty batch must be skipped).
-fn in_batches(table: &arrow::array::RecordBatch, sizes: &[usize]) -> Vec<arrow::array::RecordBatch> {
+fn in_batches(
+    table: &arrow::array::RecordBatch,
+    sizes: &[usize],
+) -> Vec<arrow::array::RecordBatch> {
     let mut batches = Vec::new();
     let mut start = 0;
     for &size in sizes.iter().cycle() {
@@ -838,14 +841,21 @@ fn in_memory_tables_read_like_their_files() {
         let blocks: Vec<_> = blocks.map(|b| b.unwrap()).collect();
         let data: Vec<f32> = blocks.iter().flat_map(|b| b.data.clone()).collect();
         let ids: Vec<_> = blocks.iter().map(|b| b.ids.to_data()).collect();
-        (data, ids.len(), blocks.iter().map(|b| b.first_row).collect::<Vec<_>>())
+        (
+            data,
+            ids.len(),
+            blocks.iter().map(|b| b.first_row).collect::<Vec<_>>(),
+        )
     };
     for range in [0..5000, 1003..1010, 1007..4321, 4999..5000] {
         assert_eq!(rows_of(&file, range.clone()), rows_of(&held, range));
     }
     let sampled = |table: &EmbeddingTable| {
         let sample = table.sampled(700, 3).unwrap();
-        let ids: Vec<_> = sample.blocks(256).map(|b| b.unwrap().ids.to_data()).collect();
+        let ids: Vec<_> = sample
+            .blocks(256)
+            .map(|b| b.unwrap().ids.to_data())
+            .collect();
         ids
     };
     assert_eq!(sampled(&file), sampled(&held));
@@ -859,13 +869,21 @@ fn in_memory_tables_read_like_their_files() {
     let values: Vec<f32> = {
         use arrow::array::AsArray;
         let list = columns[position].as_fixed_size_list();
-        let mut v = list.values().as_primitive::<arrow::datatypes::Float32Type>().values().to_vec();
+        let mut v = list
+            .values()
+            .as_primitive::<arrow::datatypes::Float32Type>()
+            .values()
+            .to_vec();
         v[(bad_row - 1000) * 64 + 5] = f32::NAN;
         v
     };
     columns[position] = std::sync::Arc::new(
         arrow::array::FixedSizeListArray::try_new(
-            std::sync::Arc::new(arrow::datatypes::Field::new("item", arrow::datatypes::DataType::Float32, true)),
+            std::sync::Arc::new(arrow::datatypes::Field::new(
+                "item",
+                arrow::datatypes::DataType::Float32,
+                true,
+            )),
             64,
             std::sync::Arc::new(arrow::array::Float32Array::from(values)),
             None,
@@ -884,7 +902,9 @@ fn in_memory_tables_read_like_their_files() {
     .unwrap_err();
     let message = failed.to_string();
     assert!(
-        message.contains(bad.path()) && message.contains("row 1003") && message.contains("embedding"),
+        message.contains(bad.path())
+            && message.contains("row 1003")
+            && message.contains("embedding"),
         "{message}"
     );
     assert!(!dir.path().join("bad").join("results.parquet").exists());

@@ -7,6 +7,8 @@
 //! bound's main term, the error must come close to it (the bound is not
 //! loose by construction).
 
+mod common;
+
 use hubnorm::kernel::bf16::{convert_rows, row_norms, screen_tile, ScreenBound};
 use hubnorm::kernel::gemm::similarity_tile;
 use rand::rngs::StdRng;
@@ -18,7 +20,10 @@ fn worst_ratio(q: &[f32], g: &[f32], dim: usize, label: &str) -> f64 {
     let (m, n) = (q.len() / dim, g.len() / dim);
     let mut exact = vec![0.0f32; m * n];
     similarity_tile(&mut exact, n, q, m, g, n, dim);
-    let (qb, gb) = (convert_rows(q).expect("finite"), convert_rows(g).expect("finite"));
+    let (qb, gb) = (
+        convert_rows(q).expect("finite"),
+        convert_rows(g).expect("finite"),
+    );
     let mut screened = vec![0.0f32; m * n];
     screen_tile(&mut screened, n, &qb, m, &gb, n, dim);
     let bound = ScreenBound::new(dim);
@@ -100,13 +105,20 @@ fn errors_lined_up_at_rounding_boundaries_reach_the_bound_but_not_past_it() {
         // Equal magnitudes with one sign pattern: every product positive and
         // Σ|qg| = ‖q‖‖g‖; powers of two keep the significand (the rounding).
         let sign = |i: usize| if (i * 7 / 3) % 2 == 0 { 1.0 } else { -1.0 };
-        let q: Vec<f32> = (0..4 * dim).map(|i| sign(i % dim) * below_half * 2f32.powi(-5)).collect();
-        let g: Vec<f32> = (0..6 * dim).map(|i| sign(i % dim) * below_half * 2f32.powi(-4)).collect();
+        let q: Vec<f32> = (0..4 * dim)
+            .map(|i| sign(i % dim) * below_half * 2f32.powi(-5))
+            .collect();
+        let g: Vec<f32> = (0..6 * dim)
+            .map(|i| sign(i % dim) * below_half * 2f32.powi(-4))
+            .collect();
         let ratio = worst_ratio(&q, &g, dim, &format!("rounding boundaries, dim {dim}"));
         eprintln!("dim {dim}: the error reaches {ratio:.3} of the bound");
         // The conversion term is attained; the accumulation terms (≈ d·2⁻²⁴
         // each) are not, since those roundings have both signs.
-        assert!(ratio > 0.9, "dim {dim}: the error reaches only {ratio:.3} of the bound");
+        assert!(
+            ratio > 0.9,
+            "dim {dim}: the error reaches only {ratio:.3} of the bound"
+        );
     }
     // Exactly halfway, ties to even: 1 + 2⁻⁸ rounds down to 1 as well.
     let dim = 768;
@@ -132,7 +144,9 @@ fn unnormalised_scales_denormals_and_cancellation_stay_within_the_bound() {
     let g: Vec<f32> = (0..20 * dim).map(|i| 1e30 * (1 + i % 11) as f32).collect();
     worst_ratio(&q, &g, dim, "denormals × large");
     // Tiny products whose partial sums the instruction flushes.
-    let q: Vec<f32> = (0..10 * dim).map(|i| 1e-20 * if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
+    let q: Vec<f32> = (0..10 * dim)
+        .map(|i| 1e-20 * if i % 2 == 0 { 1.0 } else { -1.0 })
+        .collect();
     let g: Vec<f32> = (0..20 * dim).map(|_| 3e-19).collect();
     worst_ratio(&q, &g, dim, "flushed partial sums");
     // Cancellation: a score near zero from large terms of both signs.
@@ -149,4 +163,222 @@ fn values_beyond_bf16_range_are_refused() {
     assert!(convert_rows(&[0.5, 3.4e38]).is_none());
     assert!(convert_rows(&[0.5, f32::INFINITY]).is_none());
     assert!(convert_rows(&[0.5, 1e38]).is_some());
+}
+
+use hubnorm::kernel::{
+    search_block, search_block_screened, ColumnScoring, Positives, QueryState, Rows, ScreenData,
+};
+
+/// The states' lists (score and raw bits, rows) and counts, for comparing.
+fn outcome(states: &[QueryState]) -> Vec<(Vec<(u32, u32, u32)>, u64, u64)> {
+    states
+        .iter()
+        .map(|s| {
+            let list = s
+                .top
+                .sorted()
+                .iter()
+                .map(|c| (c.score.to_bits(), c.raw.to_bits(), c.row))
+                .collect();
+            (list, s.greater, s.equal)
+        })
+        .collect()
+}
+
+/// Searches `queries` × `gallery` exactly and screened with the scorings
+/// `hs` (one correction vector each) and top-`k`; ground truth: each
+/// query's target score is that of its exact 3rd-best item under the first
+/// scoring, its positive the 7th. Asserts identical states; returns the
+/// screen's counts.
+fn screened_equals_exact(
+    queries: &[f32],
+    gallery: &[f32],
+    dim: usize,
+    hs: &[Vec<f32>],
+    k: usize,
+) -> (u64, u64) {
+    let (q, g) = (Rows::new(queries, dim), Rows::new(gallery, dim));
+    let scorings: Vec<ColumnScoring<'_>> = hs.iter().map(|h| ColumnScoring::Subtract(h)).collect();
+    let fresh = |targets: Option<&[f32]>| -> Vec<QueryState> {
+        (0..q.rows)
+            .flat_map(|i| (0..hs.len()).map(move |_| QueryState::new(k, targets.map(|t| t[i]))))
+            .collect()
+    };
+    // The lists without ground truth give the targets and positives.
+    let mut probe = fresh(None);
+    search_block(q, g, 0, &scorings, &Positives::none(q.rows), &mut probe);
+    let firsts: Vec<Vec<_>> = probe.chunks(hs.len()).map(|s| s[0].top.sorted()).collect();
+    let targets: Vec<f32> = firsts
+        .iter()
+        .map(|l| l.get(2).map_or(f32::NAN, |c| c.score))
+        .collect();
+    let positives = Positives::from_lists(
+        firsts
+            .iter()
+            .map(|l| l.get(6).map(|c| vec![c.row]).unwrap_or_default()),
+    );
+    let mut exact = fresh(Some(&targets));
+    search_block(q, g, 7, &scorings, &positives, &mut exact);
+    let screen = ScreenData::prepare(q, g).expect("in bf16 range");
+    let mut screened = fresh(Some(&targets));
+    let counts = search_block_screened(q, g, 7, &scorings, &positives, &mut screened, &screen);
+    let (a, b) = (outcome(&exact), outcome(&screened));
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(x, y, "query {}, scoring {}", i / hs.len(), i % hs.len());
+    }
+    (counts.screened, counts.rescored)
+}
+
+#[test]
+fn screened_search_equals_the_exact_search() {
+    if !hubnorm::kernel::gemm::reproducible(512, 2048, 384) {
+        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no AVX-512)");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(34);
+    // Two query strips (512 + 88), three gallery tiles (2048, 2048, 904).
+    for dim in [384, 100] {
+        let queries = gaussian_rows(&mut rng, 600, dim, true);
+        let mut gallery = gaussian_rows(&mut rng, 5000, dim, true);
+        // Exact duplicates: ties broken by row, across tiles.
+        for (from, to) in [(5, 3000), (5, 4100), (2047, 2048)] {
+            let row = gallery[from * dim..(from + 1) * dim].to_vec();
+            gallery[to * dim..(to + 1) * dim].copy_from_slice(&row);
+        }
+        let zeros = vec![0.0f32; 5000];
+        let h: Vec<f32> = (0..5000).map(|_| rng.random_range(-0.05..0.05)).collect();
+        // Corrections that make near-ties of the corrected scores.
+        let coarse: Vec<f32> = h.iter().map(|v| (v * 64.0).round() / 64.0).collect();
+        for k in [1, 10, 100] {
+            let (screened, rescored) = screened_equals_exact(
+                &queries,
+                &gallery,
+                dim,
+                &[zeros.clone(), h.clone(), coarse.clone()],
+                k,
+            );
+            eprintln!("dim {dim}, k {k}: re-scored {rescored} of {screened} pairs");
+            assert!(rescored < screened, "the screen ruled nothing out");
+        }
+    }
+}
+
+#[test]
+fn screened_search_of_a_narrow_band_equals_the_exact_search() {
+    if !hubnorm::kernel::gemm::reproducible(512, 2048, 768) {
+        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no AVX-512)");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(35);
+    let dim = 768;
+    let centre = gaussian_rows(&mut rng, 1, dim, true);
+    let band = |rng: &mut StdRng, rows: usize| {
+        let noise = gaussian_rows(rng, rows, dim, true);
+        let mut data: Vec<f32> = noise
+            .chunks_exact(dim)
+            .flat_map(|row| row.iter().zip(&centre).map(|(n, c)| 0.89 * c + 0.46 * n))
+            .collect();
+        for row in data.chunks_exact_mut(dim) {
+            let norm = row.iter().map(|&v| v * v).sum::<f32>().sqrt();
+            row.iter_mut().for_each(|v| *v /= norm);
+        }
+        data
+    };
+    let queries = band(&mut rng, 130);
+    let gallery = band(&mut rng, 3000);
+    let h: Vec<f32> = (0..3000).map(|_| rng.random_range(-0.01..0.01)).collect();
+    let (screened, rescored) = screened_equals_exact(&queries, &gallery, dim, &[h], 10);
+    eprintln!("narrow band: re-scored {rescored} of {screened} pairs");
+}
+
+/// `run --precision screened` writes the exact run's lists and figures
+/// (methods of every additive family, several query and gallery blocks
+/// under a small memory limit), records the choice, and reports what the
+/// screen did; methods it cannot bound are refused when asked for, and run
+/// exact under `auto`.
+#[test]
+fn screened_runs_write_the_exact_runs_results() {
+    use hubnorm::options::{MemoryBudget, MethodSpec, PassOptions, Precision};
+    use hubnorm::pipeline::{self, RunJob};
+    use hubnorm::progress::Silent;
+    if !hubnorm::kernel::bf16::has_avx512_bf16() {
+        eprintln!("SKIPPED: no AVX512_BF16 on this CPU: --precision screened is refused here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    common::write_case(
+        dir.path(),
+        &common::CaseShape {
+            seed: 36,
+            gallery: 5000,
+            queries: 700,
+            bank: 1500,
+            dim: 64,
+            noise: 0.3,
+        },
+    );
+    let job = |methods: &str, precision: Precision, out: &str| RunJob {
+        queries: dir.path().join("queries.parquet").display().to_string(),
+        gallery: dir.path().join("gallery.parquet").display().to_string(),
+        bank: dir.path().join("bank.parquet").display().to_string(),
+        gallery_bank: None,
+        bank_sample: None,
+        transductive: false,
+        methods: methods
+            .split(',')
+            .map(|m| MethodSpec::new(m, &[]).unwrap())
+            .collect(),
+        k: 10,
+        out_dir: dir.path().join(out),
+        overwrite: false,
+        options: PassOptions {
+            // Two query blocks, each streaming the gallery in blocks.
+            memory: MemoryBudget(18 << 20),
+            threads: 1,
+            precision,
+            ..PassOptions::default()
+        },
+        cluster: None,
+    };
+    let methods = "is,nnn,csls,dis";
+    let exact = pipeline::run(&job(methods, Precision::Exact, "exact"), &Silent).unwrap();
+    let screened = pipeline::run(&job(methods, Precision::Screened, "screened"), &Silent).unwrap();
+    assert_eq!(exact.methods, screened.methods);
+    let rows = |out: &str| common::read_results(&dir.path().join(out).join("results.parquet"));
+    assert_eq!(rows("exact"), rows("screened"));
+    assert!(exact.screen.is_none());
+    let screen = screened.screen.expect("screened");
+    eprintln!(
+        "re-scored {} of {} pairs",
+        screen.rescored_pairs, screen.screened_pairs
+    );
+    // Every pair of every scoring (equal scorings are searched once).
+    assert_eq!(screen.screened_pairs % (700 * 5000), 0, "{screen:?}");
+    assert!(screen.screened_pairs >= 700 * 5000 * 4, "{screen:?}");
+    assert!(
+        screen.rescored_pairs < screen.screened_pairs / 4,
+        "{screen:?}"
+    );
+    let precision = |out: &str| {
+        common::parquet_metadata(&dir.path().join(out).join("results.parquet"))
+            .into_iter()
+            .find(|(k, _)| k == "hubnorm.precision")
+            .map(|(_, v)| v)
+    };
+    assert_eq!(precision("exact").as_deref(), Some("exact"));
+    assert_eq!(precision("screened").as_deref(), Some("screened"));
+
+    // gc keeps every bank similarity: a larger limit.
+    let roomy = |precision: Precision, out: &str| {
+        let mut j = job("is,gc", precision, out);
+        j.options.memory = MemoryBudget(128 << 20);
+        j
+    };
+    let refused = pipeline::run(&roomy(Precision::Screened, "refused"), &Silent).unwrap_err();
+    assert!(refused.to_string().contains("gc"), "{refused}");
+    assert_eq!(refused.exit_code(), 2);
+    assert!(!dir.path().join("refused").join("results.parquet").exists());
+    let auto = pipeline::run(&roomy(Precision::Auto, "auto"), &Silent).unwrap();
+    assert!(auto.screen.is_none());
+    assert_eq!(precision("auto").as_deref(), Some("exact"));
 }

@@ -692,7 +692,9 @@ impl InMemoryTable {
     fn buffer_addresses(&self) -> PyResult<Vec<usize>> {
         fn collect(data: &arrow::array::ArrayData, out: &mut Vec<usize>) {
             out.extend(data.buffers().iter().map(|b| b.as_ptr() as usize));
-            data.child_data().iter().for_each(|child| collect(child, out));
+            data.child_data()
+                .iter()
+                .for_each(|child| collect(child, out));
         }
         let table = hubnorm::source::memory::lookup(std::path::Path::new(self.path()))
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;

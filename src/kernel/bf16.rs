@@ -85,7 +85,8 @@ impl ScreenBound {
 
     /// The bound for rows with these L2 norms, rounded up to an f32.
     pub fn of(&self, q_norm: f64, g_norm: f64) -> f32 {
-        let bound = self.relative * q_norm * g_norm + self.absolute * (q_norm + g_norm) + self.floor;
+        let bound =
+            self.relative * q_norm * g_norm + self.absolute * (q_norm + g_norm) + self.floor;
         round_up(bound)
     }
 
@@ -140,8 +141,14 @@ pub fn screen_tile(
     n: usize,
     dim: usize,
 ) {
-    assert!(q.len() >= m * dim && g.len() >= n * dim, "rows shorter than their shapes");
-    assert!(m == 0 || n == 0 || out.len() >= (m - 1) * ld_out + n, "output shorter than its shape");
+    assert!(
+        q.len() >= m * dim && g.len() >= n * dim,
+        "rows shorter than their shapes"
+    );
+    assert!(
+        m == 0 || n == 0 || out.len() >= (m - 1) * ld_out + n,
+        "output shorter than its shape"
+    );
     #[cfg(target_arch = "x86_64")]
     if has_avx512_bf16() {
         // SAFETY: the features were detected; the asserts bound every index.
@@ -163,7 +170,13 @@ pub fn screen_tile_scalar(
     n: usize,
     dim: usize,
 ) {
-    let flush = |x: f32| if (x.abs() as f64) < MIN_NORMAL { 0.0 } else { x };
+    let flush = |x: f32| {
+        if (x.abs() as f64) < MIN_NORMAL {
+            0.0
+        } else {
+            x
+        }
+    };
     for i in 0..m {
         let qi = &q[i * dim..(i + 1) * dim];
         for j in 0..n {
@@ -197,7 +210,11 @@ mod avx512 {
         dim: usize,
     ) {
         let full = dim / 32 * 32;
-        let tail: __mmask32 = if dim % 32 == 0 { 0 } else { (1u32 << (dim % 32)) - 1 };
+        let tail: __mmask32 = if dim % 32 == 0 {
+            0
+        } else {
+            (1u32 << (dim % 32)) - 1
+        };
         for i in 0..m {
             let qi = q.as_ptr().add(i * dim);
             for j in 0..n {
@@ -207,13 +224,21 @@ mod avx512 {
                 while k < full {
                     let a = _mm512_loadu_si512(qi.add(k) as *const _);
                     let b = _mm512_loadu_si512(gj.add(k) as *const _);
-                    acc = _mm512_dpbf16_ps(acc, std::mem::transmute::<__m512i, __m512bh>(a), std::mem::transmute::<__m512i, __m512bh>(b));
+                    acc = _mm512_dpbf16_ps(
+                        acc,
+                        std::mem::transmute::<__m512i, __m512bh>(a),
+                        std::mem::transmute::<__m512i, __m512bh>(b),
+                    );
                     k += 32;
                 }
                 if tail != 0 {
                     let a = _mm512_maskz_loadu_epi16(tail, qi.add(k) as *const i16);
                     let b = _mm512_maskz_loadu_epi16(tail, gj.add(k) as *const i16);
-                    acc = _mm512_dpbf16_ps(acc, std::mem::transmute::<__m512i, __m512bh>(a), std::mem::transmute::<__m512i, __m512bh>(b));
+                    acc = _mm512_dpbf16_ps(
+                        acc,
+                        std::mem::transmute::<__m512i, __m512bh>(a),
+                        std::mem::transmute::<__m512i, __m512bh>(b),
+                    );
                 }
                 *out.get_unchecked_mut(i * ld_out + j) = _mm512_reduce_add_ps(acc);
             }
@@ -230,7 +255,10 @@ mod tests {
         // 1 + 2⁻⁸ is halfway between bf16 1 and 1 + 2⁻⁷: ties to even (1).
         assert_eq!(from_bf16(to_bf16(1.0 + 2f32.powi(-8))), 1.0);
         // 1 + 3·2⁻⁸ is halfway between 1 + 2⁻⁷ and 1 + 2⁻⁶: even is 1 + 2⁻⁶.
-        assert_eq!(from_bf16(to_bf16(1.0 + 3.0 * 2f32.powi(-8))), 1.0 + 2f32.powi(-6));
+        assert_eq!(
+            from_bf16(to_bf16(1.0 + 3.0 * 2f32.powi(-8))),
+            1.0 + 2f32.powi(-6)
+        );
         // Just above halfway rounds up.
         let above = f32::from_bits((1.0f32 + 2f32.powi(-8)).to_bits() + 1);
         assert_eq!(from_bf16(to_bf16(above)), 1.0 + 2f32.powi(-7));
@@ -253,7 +281,9 @@ mod tests {
         let dim = 77;
         let mut seed = 7u64;
         let mut next = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
         };
         let q: Vec<f32> = (0..3 * dim).map(|_| next()).collect();

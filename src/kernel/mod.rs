@@ -10,6 +10,7 @@ pub mod exp;
 pub mod gemm;
 pub mod lse;
 pub mod normal;
+pub mod screen;
 pub mod search;
 pub mod sinkhorn;
 pub mod tile;
@@ -18,7 +19,11 @@ pub mod topk;
 pub use column_stats::{column_log_sum_exp, column_statistics, ColumnStates, ColumnStatsRequest};
 pub use dispatch::has_avx512;
 pub use lse::LogSumExp;
-pub use search::{count_above, search_block, ColumnScoring, Positives, QueryGaussian, QueryState};
+pub use screen::{ScreenCounts, ScreenData};
+pub use search::{
+    count_above, search_block, search_block_screened, ColumnScoring, Positives, QueryGaussian,
+    QueryState,
+};
 pub use sinkhorn::{
     fused_group, fused_group_scratch, lse_sweep, stack_column_potential, RowWeight, StripRows,
     Sweep, TileSource, MIN_COLUMN_MASS,

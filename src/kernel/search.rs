@@ -16,6 +16,7 @@ use rayon::prelude::*;
 use super::dispatch::dispatched;
 use super::gemm::similarity_tile;
 use super::normal::log_normal_cdf;
+use super::screen::{ScreenCounts, ScreenData};
 use super::tile::{Rows, TileBuffer, LANES, TILE_COLS, TILE_ROWS};
 use super::topk::{Candidate, TieBreak, TopK};
 
@@ -312,6 +313,51 @@ pub fn search_block(
     positives: &Positives,
     states: &mut [QueryState],
 ) {
+    search_block_with(
+        queries,
+        gallery,
+        first_row,
+        corrections,
+        positives,
+        states,
+        None,
+    );
+}
+
+/// [`search_block`], screening the tiles with `screen` (bf16 copies of
+/// these `queries` and `gallery` rows) where every scoring allows it
+/// ([`super::screen::screenable`]): the same states, with what the screen
+/// did.
+pub fn search_block_screened(
+    queries: Rows<'_>,
+    gallery: Rows<'_>,
+    first_row: u32,
+    corrections: &[ColumnScoring<'_>],
+    positives: &Positives,
+    states: &mut [QueryState],
+    screen: &ScreenData,
+) -> ScreenCounts {
+    let screen = super::screen::screenable(corrections).then_some(screen);
+    search_block_with(
+        queries,
+        gallery,
+        first_row,
+        corrections,
+        positives,
+        states,
+        screen,
+    )
+}
+
+fn search_block_with(
+    queries: Rows<'_>,
+    gallery: Rows<'_>,
+    first_row: u32,
+    corrections: &[ColumnScoring<'_>],
+    positives: &Positives,
+    states: &mut [QueryState],
+    screen: Option<&ScreenData>,
+) -> ScreenCounts {
     let nm = corrections.len();
     assert_eq!(queries.dim, gallery.dim, "dimension mismatch");
     assert_eq!(
@@ -329,8 +375,9 @@ pub fn search_block(
         "one correction per gallery column"
     );
     if nm == 0 || queries.rows == 0 || gallery.rows == 0 {
-        return;
+        return ScreenCounts::default();
     }
+    let counts = std::sync::Mutex::new(ScreenCounts::default());
     let strips = queries.rows.div_ceil(TILE_ROWS);
     let column_tiles = gallery.rows.div_ceil(TILE_COLS);
     // Few query strips (a small query block) would leave threads idle: then
@@ -352,10 +399,12 @@ pub fn search_block(
                     first_row,
                     corrections,
                     positives,
+                    screen,
+                    counts: &counts,
                 };
                 ctx.run(strip * TILE_ROWS, 0..gallery.rows, strip_states);
             });
-        return;
+        return counts.into_inner().expect("no task panicked");
     }
     let tiles_per_part = column_tiles.div_ceil(parts);
     let tasks: Vec<(usize, std::ops::Range<usize>)> = (0..strips)
@@ -382,6 +431,8 @@ pub fn search_block(
                 first_row,
                 corrections,
                 positives,
+                screen,
+                counts: &counts,
             };
             ctx.run(q0, columns.clone(), &mut fresh);
             fresh
@@ -395,6 +446,7 @@ pub fn search_block(
             state.equal += p.equal;
         }
     }
+    counts.into_inner().expect("no task panicked")
 }
 
 /// The inputs of one strip search (a helper of [`search_block`]).
@@ -404,6 +456,9 @@ struct StripSearch<'a> {
     first_row: u32,
     corrections: &'a [ColumnScoring<'a>],
     positives: &'a Positives,
+    /// The bf16 screen, when the search is screened.
+    screen: Option<&'a ScreenData>,
+    counts: &'a std::sync::Mutex<ScreenCounts>,
 }
 
 impl StripSearch<'_> {
@@ -417,10 +472,31 @@ impl StripSearch<'_> {
         let mut buffer = TileBuffer::new(q1 - q0, TILE_COLS.min(columns.len()));
         let ld = buffer.stride;
         let mut c0 = columns.start;
+        let mut screened = ScreenCounts::default();
         while c0 < columns.end {
             let c1 = (c0 + TILE_COLS).min(columns.end);
             let nc = c1 - c0;
             let tile = &mut buffer.cells_mut()[..(q1 - q0) * ld];
+            let col0 = self.first_row + c0 as u32;
+            if let Some(screen) = self.screen {
+                if super::screen::screened_tile(
+                    screen,
+                    queries,
+                    gallery,
+                    (q0, q1),
+                    (c0, c1),
+                    col0,
+                    self.corrections,
+                    self.positives,
+                    strip_states,
+                    tile,
+                    ld,
+                    &mut screened,
+                ) {
+                    c0 = c1;
+                    continue;
+                }
+            }
             similarity_tile(
                 tile,
                 ld,
@@ -430,7 +506,6 @@ impl StripSearch<'_> {
                 nc,
                 gallery.dim,
             );
-            let col0 = self.first_row + c0 as u32;
             let tile = &*tile;
             for (m, scoring) in self.corrections.iter().enumerate() {
                 let scoring = scoring.columns(c0, c1);
@@ -464,6 +539,9 @@ impl StripSearch<'_> {
             }
             c0 = c1;
         }
+        if self.screen.is_some() {
+            self.counts.lock().expect("no task panicked").add(screened);
+        }
     }
 }
 
@@ -494,7 +572,7 @@ fn exclude_positives(
 /// How a candidate (score `v`, raw similarity `s`) compares with the query's
 /// ground truth under `scoring`'s order.
 #[inline]
-fn compare_to_target(
+pub(super) fn compare_to_target(
     v: f32,
     s: f32,
     scoring: &ColumnScoring<'_>,

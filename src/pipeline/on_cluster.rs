@@ -25,7 +25,7 @@ pub(super) fn search(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary
             plan,
             ..
         } = SearchInputs::open(job, &methods)?;
-        let (file, outcomes) = results(
+        let (file, outcomes, screen) = results(
             job,
             &queries,
             &gallery,
@@ -35,7 +35,7 @@ pub(super) fn search(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary
             cluster,
         )?;
         file.commit()?;
-        Ok(search_summary(job, &queries, &gallery, &outcomes))
+        Ok(search_summary(job, &queries, &gallery, &outcomes, screen))
     })
 }
 
@@ -202,7 +202,19 @@ pub(super) fn results(
     metadata: Vec<(String, String)>,
     protocol_bank: Option<ProtocolBank>,
     cluster: &ClusterJob,
-) -> Result<(AtomicFile, Vec<MethodOutcome>)> {
+) -> Result<(AtomicFile, Vec<MethodOutcome>, Option<ScreenSummary>)> {
+    // The executors search exact: the screen is chosen per CPU, and that
+    // choice does not travel to them yet.
+    if job.options.precision == crate::options::Precision::Screened {
+        return Err(HubnormError::Usage(
+            "--precision screened does not run on a cluster yet: use auto (exact there) or exact"
+                .into(),
+        ));
+    }
+    let options = PassOptions {
+        precision: crate::options::Precision::Exact,
+        ..job.options.clone()
+    };
     let mut sink = results_sink(
         queries,
         gallery,
@@ -210,7 +222,7 @@ pub(super) fn results(
         job.k,
         &job.out,
         job.overwrite,
-        &job.options,
+        &options,
         metadata,
     )?;
     let mut figures = OutcomesFromRows::new(
@@ -235,7 +247,7 @@ pub(super) fn results(
     send(spec, expected, &job.options, cluster, &mut |batch| {
         sink.write(&figures.take(batch)?)
     })?;
-    Ok((sink.close_uncommitted()?, figures.finish()))
+    Ok((sink.close_uncommitted()?, figures.finish(), None))
 }
 
 /// Runs the sharded `spec` on `cluster`: one task per shard, one thread

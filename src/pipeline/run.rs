@@ -160,9 +160,9 @@ pub(crate) fn run_uncommitted(
             .into_iter()
             .chain([(RUN_KEY.to_owned(), run_id.clone())])
             .collect();
-        let (results_file, outcomes) = match &job.cluster {
+        let (results_file, outcomes, screen) = match &job.cluster {
             None => {
-                let (file, outcomes) = write_results(
+                let (file, outcomes, screen) = write_results(
                     &queries,
                     &gallery,
                     &index,
@@ -175,7 +175,7 @@ pub(crate) fn run_uncommitted(
                     protocol.as_ref(),
                     progress,
                 )?;
-                (file.expect("a destination"), outcomes)
+                (file.expect("a destination"), outcomes, screen)
             }
             #[cfg(feature = "cluster")]
             Some(cluster) => {
@@ -226,6 +226,7 @@ pub(crate) fn run_uncommitted(
             k: job.k,
             normalize: job.options.read.normalize,
             methods: summaries,
+            screen,
         };
         let json = serde_json::to_string_pretty(&SummaryFile {
             summary: &summary,
@@ -296,7 +297,7 @@ pub(crate) fn evaluate_methods(
             None,
         )?;
         let plan = load_plan(Some(stats.temporary_path()), &index, &methods)?;
-        let (_, outcomes) = write_results(
+        let (_, outcomes, _) = write_results(
             queries,
             gallery,
             &index,

@@ -17,12 +17,16 @@ pub(super) fn write_results(
     metadata: Vec<(String, String)>,
     protocol: Option<&SingleQuerySinkhorn>,
     progress: &dyn Progress,
-) -> Result<(Option<AtomicFile>, Vec<MethodOutcome>)> {
+) -> Result<(
+    Option<AtomicFile>,
+    Vec<MethodOutcome>,
+    Option<ScreenSummary>,
+)> {
     // Without a destination (tuning), only the figures are gathered.
     let mut sink = out
         .map(|out| results_sink(queries, gallery, plan, k, out, overwrite, options, metadata))
         .transpose()?;
-    let outcomes = search_into(
+    let (outcomes, screen) = search_into(
         queries,
         0..queries.rows,
         gallery,
@@ -39,7 +43,7 @@ pub(super) fn write_results(
         },
     )?;
     let file = sink.map(ParquetSink::close_uncommitted).transpose()?;
-    Ok((file, outcomes))
+    Ok((file, outcomes, screen.map(ScreenSummary::of)))
 }
 
 /// The writer of a results file, with its footer's metadata.
@@ -56,6 +60,12 @@ pub(super) fn results_sink(
 ) -> Result<ParquetSink> {
     let schema = results_schema(queries.id_kind, gallery.id_kind);
     metadata.extend(common_metadata("results", options));
+    // The lists and scores are the same either way; the speed is not.
+    let precision = crate::query::pass::screens(options.precision, &plan.scorings)?;
+    metadata.push((
+        "hubnorm.precision".into(),
+        if precision { "screened" } else { "exact" }.into(),
+    ));
     metadata.push((
         "hubnorm.methods".into(),
         methods_json(&plan.methods.iter().map(|m| m.spec).collect::<Vec<_>>()),
@@ -76,7 +86,7 @@ pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary
             index,
             plan,
         } = SearchInputs::open(job, &methods)?;
-        let (file, outcomes) = write_results(
+        let (file, outcomes, screen) = write_results(
             &queries,
             &gallery,
             &index,
@@ -90,7 +100,7 @@ pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary
             progress,
         )?;
         file.expect("a destination").commit()?;
-        Ok(search_summary(job, &queries, &gallery, &outcomes))
+        Ok(search_summary(job, &queries, &gallery, &outcomes, screen))
     })
 }
 
@@ -169,6 +179,7 @@ pub(super) fn search_summary(
     queries: &EmbeddingTable,
     gallery: &EmbeddingTable,
     outcomes: &[MethodOutcome],
+    screen: Option<ScreenSummary>,
 ) -> RunSummary {
     RunSummary {
         queries: queries.rows,
@@ -183,6 +194,7 @@ pub(super) fn search_summary(
             .iter()
             .map(|o| o.summary(&job.options.report))
             .collect(),
+        screen,
     }
 }
 

@@ -8,8 +8,14 @@ use crate::cache::TableBlocks;
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
 use crate::kernel::{
-    search_block, ColumnScoring, Positives, QueryState, Rows, TILE_COLS, TILE_ROWS,
+    search_block, search_block_screened, ColumnScoring, Positives, QueryState, Rows, ScreenCounts,
+    ScreenData, TILE_COLS, TILE_ROWS,
 };
+use crate::options::Precision;
+
+/// A thread's scratch for one screened tile row: three f64 and one f32 per
+/// column, and the selection's copy ([`crate::kernel::screen`]).
+const SCREEN_TILE_SCRATCH_BYTES: usize = TILE_COLS * (4 * 8 + 4);
 use crate::plan::PlanRequest;
 use crate::progress::{Progress, RowProgress};
 use crate::query::method::{Scoring, MIN_STD};
@@ -32,6 +38,14 @@ pub struct SearchRequest<'a> {
     pub resident_bytes: usize,
     /// Bytes per query the caller needs to turn a block into output rows.
     pub output_row_bytes: usize,
+    /// Whether the tiles are screened in bf16 ([`screens`]).
+    pub screen: bool,
+}
+
+/// Whether a pass 2 with these scorings screens its tiles under `precision`
+/// (`Screened` where it cannot is refused).
+pub fn screens(precision: Precision, scorings: &[Scoring]) -> Result<bool> {
+    precision.screens(scorings.iter().all(|s| matches!(s, Scoring::Subtract(_))))
 }
 
 /// The finished results of one query block.
@@ -46,12 +60,13 @@ pub struct QueryBlockResult<'a> {
     pub positives: &'a Positives,
 }
 
-/// Runs pass 2 and hands each query block's results to `on_block` in order.
+/// Runs pass 2 and hands each query block's results to `on_block` in
+/// order; returns what the screen did (zeros when not screened).
 pub fn search(
     request: &SearchRequest<'_>,
     progress: &dyn Progress,
     mut on_block: impl FnMut(QueryBlockResult<'_>) -> Result<()>,
-) -> Result<()> {
+) -> Result<ScreenCounts> {
     let SearchRequest {
         queries,
         ref query_rows,
@@ -59,8 +74,10 @@ pub fn search(
         gallery_index,
         scorings,
         k,
+        screen,
         ..
     } = *request;
+    let mut screened = ScreenCounts::default();
     if queries.dim != gallery.dim {
         return Err(dimension_error(queries, gallery));
     }
@@ -75,15 +92,26 @@ pub fn search(
     let nm = scorings.len();
     let state_bytes =
         std::mem::size_of::<QueryState>() + k * std::mem::size_of::<crate::kernel::Candidate>();
+    let screen_row_bytes = if screen { dim * 2 + 8 } else { 0 };
     let plan = PlanRequest {
         budget: request.budget,
         threads: rayon::current_num_threads(),
         dim,
-        resident_bytes: request.resident_bytes,
+        resident_bytes: request.resident_bytes
+            + if screen {
+                rayon::current_num_threads() * SCREEN_TILE_SCRATCH_BYTES
+            } else {
+                0
+            },
         // Embedding, id, target lists, and per method the state plus the
-        // output rows built from it (~48 bytes per result row).
-        outer_row_bytes: dim * 4 + 48 + nm * state_bytes + request.output_row_bytes,
-        inner_row_bytes: dim * 4 + 32,
+        // output rows built from it (~48 bytes per result row); screened,
+        // each row's bf16 copy and norm too.
+        outer_row_bytes: dim * 4
+            + 48
+            + nm * state_bytes
+            + request.output_row_bytes
+            + screen_row_bytes,
+        inner_row_bytes: dim * 4 + 32 + screen_row_bytes,
         outer_total_rows: query_count as usize,
         inner_total_rows: gallery.rows as usize,
         outer_align: TILE_ROWS,
@@ -136,14 +164,31 @@ pub fn search(
                         .with_queries(per_query)
                 })
                 .collect();
-            search_block(
-                Rows::new(&block.data, dim),
-                Rows::new(&g_block.data, dim),
-                g_block.first_row as u32,
-                &block_corrections,
-                &positives,
-                &mut states,
-            );
+            let (query_rows, gallery_rows) =
+                (Rows::new(&block.data, dim), Rows::new(&g_block.data, dim));
+            // A block with values beyond bf16's range is searched in f32.
+            match screen
+                .then(|| ScreenData::prepare(query_rows, gallery_rows))
+                .flatten()
+            {
+                Some(data) => screened.add(search_block_screened(
+                    query_rows,
+                    gallery_rows,
+                    g_block.first_row as u32,
+                    &block_corrections,
+                    &positives,
+                    &mut states,
+                    &data,
+                )),
+                None => search_block(
+                    query_rows,
+                    gallery_rows,
+                    g_block.first_row as u32,
+                    &block_corrections,
+                    &positives,
+                    &mut states,
+                ),
+            }
             rows_done.advance(block.rows, g_block.rows);
             Ok(())
         })?;
@@ -155,5 +200,5 @@ pub fn search(
         })?;
     }
     rows_done.finish();
-    Ok(())
+    Ok(screened)
 }

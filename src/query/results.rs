@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
-use crate::kernel::{QueryState, TopK};
+use crate::kernel::{QueryState, ScreenCounts, TopK};
 use crate::options::{MethodSpec, PassOptions};
 use crate::progress::Progress;
 use crate::query::sinkhorn_pp::SingleQuerySinkhorn;
@@ -356,7 +356,8 @@ pub(crate) fn search_into(
     protocol: Option<&SingleQuerySinkhorn>,
     progress: &dyn Progress,
     emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
-) -> Result<Vec<MethodOutcome>> {
+) -> Result<(Vec<MethodOutcome>, Option<ScreenCounts>)> {
+    let screen = crate::query::pass::screens(options.precision, &plan.scorings)?;
     let schema = rows_schema(queries.id_kind, gallery.id_kind, rows);
     let hubness_k = options.report.hubness_k;
     let depth = rows.depth(k);
@@ -392,9 +393,10 @@ pub(crate) fn search_into(
         resident_bytes: resident,
         // The result rows built from each query (~48 bytes per row).
         output_row_bytes: plan.methods.len() * depth * (48 + 24 * rows.report_columns() as usize),
+        screen,
     };
-    search(&request, progress, |block| emit(&collector.batch(&block)?))?;
-    Ok(collector.outcomes)
+    let counts = search(&request, progress, |block| emit(&collector.batch(&block)?))?;
+    Ok((collector.outcomes, screen.then_some(counts)))
 }
 
 /// Rebuilds each method's figures on a cluster's client from the rows of

@@ -34,8 +34,11 @@ impl MemoryTable {
         let Ok(index) = self.schema.index_of(column) else {
             return Ok(None);
         };
-        let pieces: Vec<&dyn arrow::array::Array> =
-            self.batches.iter().map(|b| b.column(index).as_ref()).collect();
+        let pieces: Vec<&dyn arrow::array::Array> = self
+            .batches
+            .iter()
+            .map(|b| b.column(index).as_ref())
+            .collect();
         if let [one] = pieces[..] {
             return Ok(Some(arrow::array::make_array(one.to_data())));
         }
@@ -73,7 +76,9 @@ impl Drop for Registration {
 
 fn registry() -> std::sync::MutexGuard<'static, HashMap<String, Arc<MemoryTable>>> {
     // The map stays consistent whatever panicked while it was held.
-    TABLES.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    TABLES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Registers `batches` (all of `schema`) under a fresh `memory://` path
@@ -88,7 +93,13 @@ pub fn register(role: &str, schema: SchemaRef, batches: Vec<RecordBatch>) -> Res
     }
     let role: String = role
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
         .collect();
     let path = format!("{SCHEME}{role}-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed));
     let rows = batches.iter().map(|b| b.num_rows() as u64).sum();

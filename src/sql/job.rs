@@ -394,9 +394,7 @@ impl<'a> Output<'a> {
 
     /// Flushes and commits the output; returns the rows when they are kept.
     #[allow(clippy::type_complexity)]
-    fn finish(
-        self,
-    ) -> Result<Option<(datafusion::arrow::datatypes::SchemaRef, Vec<RecordBatch>)>> {
+    fn finish(self) -> Result<Option<(datafusion::arrow::datatypes::SchemaRef, Vec<RecordBatch>)>> {
         let io = |e: std::io::Error| HubnormError::io("standard output", e);
         match self {
             Output::Table {

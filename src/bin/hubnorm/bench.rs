@@ -272,7 +272,9 @@ pub fn bench(args: BenchArgs) -> Result<()> {
             Some(peak) => {
                 let bf16 = (0..3)
                     .filter_map(|_| measured_bf16_peak_gflops(&pool))
-                    .fold(None, |best: Option<f64>, p| Some(best.map_or(p, |b| b.max(p))));
+                    .fold(None, |best: Option<f64>, p| {
+                        Some(best.map_or(p, |b| b.max(p)))
+                    });
                 let bf16 = bf16.map_or(String::new(), |p| format!(" bf16_peak_gflops={p:.1}"));
                 println!(
                     "peak_gflops={peak:.1} threads={}{bf16}",

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use hubnorm::options::{
-    BankSample, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, ReadOptions,
+    BankSample, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, Precision,
+    ReadOptions,
 };
 use hubnorm::report::QualityOptions;
 
@@ -180,6 +181,16 @@ pub struct QualityArgs {
     /// instead of refusing them.
     #[arg(long)]
     pub skip_missing: bool,
+    /// How pass 2 computes similarities: exact (f32 tiles), screened (a
+    /// bf16 screen, re-scoring in f32 every item it cannot rule out: the
+    /// same lists and scores; needs AVX512_BF16; methods scoring s − h(g)),
+    /// or auto (screened where the CPU and methods allow). docs/precision.md.
+    #[arg(long, default_value = "exact", value_parser = parse_precision)]
+    pub precision: Precision,
+}
+
+fn parse_precision(s: &str) -> Result<Precision, String> {
+    s.parse().map_err(|e: hubnorm::HubnormError| e.to_string())
 }
 
 impl QualityArgs {
@@ -191,6 +202,7 @@ impl QualityArgs {
             ));
         }
         options.read.skip_missing_targets = self.skip_missing;
+        options.precision = self.precision;
         options.report.quality = QualityOptions {
             recall_at: self.recall_at.clone(),
             bootstrap: self.bootstrap,

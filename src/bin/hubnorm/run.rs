@@ -165,6 +165,14 @@ fn print_summary(summary: &RunSummary) {
                 .unwrap_or_default()
     );
     print!("{}", summary_table(&summary.methods));
+    if let Some(screen) = &summary.screen {
+        println!(
+            "bf16 screen: re-scored {} of {} (query, item) pairs in f32 ({:.3}%)",
+            screen.rescored_pairs,
+            screen.screened_pairs,
+            100.0 * screen.rescored_pairs as f64 / screen.screened_pairs.max(1) as f64
+        );
+    }
 }
 
 /// An aligned table of method summaries (R@K in percent).

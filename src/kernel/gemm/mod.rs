@@ -137,16 +137,25 @@ pub fn similarity_tile(
 pub fn tile_score(q: &[f32], g: &[f32], m: usize, n: usize) -> Option<f32> {
     let dim = q.len();
     assert_eq!(g.len(), dim, "rows of different dimensions");
-    if BLAS.get().is_some() || !has_avx512f() || dim <= 2 || m <= 1 || n <= 1 || m * n <= 256 {
+    if !reproducible(m, n, dim) {
         return None;
     }
     let kc = depth_block(m, n, dim);
     let mut element = 0.0f32;
     for (block, (q, g)) in q.chunks(kc).zip(g.chunks(kc)).enumerate() {
-        let sum = q.iter().zip(g).fold(0.0f32, |acc, (&x, &y)| x.mul_add(y, acc));
+        let sum = q
+            .iter()
+            .zip(g)
+            .fold(0.0f32, |acc, (&x, &y)| x.mul_add(y, acc));
         element = if block == 0 { sum } else { element + sum };
     }
     Some(element)
+}
+
+/// Whether [`tile_score`] reproduces the elements of an `m × n` tile of
+/// `dim`-dimensional rows in this process.
+pub fn reproducible(m: usize, n: usize, dim: usize) -> bool {
+    BLAS.get().is_none() && has_avx512f() && dim > 2 && m > 1 && n > 1 && m * n > 256
 }
 
 /// The `gemm` crate's depth block for an `m × n × dim` f32 product on AVX-512.
@@ -239,7 +248,14 @@ mod tests {
             let scale = [1.0f32, 1e-3, 1e-20, 3.0][(state % 4) as usize];
             unit * scale
         };
-        let shapes = [(512, 2048), (100, 37), (65, 65), (64, 64), (2, 200), (17, 300)];
+        let shapes = [
+            (512, 2048),
+            (100, 37),
+            (65, 65),
+            (64, 64),
+            (2, 200),
+            (17, 300),
+        ];
         let mut checked = 0;
         for &(m, n) in &shapes {
             for dim in [3, 384, 511, 513, 768, 1000, 1537, 4096] {
