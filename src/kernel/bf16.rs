@@ -60,7 +60,8 @@ impl ScreenBound {
     /// The bound for rows of `dim` values (docs/precision.md):
     /// - bf16 rounding of both factors: |q̂ĝ − qg| ≤ (2u + u²)|qg|, u = 2⁻⁸;
     /// - the screen's f32 accumulation of `dim` exact bf16 products, in any
-    ///   order (16 lanes, then their reduction): γ(dim + 16)(1 + u)² Σ|qg|;
+    ///   order (the kernel's: pair after pair in one lane per column):
+    ///   γ(dim + 16)(1 + u)² Σ|qg|;
     /// - the f32 GEMM's chain of `dim` fused multiply-adds: γ(dim) Σ|qg|,
     ///   with γ(n) = n·2⁻²⁴ / (1 − n·2⁻²⁴) and Σ|qg| ≤ ‖q‖‖g‖;
     /// - values flushed to zero by the conversion (below 2⁻¹²⁶):
@@ -158,9 +159,10 @@ pub fn screen_tile(
     screen_tile_scalar(out, ld_out, q, m, g, n, dim);
 }
 
-/// [`screen_tile`]'s arithmetic without the instruction: 16 lanes, each a
-/// sequential f32 sum of its pairs' products (flushed below 2⁻¹²⁶ as the
-/// instruction flushes), then the lanes summed.
+/// [`screen_tile`]'s arithmetic without the instruction: each column's
+/// pairs of products added to an f32 sum in order, the odd dimension's
+/// product first as `vdpbf16ps` adds them (each sum flushed below 2⁻¹²⁶ as
+/// the instruction flushes).
 pub fn screen_tile_scalar(
     out: &mut [f32],
     ld_out: usize,
@@ -181,14 +183,13 @@ pub fn screen_tile_scalar(
         let qi = &q[i * dim..(i + 1) * dim];
         for j in 0..n {
             let gj = &g[j * dim..(j + 1) * dim];
-            let mut lanes = [0.0f32; 16];
-            for (pair, (qp, gp)) in qi.chunks(2).zip(gj.chunks(2)).enumerate() {
-                let lane = &mut lanes[pair % 16];
+            let mut sum = 0.0f32;
+            for (qp, gp) in qi.chunks(2).zip(gj.chunks(2)) {
                 for (&a, &b) in qp.iter().zip(gp).rev() {
-                    *lane = flush(*lane + flush(from_bf16(a) * from_bf16(b)));
+                    sum = flush(sum + flush(from_bf16(a) * from_bf16(b)));
                 }
             }
-            out[i * ld_out + j] = lanes.iter().fold(0.0f32, |acc, &l| flush(acc + l));
+            out[i * ld_out + j] = sum;
         }
     }
 }
@@ -197,8 +198,19 @@ pub fn screen_tile_scalar(
 mod avx512 {
     use std::arch::x86_64::*;
 
-    /// One row pair at a time, 32 bf16 values (16 pairs) per instruction;
-    /// the tail through a masked load (zeros add nothing).
+    /// Gallery columns per panel: one register of 16 f32 lanes, each lane
+    /// one column's dot product.
+    const PANEL: usize = 16;
+    /// Query rows and panels of the register block (16 accumulators).
+    const BLOCK_ROWS: usize = 4;
+    const BLOCK_PANELS: usize = 4;
+
+    /// The tile as a small GEMM: the gallery rows packed into panels of 16
+    /// columns (for each pair of dimensions, 16 columns' two values side by
+    /// side, odd dimensions padded with a zero), the query rows as pairs
+    /// broadcast to every lane; `vdpbf16ps` adds both products of a pair to
+    /// each column's lane. Blocks of 4 rows × 64 columns keep 16
+    /// accumulators in registers; each lane sums its pairs in order.
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub(super) unsafe fn screen_tile(
         out: &mut [f32],
@@ -209,38 +221,114 @@ mod avx512 {
         n: usize,
         dim: usize,
     ) {
-        let full = dim / 32 * 32;
-        let tail: __mmask32 = if dim % 32 == 0 {
-            0
-        } else {
-            (1u32 << (dim % 32)) - 1
-        };
+        if m == 0 || n == 0 {
+            return;
+        }
+        let pairs = dim.div_ceil(2);
+        let panels = n.div_ceil(PANEL);
+        let mut packed = vec![0u32; panels * pairs * PANEL];
+        for c in 0..n {
+            let row = &g[c * dim..(c + 1) * dim];
+            let base = (c / PANEL) * pairs * PANEL + c % PANEL;
+            for p in 0..pairs {
+                let high = row.get(2 * p + 1).copied().unwrap_or(0) as u32;
+                packed[base + p * PANEL] = row[2 * p] as u32 | high << 16;
+            }
+        }
+        let mut query_pairs = vec![0u32; m * pairs];
         for i in 0..m {
-            let qi = q.as_ptr().add(i * dim);
-            for j in 0..n {
-                let gj = g.as_ptr().add(j * dim);
-                let mut acc = _mm512_setzero_ps();
-                let mut k = 0;
-                while k < full {
-                    let a = _mm512_loadu_si512(qi.add(k) as *const _);
-                    let b = _mm512_loadu_si512(gj.add(k) as *const _);
-                    acc = _mm512_dpbf16_ps(
-                        acc,
-                        std::mem::transmute::<__m512i, __m512bh>(a),
-                        std::mem::transmute::<__m512i, __m512bh>(b),
-                    );
-                    k += 32;
+            let row = &q[i * dim..(i + 1) * dim];
+            for p in 0..pairs {
+                let high = row.get(2 * p + 1).copied().unwrap_or(0) as u32;
+                query_pairs[i * pairs + p] = row[2 * p] as u32 | high << 16;
+            }
+        }
+        let mut i = 0;
+        while i < m {
+            let rows = (m - i).min(BLOCK_ROWS);
+            let mut panel = 0;
+            while panel < panels {
+                let count = (panels - panel).min(BLOCK_PANELS);
+                block(
+                    &query_pairs[i * pairs..(i + rows) * pairs],
+                    rows,
+                    &packed[panel * pairs * PANEL..(panel + count) * pairs * PANEL],
+                    count,
+                    pairs,
+                    out,
+                    ld_out,
+                    i,
+                    panel * PANEL,
+                    n,
+                );
+                panel += count;
+            }
+            i += rows;
+        }
+    }
+
+    /// `rows` (≤ 4) query rows × `count` (≤ 4) panels, written at row
+    /// `row0` and column `col0` of `out` (columns from `n` on are not).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn block(
+        query_pairs: &[u32],
+        rows: usize,
+        panels: &[u32],
+        count: usize,
+        pairs: usize,
+        out: &mut [f32],
+        ld_out: usize,
+        row0: usize,
+        col0: usize,
+        n: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); BLOCK_PANELS]; BLOCK_ROWS];
+        let qp = query_pairs.as_ptr();
+        let pp = panels.as_ptr();
+        if rows == BLOCK_ROWS && count == BLOCK_PANELS {
+            for p in 0..pairs {
+                let b: [__m512bh; BLOCK_PANELS] = std::array::from_fn(|j| {
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                        pp.add((j * pairs + p) * PANEL) as *const _,
+                    ))
+                });
+                for (r, acc_row) in acc.iter_mut().enumerate() {
+                    let a = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(
+                        *qp.add(r * pairs + p) as i32,
+                    ));
+                    for (j, lane) in acc_row.iter_mut().enumerate() {
+                        *lane = _mm512_dpbf16_ps(*lane, a, b[j]);
+                    }
                 }
-                if tail != 0 {
-                    let a = _mm512_maskz_loadu_epi16(tail, qi.add(k) as *const i16);
-                    let b = _mm512_maskz_loadu_epi16(tail, gj.add(k) as *const i16);
-                    acc = _mm512_dpbf16_ps(
-                        acc,
-                        std::mem::transmute::<__m512i, __m512bh>(a),
-                        std::mem::transmute::<__m512i, __m512bh>(b),
-                    );
+            }
+        } else {
+            for p in 0..pairs {
+                for r in 0..rows {
+                    let a = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(
+                        *qp.add(r * pairs + p) as i32,
+                    ));
+                    for j in 0..count {
+                        let b = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                            pp.add((j * pairs + p) * PANEL) as *const _,
+                        ));
+                        acc[r][j] = _mm512_dpbf16_ps(acc[r][j], a, b);
+                    }
                 }
-                *out.get_unchecked_mut(i * ld_out + j) = _mm512_reduce_add_ps(acc);
+            }
+        }
+        for (r, acc_row) in acc.iter().enumerate().take(rows) {
+            for (j, lane) in acc_row.iter().enumerate().take(count) {
+                let col = col0 + j * PANEL;
+                let valid = (n - col).min(PANEL);
+                let mask: __mmask16 = if valid == PANEL {
+                    0xffff
+                } else {
+                    (1u16 << valid) - 1
+                };
+                let dst = out.as_mut_ptr().add((row0 + r) * ld_out + col);
+                _mm512_mask_storeu_ps(dst, mask, *lane);
             }
         }
     }

@@ -13,9 +13,12 @@ use crate::kernel::{
 };
 use crate::options::Precision;
 
-/// A thread's scratch for one screened tile row: three f64 and one f32 per
-/// column, and the selection's copy ([`crate::kernel::screen`]).
-const SCREEN_TILE_SCRATCH_BYTES: usize = TILE_COLS * (4 * 8 + 4);
+/// A thread's scratch for one screened tile ([`crate::kernel::screen`]):
+/// per column three f64, the selection's copy and an f32, and the tile's
+/// rows packed in pairs of bf16 for the kernel.
+fn screen_scratch_bytes(dim: usize) -> usize {
+    TILE_COLS * (4 * 8 + 4) + (TILE_COLS + TILE_ROWS) * (dim + 1) * 2
+}
 use crate::plan::PlanRequest;
 use crate::progress::{Progress, RowProgress};
 use crate::query::method::{Scoring, MIN_STD};
@@ -99,7 +102,7 @@ pub fn search(
         dim,
         resident_bytes: request.resident_bytes
             + if screen {
-                rayon::current_num_threads() * SCREEN_TILE_SCRATCH_BYTES
+                rayon::current_num_threads() * screen_scratch_bytes(dim)
             } else {
                 0
             },

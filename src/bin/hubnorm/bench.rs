@@ -8,9 +8,11 @@ use std::time::Instant;
 use arrow::array::{FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use clap::Args;
+use hubnorm::kernel::bf16::{convert_rows, screen_tile};
 use hubnorm::kernel::{
-    column_log_sum_exp, gemm::similarity_tile, has_avx512, lse_sweep, search_block, ColumnScoring,
-    LogSumExp, Positives, QueryState, RowWeight, Rows, Sweep, TileSource, TILE_COLS, TILE_ROWS,
+    column_log_sum_exp, gemm::similarity_tile, has_avx512, lse_sweep, search_block,
+    search_block_screened, ColumnScoring, LogSumExp, Positives, QueryState, RowWeight, Rows,
+    ScreenData, Sweep, TileSource, TILE_COLS, TILE_ROWS,
 };
 use hubnorm::options::{MemoryBudget, MethodSpec, PassOptions};
 use hubnorm::pipeline;
@@ -217,6 +219,31 @@ fn gemm_only(a: &[f32], b: &[f32], n: usize, dim: usize) -> f32 {
         .sum::<f32>()
 }
 
+/// [`gemm_only`] with the bf16 screen's tiles (rows already in bf16).
+fn screen_only(a: &[u16], b: &[u16], n: usize, dim: usize) -> f32 {
+    a.par_chunks(TILE_ROWS * dim)
+        .map(|strip| {
+            let rows = strip.len() / dim;
+            let mut tile = vec![0f32; rows * TILE_COLS];
+            let mut checksum = 0f32;
+            for c0 in (0..n).step_by(TILE_COLS) {
+                let nc = TILE_COLS.min(n - c0);
+                screen_tile(
+                    &mut tile,
+                    nc,
+                    strip,
+                    rows,
+                    &b[c0 * dim..(c0 + nc) * dim],
+                    nc,
+                    dim,
+                );
+                checksum += tile[0];
+            }
+            checksum
+        })
+        .sum::<f32>()
+}
+
 fn write_bench_table(path: &Path, rows: usize, dim: usize, seed: u64) -> Result<()> {
     let data = random_rows(rows, dim, seed);
     let item = Arc::new(Field::new("item", DataType::Float32, false));
@@ -318,6 +345,21 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                     std::hint::black_box(gemm_only(&a, &b, n, dim));
                 }),
             );
+            if let Some(bf16_peak) = bf16_peak {
+                let (a16, b16) = (
+                    convert_rows(&a).expect("finite"),
+                    convert_rows(&b).expect("finite"),
+                );
+                let (secs, samples) = time(args.repeats, || {
+                    std::hint::black_box(screen_only(&a16, &b16, n, dim));
+                });
+                report(peak, "bf16 screen tiles only", dim, flops, (secs, samples));
+                println!(
+                    "{:<36} {:>5.1}% of this machine's bf16 dot peak ({bf16_peak:.1} GFLOP/s)",
+                    "",
+                    100.0 * flops / secs / 1e9 / bf16_peak
+                );
+            }
             let corrections = vec![0.01f32; n];
             for k in [10, 100] {
                 report(
@@ -339,6 +381,30 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                         std::hint::black_box(&states);
                     }),
                 );
+                if bf16_peak.is_some() {
+                    report(
+                        peak,
+                        &format!("screened tile + top-{k} (search)"),
+                        dim,
+                        flops,
+                        time(args.repeats, || {
+                            let mut states: Vec<QueryState> =
+                                (0..m).map(|_| QueryState::new(k, None)).collect();
+                            let (q, g) = (Rows::new(&a, dim), Rows::new(&b, dim));
+                            let screen = ScreenData::prepare(q, g).expect("finite");
+                            search_block_screened(
+                                q,
+                                g,
+                                0,
+                                &[ColumnScoring::Subtract(&corrections)],
+                                &Positives::none(m),
+                                &mut states,
+                                &screen,
+                            );
+                            std::hint::black_box(&states);
+                        }),
+                    );
+                }
             }
             report(
                 peak,
