@@ -325,9 +325,9 @@ pub fn search_block(
 }
 
 /// [`search_block`], screening the tiles with `screen` (bf16 copies of
-/// these `queries` and `gallery` rows) where every scoring allows it
-/// ([`super::screen::screenable`]): the same states, with what the screen
-/// did.
+/// these `queries` and `gallery` rows; `None`: exact) where every scoring
+/// allows it ([`super::screen::screenable`]): the same states, with what
+/// the screen did.
 pub fn search_block_screened(
     queries: Rows<'_>,
     gallery: Rows<'_>,
@@ -335,9 +335,9 @@ pub fn search_block_screened(
     corrections: &[ColumnScoring<'_>],
     positives: &Positives,
     states: &mut [QueryState],
-    screen: &ScreenData,
+    screen: Option<&ScreenData>,
 ) -> ScreenCounts {
-    let screen = super::screen::screenable(corrections).then_some(screen);
+    let screen = screen.filter(|_| super::screen::screenable(corrections));
     search_block_with(
         queries,
         gallery,

@@ -8,8 +8,8 @@ use crate::cache::TableBlocks;
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
 use crate::kernel::{
-    search_block, search_block_screened, ColumnScoring, Positives, QueryState, Rows, ScreenCounts,
-    ScreenData, TILE_COLS, TILE_ROWS,
+    search_block_screened, ColumnScoring, Positives, QueryState, Rows, ScreenCounts, ScreenData,
+    TILE_COLS, TILE_ROWS,
 };
 use crate::options::Precision;
 
@@ -170,28 +170,18 @@ pub fn search(
             let (query_rows, gallery_rows) =
                 (Rows::new(&block.data, dim), Rows::new(&g_block.data, dim));
             // A block with values beyond bf16's range is searched in f32.
-            match screen
+            let data = screen
                 .then(|| ScreenData::prepare(query_rows, gallery_rows))
-                .flatten()
-            {
-                Some(data) => screened.add(search_block_screened(
-                    query_rows,
-                    gallery_rows,
-                    g_block.first_row as u32,
-                    &block_corrections,
-                    &positives,
-                    &mut states,
-                    &data,
-                )),
-                None => search_block(
-                    query_rows,
-                    gallery_rows,
-                    g_block.first_row as u32,
-                    &block_corrections,
-                    &positives,
-                    &mut states,
-                ),
-            }
+                .flatten();
+            screened.add(search_block_screened(
+                query_rows,
+                gallery_rows,
+                g_block.first_row as u32,
+                &block_corrections,
+                &positives,
+                &mut states,
+                data.as_ref(),
+            ));
             rows_done.advance(block.rows, g_block.rows);
             Ok(())
         })?;

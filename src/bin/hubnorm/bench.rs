@@ -43,24 +43,33 @@ fn measured_peak_gflops(pool: &rayon::ThreadPool) -> Option<f64> {
             }
             acc.iter().map(|a| _mm512_reduce_add_ps(*a)).sum()
         }
-        let iterations = 20_000_000u64;
-        let threads = pool.current_num_threads();
-        let t = Instant::now();
-        let sum: f32 = pool.install(|| {
-            (0..threads)
-                .into_par_iter()
-                // SAFETY: AVX-512F was detected above.
-                .map(|_| unsafe { fma_chains(std::hint::black_box(iterations)) })
-                .sum()
-        });
-        std::hint::black_box(sum);
-        let flops = threads as f64 * iterations as f64 * 12.0 * 16.0 * 2.0;
-        Some(flops / t.elapsed().as_secs_f64() / 1e9)
+        // 12 chains of 16 lanes, one multiply and one add each.
+        // SAFETY: AVX-512F was detected above.
+        Some(chains_gflops(pool, 12.0 * 16.0 * 2.0, |n| unsafe {
+            fma_chains(n)
+        }))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         None
     }
+}
+
+/// GFLOP/s of `chains(iterations)` run on every worker thread at once,
+/// each iteration `flops` floating-point operations.
+#[cfg(target_arch = "x86_64")]
+fn chains_gflops(pool: &rayon::ThreadPool, flops: f64, chains: impl Fn(u64) -> f32 + Sync) -> f64 {
+    let iterations = 20_000_000u64;
+    let threads = pool.current_num_threads();
+    let t = Instant::now();
+    let sum: f32 = pool.install(|| {
+        (0..threads)
+            .into_par_iter()
+            .map(|_| chains(std::hint::black_box(iterations)))
+            .sum()
+    });
+    std::hint::black_box(sum);
+    threads as f64 * iterations as f64 * flops / t.elapsed().as_secs_f64() / 1e9
 }
 
 /// bf16 dot-product throughput of this machine (AVX512_BF16): 12
@@ -90,19 +99,11 @@ fn measured_bf16_peak_gflops(pool: &rayon::ThreadPool) -> Option<f64> {
             }
             acc.iter().map(|a| _mm512_reduce_add_ps(*a)).sum()
         }
-        let iterations = 20_000_000u64;
-        let threads = pool.current_num_threads();
-        let t = Instant::now();
-        let sum: f32 = pool.install(|| {
-            (0..threads)
-                .into_par_iter()
-                // SAFETY: AVX512_BF16 was detected above.
-                .map(|_| unsafe { dot_chains(std::hint::black_box(iterations)) })
-                .sum()
-        });
-        std::hint::black_box(sum);
-        let flops = threads as f64 * iterations as f64 * 12.0 * 16.0 * 4.0;
-        Some(flops / t.elapsed().as_secs_f64() / 1e9)
+        // 12 chains of 16 lanes, two products and two additions each.
+        // SAFETY: AVX512_BF16 was detected above.
+        Some(chains_gflops(pool, 12.0 * 16.0 * 4.0, |n| unsafe {
+            dot_chains(n)
+        }))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -399,7 +400,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                                 &[ColumnScoring::Subtract(&corrections)],
                                 &Positives::none(m),
                                 &mut states,
-                                &screen,
+                                Some(&screen),
                             );
                             std::hint::black_box(&states);
                         }),
