@@ -258,6 +258,26 @@ def test_ctrl_c_stops_a_run_without_outputs(tmp_path):
     assert not [p for p in leftovers if p.name in hubnorm.RUN_OUTPUTS], leftovers
 
 
+def peak_growth_of_run(setup: str, tables: str, limit_mib: int) -> float:
+    """MiB by which a child interpreter's peak RSS grows during
+    `hubnorm.run(<tables>, methods="is,nnn", memory_limit=<limit>)` after
+    `setup` ran (96 000 gallery items, checked)."""
+    script = textwrap.dedent(setup) + textwrap.dedent(f"""
+        import resource
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        run = hubnorm.run({tables}, methods="is,nnn", k=10, memory_limit="{limit_mib}MiB",
+                          threads=2, progress=False)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print(base, peak, run.summary["gallery"])
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    base_kib, peak_kib, gallery = map(int, done.stdout.split())
+    assert gallery == 96_000
+    return (peak_kib - base_kib) / 1024
+
+
 def test_a_path_larger_than_the_memory_limit_stays_within_it(tmp_path):
     """A gallery file of 2.9× `memory_limit`, read by path: the child
     interpreter's peak RSS grows by at most the limit plus 48 MiB (thread
@@ -280,21 +300,11 @@ def test_a_path_larger_than_the_memory_limit_stays_within_it(tmp_path):
                 }, schema=schema))
     gallery_mib = 96_000 * dim * 4 / 2**20
     assert gallery_mib > 2.5 * limit_mib
-    script = textwrap.dedent(f"""
-        import resource, hubnorm
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        run = hubnorm.run({paths['queries']!r}, {paths['gallery']!r}, {paths['bank']!r},
-                          methods="is,nnn", k=10, memory_limit="{limit_mib}MiB", threads=2,
-                          progress=False)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        print(base, peak, run.summary["gallery"])
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr
-    base_kib, peak_kib, gallery = map(int, done.stdout.split())
-    assert gallery == 96_000
-    grown_mib = (peak_kib - base_kib) / 1024
+    grown_mib = peak_growth_of_run(
+        "import hubnorm",
+        f"{paths['queries']!r}, {paths['gallery']!r}, {paths['bank']!r}",
+        limit_mib,
+    )
     assert grown_mib <= limit_mib + 48, (
         f"peak RSS grew by {grown_mib:.0f} MiB for a {limit_mib} MiB limit "
         f"(gallery {gallery_mib:.0f} MiB)")
@@ -305,25 +315,15 @@ def test_an_in_memory_gallery_larger_than_the_memory_limit_is_not_copied(tmp_pat
     place, so the peak RSS grows by no more than for a path (the limit plus
     48 MiB), far less than the gallery's size."""
     limit_mib = 48
-    script = textwrap.dedent(f"""
-        import resource, numpy as np, hubnorm
+    setup = """
+        import numpy as np, hubnorm
         rng = np.random.default_rng(5)
         gallery = rng.standard_normal((96_000, 384), dtype=np.float32)
         bank = hubnorm.embeddings(rng.standard_normal((4_000, 384), dtype=np.float32))
         queries = hubnorm.embeddings(rng.standard_normal((300, 384), dtype=np.float32))
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        run = hubnorm.run(queries, gallery, bank, methods="is,nnn", k=10,
-                          memory_limit="{limit_mib}MiB", threads=2, progress=False)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        print(base, peak, run.summary["gallery"])
-    """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr
-    base_kib, peak_kib, gallery = map(int, done.stdout.split())
-    assert gallery == 96_000
+    """
+    grown_mib = peak_growth_of_run(setup, "queries, gallery, bank", limit_mib)
     gallery_mib = 96_000 * 384 * 4 / 2**20
-    grown_mib = (peak_kib - base_kib) / 1024
     assert grown_mib <= limit_mib + 48, (
         f"peak RSS grew by {grown_mib:.0f} MiB for a {limit_mib} MiB limit "
         f"(gallery {gallery_mib:.0f} MiB in memory)")

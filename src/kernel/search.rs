@@ -313,7 +313,7 @@ pub fn search_block(
     positives: &Positives,
     states: &mut [QueryState],
 ) {
-    search_block_with(
+    search_block_screened(
         queries,
         gallery,
         first_row,
@@ -338,26 +338,6 @@ pub fn search_block_screened(
     screen: Option<&ScreenData>,
 ) -> ScreenCounts {
     let screen = screen.filter(|_| super::screen::screenable(corrections));
-    search_block_with(
-        queries,
-        gallery,
-        first_row,
-        corrections,
-        positives,
-        states,
-        screen,
-    )
-}
-
-fn search_block_with(
-    queries: Rows<'_>,
-    gallery: Rows<'_>,
-    first_row: u32,
-    corrections: &[ColumnScoring<'_>],
-    positives: &Positives,
-    states: &mut [QueryState],
-    screen: Option<&ScreenData>,
-) -> ScreenCounts {
     let nm = corrections.len();
     assert_eq!(queries.dim, gallery.dim, "dimension mismatch");
     assert_eq!(

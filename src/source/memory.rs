@@ -39,14 +39,11 @@ impl MemoryTable {
             .iter()
             .map(|b| b.column(index).as_ref())
             .collect();
-        if let [one] = pieces[..] {
-            return Ok(Some(arrow::array::make_array(one.to_data())));
-        }
-        if pieces.is_empty() {
-            let field = self.schema.field(index);
-            return Ok(Some(arrow::array::new_empty_array(field.data_type())));
-        }
-        Ok(Some(arrow::compute::concat(&pieces)?))
+        Ok(Some(match self.batches.as_slice() {
+            [] => arrow::array::new_empty_array(self.schema.field(index).data_type()),
+            [one] => one.column(index).clone(),
+            _ => arrow::compute::concat(&pieces)?,
+        }))
     }
 }
 

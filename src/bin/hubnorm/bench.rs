@@ -195,17 +195,24 @@ fn report(peak: f64, name: &str, dim: usize, flops: f64, (secs, samples): (f64, 
     );
 }
 
-/// The GEMM tiles alone, with the same tiling and parallelism as the passes.
-fn gemm_only(a: &[f32], b: &[f32], n: usize, dim: usize) -> f32 {
+/// The similarity tiles alone (`tile`: the GEMM's or the bf16 screen's),
+/// with the same tiling and parallelism as the passes.
+fn tiles_only<T: Sync>(
+    a: &[T],
+    b: &[T],
+    n: usize,
+    dim: usize,
+    tile: fn(&mut [f32], usize, &[T], usize, &[T], usize, usize),
+) -> f32 {
     a.par_chunks(TILE_ROWS * dim)
         .map(|strip| {
             let rows = strip.len() / dim;
-            let mut tile = vec![0f32; rows * TILE_COLS];
+            let mut out = vec![0f32; rows * TILE_COLS];
             let mut checksum = 0f32;
             for c0 in (0..n).step_by(TILE_COLS) {
                 let nc = TILE_COLS.min(n - c0);
-                similarity_tile(
-                    &mut tile,
+                tile(
+                    &mut out,
                     nc,
                     strip,
                     rows,
@@ -213,32 +220,7 @@ fn gemm_only(a: &[f32], b: &[f32], n: usize, dim: usize) -> f32 {
                     nc,
                     dim,
                 );
-                checksum += tile[0];
-            }
-            checksum
-        })
-        .sum::<f32>()
-}
-
-/// [`gemm_only`] with the bf16 screen's tiles (rows already in bf16).
-fn screen_only(a: &[u16], b: &[u16], n: usize, dim: usize) -> f32 {
-    a.par_chunks(TILE_ROWS * dim)
-        .map(|strip| {
-            let rows = strip.len() / dim;
-            let mut tile = vec![0f32; rows * TILE_COLS];
-            let mut checksum = 0f32;
-            for c0 in (0..n).step_by(TILE_COLS) {
-                let nc = TILE_COLS.min(n - c0);
-                screen_tile(
-                    &mut tile,
-                    nc,
-                    strip,
-                    rows,
-                    &b[c0 * dim..(c0 + nc) * dim],
-                    nc,
-                    dim,
-                );
-                checksum += tile[0];
+                checksum += out[0];
             }
             checksum
         })
@@ -343,7 +325,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                 dim,
                 flops,
                 time(args.repeats, || {
-                    std::hint::black_box(gemm_only(&a, &b, n, dim));
+                    std::hint::black_box(tiles_only(&a, &b, n, dim, similarity_tile));
                 }),
             );
             if let Some(bf16_peak) = bf16_peak {
@@ -352,7 +334,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                     convert_rows(&b).expect("finite"),
                 );
                 let (secs, samples) = time(args.repeats, || {
-                    std::hint::black_box(screen_only(&a16, &b16, n, dim));
+                    std::hint::black_box(tiles_only(&a16, &b16, n, dim, screen_tile));
                 });
                 report(peak, "bf16 screen tiles only", dim, flops, (secs, samples));
                 println!(
