@@ -31,7 +31,14 @@ fn worst_ratio(q: &[f32], g: &[f32], dim: usize, label: &str) -> f64 {
     let mut worst = 0.0f64;
     for i in 0..m {
         for j in 0..n {
-            let e = bound.of(qn[i], gn[j]) as f64;
+            let e = bound.of(&qn[i], &gn[j]);
+            // The rows' own rounding never makes the bound worse than the
+            // worst case of their norms, (2u + u²)‖q‖‖g‖ and the rest.
+            let worst_case = bound.worst_case(qn[i].norm, gn[j].norm);
+            assert!(
+                e <= worst_case * (1.0 + 1e-12),
+                "{label}: bound {e:e} over the worst case {worst_case:e}"
+            );
             let error = (screened[i * n + j] as f64 - exact[i * n + j] as f64).abs();
             assert!(
                 error <= e,
@@ -171,7 +178,8 @@ fn values_beyond_bf16_range_are_refused() {
 }
 
 use hubnorm::kernel::{
-    search_block, search_block_screened, ColumnScoring, Positives, QueryState, Rows, ScreenData,
+    search_block, search_block_screened, ColumnScoring, Positives, QueryState, Rows, Screen,
+    ScreenedRows,
 };
 
 /// The states' lists (score and raw bits, rows) and counts, for comparing.
@@ -224,10 +232,13 @@ fn screened_equals_exact(
     );
     let mut exact = fresh(Some(&targets));
     search_block(q, g, 7, &scorings, &positives, &mut exact);
-    let screen = ScreenData::prepare(q, g).expect("in bf16 range");
+    let (sq, sg) = (
+        ScreenedRows::queries(q).expect("in bf16 range"),
+        ScreenedRows::gallery(g).expect("in bf16 range"),
+    );
     let mut screened = fresh(Some(&targets));
-    let counts =
-        search_block_screened(q, g, 7, &scorings, &positives, &mut screened, Some(&screen));
+    let screen = Some(Screen::new(&sq, &sg));
+    let counts = search_block_screened(q, g, 7, &scorings, &positives, &mut screened, screen);
     let (a, b) = (outcome(&exact), outcome(&screened));
     for (i, (x, y)) in a.iter().zip(&b).enumerate() {
         assert_eq!(x, y, "query {}, scoring {}", i / hs.len(), i % hs.len());

@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use super::dispatch::dispatched;
 use super::gemm::similarity_tile;
 use super::normal::log_normal_cdf;
-use super::screen::{ScreenCounts, ScreenData};
+use super::screen::{Screen, ScreenCounts, TileScratch};
 use super::tile::{Rows, TileBuffer, LANES, TILE_COLS, TILE_ROWS};
 use super::topk::{Candidate, TieBreak, TopK};
 
@@ -324,8 +324,8 @@ pub fn search_block(
     );
 }
 
-/// [`search_block`], screening the tiles with `screen` (bf16 copies of
-/// these `queries` and `gallery` rows; `None`: exact) where every scoring
+/// [`search_block`], screening the tiles with `screen` (of these
+/// `queries` and `gallery` rows; `None`: exact) where every scoring
 /// allows it ([`super::screen::screenable`]): the same states, with what
 /// the screen did.
 pub fn search_block_screened(
@@ -335,7 +335,7 @@ pub fn search_block_screened(
     corrections: &[ColumnScoring<'_>],
     positives: &Positives,
     states: &mut [QueryState],
-    screen: Option<&ScreenData>,
+    screen: Option<Screen<'_>>,
 ) -> ScreenCounts {
     let screen = screen.filter(|_| super::screen::screenable(corrections));
     let nm = corrections.len();
@@ -437,7 +437,7 @@ struct StripSearch<'a> {
     corrections: &'a [ColumnScoring<'a>],
     positives: &'a Positives,
     /// The bf16 screen, when the search is screened.
-    screen: Option<&'a ScreenData>,
+    screen: Option<Screen<'a>>,
     counts: &'a std::sync::Mutex<ScreenCounts>,
 }
 
@@ -453,6 +453,7 @@ impl StripSearch<'_> {
         let ld = buffer.stride;
         let mut c0 = columns.start;
         let mut screened = ScreenCounts::default();
+        let mut scratch = TileScratch::default();
         while c0 < columns.end {
             let c1 = (c0 + TILE_COLS).min(columns.end);
             let nc = c1 - c0;
@@ -471,6 +472,7 @@ impl StripSearch<'_> {
                     strip_states,
                     tile,
                     ld,
+                    &mut scratch,
                     &mut screened,
                 ) {
                     c0 = c1;

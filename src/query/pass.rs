@@ -8,16 +8,17 @@ use crate::cache::TableBlocks;
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
 use crate::kernel::{
-    search_block_screened, ColumnScoring, Positives, QueryState, Rows, ScreenCounts, ScreenData,
-    TILE_COLS, TILE_ROWS,
+    search_block_screened, tile_scratch_bytes, ColumnScoring, Positives, QueryState, Rows, Screen,
+    ScreenCounts, ScreenedRows, TILE_COLS, TILE_ROWS,
 };
 use crate::options::Precision;
 
-/// A thread's scratch for one screened tile ([`crate::kernel::screen`]):
-/// per column three f64, the selection's copy and an f32, and the tile's
-/// rows packed in pairs of bf16 for the kernel.
-fn screen_scratch_bytes(dim: usize) -> usize {
-    TILE_COLS * (4 * 8 + 4) + (TILE_COLS + TILE_ROWS) * (dim + 1) * 2
+/// Memory a screened search holds besides its blocks: per thread, its
+/// strip's scratch ([`crate::kernel::screen`]), and the gallery copy's
+/// last panel (rows rounded up to 16).
+fn screen_scratch_bytes(dim: usize, scorings: usize) -> usize {
+    rayon::current_num_threads() * tile_scratch_bytes(TILE_ROWS, TILE_COLS, scorings)
+        + 16 * ScreenedRows::bytes_per_row(dim)
 }
 use crate::plan::PlanRequest;
 use crate::progress::{Progress, RowProgress};
@@ -95,14 +96,18 @@ pub fn search(
     let nm = scorings.len();
     let state_bytes =
         std::mem::size_of::<QueryState>() + k * std::mem::size_of::<crate::kernel::Candidate>();
-    let screen_row_bytes = if screen { dim * 2 + 8 } else { 0 };
+    let screen_row_bytes = if screen {
+        ScreenedRows::bytes_per_row(dim)
+    } else {
+        0
+    };
     let plan = PlanRequest {
         budget: request.budget,
         threads: rayon::current_num_threads(),
         dim,
         resident_bytes: request.resident_bytes
             + if screen {
-                rayon::current_num_threads() * screen_scratch_bytes(dim)
+                screen_scratch_bytes(dim, nm)
             } else {
                 0
             },
@@ -127,6 +132,10 @@ pub fn search(
     let query_table = queries.with_batch_rows(plan.batch_rows);
     let mut query_blocks = query_table.blocks_in(plan.outer_rows, query_rows.clone())?;
     while let Some(block) = query_blocks.next_block()? {
+        // A block with values beyond bf16's range is searched in f32.
+        let screened_queries = screen
+            .then(|| ScreenedRows::queries(Rows::new(&block.data, dim)))
+            .flatten();
         let positives = resolve_targets(&block, queries, gallery_index)?;
         let query_parameters = scorings
             .iter()
@@ -169,10 +178,13 @@ pub fn search(
                 .collect();
             let (query_rows, gallery_rows) =
                 (Rows::new(&block.data, dim), Rows::new(&g_block.data, dim));
-            // A block with values beyond bf16's range is searched in f32.
-            let data = screen
-                .then(|| ScreenData::prepare(query_rows, gallery_rows))
-                .flatten();
+            let screened_gallery = screened_queries
+                .as_ref()
+                .and_then(|_| ScreenedRows::gallery(gallery_rows));
+            let block_screen = screened_queries
+                .as_ref()
+                .zip(screened_gallery.as_ref())
+                .map(|(q, g)| Screen::new(q, g));
             screened.add(search_block_screened(
                 query_rows,
                 gallery_rows,
@@ -180,7 +192,7 @@ pub fn search(
                 &block_corrections,
                 &positives,
                 &mut states,
-                data.as_ref(),
+                block_screen,
             ));
             rows_done.advance(block.rows, g_block.rows);
             Ok(())

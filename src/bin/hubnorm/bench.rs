@@ -8,11 +8,11 @@ use std::time::Instant;
 use arrow::array::{FixedSizeListArray, Float32Array, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Schema};
 use clap::Args;
-use hubnorm::kernel::bf16::{convert_rows, screen_tile};
+use hubnorm::kernel::bf16::{pack_gallery_panels, pack_query_rows, screen_packed};
 use hubnorm::kernel::{
     column_log_sum_exp, gemm::similarity_tile, has_avx512, lse_sweep, search_block,
     search_block_screened, ColumnScoring, LogSumExp, Positives, QueryState, RowWeight, Rows,
-    ScreenData, Sweep, TileSource, TILE_COLS, TILE_ROWS,
+    Screen, ScreenedRows, Sweep, TileSource, TILE_COLS, TILE_ROWS,
 };
 use hubnorm::options::{MemoryBudget, MethodSpec, PassOptions};
 use hubnorm::pipeline;
@@ -202,7 +202,7 @@ fn tiles_only<T: Sync>(
     b: &[T],
     n: usize,
     dim: usize,
-    tile: fn(&mut [f32], usize, &[T], usize, &[T], usize, usize),
+    tile: impl Fn(&mut [f32], usize, &[T], usize, &[T], usize, usize) + Sync,
 ) -> f32 {
     a.par_chunks(TILE_ROWS * dim)
         .map(|strip| {
@@ -329,12 +329,17 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                 }),
             );
             if let Some(bf16_peak) = bf16_peak {
-                let (a16, b16) = (
-                    convert_rows(&a).expect("finite"),
-                    convert_rows(&b).expect("finite"),
-                );
+                // The kernel's operands as a search packs them, once per block.
+                let (a16, b16) = (pack_query_rows(&a, dim).0, pack_gallery_panels(&b, dim).0);
+                let pairs = dim.div_ceil(2);
                 let (secs, samples) = time(args.repeats, || {
-                    std::hint::black_box(tiles_only(&a16, &b16, n, dim, screen_tile));
+                    std::hint::black_box(tiles_only(
+                        &a16,
+                        &b16,
+                        n,
+                        pairs,
+                        |out, ld, q, m, g, n, _| screen_packed(out, ld, q, m, g, n, dim),
+                    ));
                 });
                 report(peak, "bf16 screen tiles only", dim, flops, (secs, samples));
                 println!(
@@ -374,7 +379,10 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                             let mut states: Vec<QueryState> =
                                 (0..m).map(|_| QueryState::new(k, None)).collect();
                             let (q, g) = (Rows::new(&a, dim), Rows::new(&b, dim));
-                            let screen = ScreenData::prepare(q, g).expect("finite");
+                            let (sq, sg) = (
+                                ScreenedRows::queries(q).expect("finite"),
+                                ScreenedRows::gallery(g).expect("finite"),
+                            );
                             search_block_screened(
                                 q,
                                 g,
@@ -382,7 +390,7 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                                 &[ColumnScoring::Subtract(&corrections)],
                                 &Positives::none(m),
                                 &mut states,
-                                Some(&screen),
+                                Some(Screen::new(&sq, &sg)),
                             );
                             std::hint::black_box(&states);
                         }),

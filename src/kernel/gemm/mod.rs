@@ -135,21 +135,96 @@ pub fn similarity_tile(
 /// (for its 64 × 6 f32 microkernel); `tests::tile_scores_are_the_tiles_bits`
 /// holds this to the crate's output.
 pub fn tile_score(q: &[f32], g: &[f32], m: usize, n: usize) -> Option<f32> {
-    let dim = q.len();
-    assert_eq!(g.len(), dim, "rows of different dimensions");
-    if !reproducible(m, n, dim) {
-        return None;
+    let mut out = [0f32];
+    TileScorer::new(m, n, q.len())?.scores(&[(q, g)], &mut out);
+    Some(out[0])
+}
+
+/// [`tile_score`] for many elements of one tile shape: the depth blocks
+/// worked out once, and several elements of a row computed together.
+#[derive(Debug, Clone, Copy)]
+pub struct TileScorer {
+    dim: usize,
+    kc: usize,
+}
+
+impl TileScorer {
+    /// Elements one batch of [`TileScorer::scores`] computes side by side.
+    pub const BATCH: usize = CHAINS;
+
+    /// The scorer of `m × n` tiles of `dim`-dimensional rows, or `None`
+    /// where [`tile_score`] gives `None`.
+    pub fn new(m: usize, n: usize, dim: usize) -> Option<TileScorer> {
+        reproducible(m, n, dim).then(|| TileScorer {
+            dim,
+            kc: depth_block(m, n, dim),
+        })
     }
-    let kc = depth_block(m, n, dim);
-    let mut element = 0.0f32;
-    for (block, (q, g)) in q.chunks(kc).zip(g.chunks(kc)).enumerate() {
-        let sum = q
-            .iter()
-            .zip(g)
-            .fold(0.0f32, |acc, (&x, &y)| x.mul_add(y, acc));
-        element = if block == 0 { sum } else { element + sum };
+
+    /// The tile's elements of the (query row, gallery row) pairs `items`:
+    /// `out[l]` for `items[l]`. The pairs' chains run interleaved, so a
+    /// batch of them costs about one chain's latency.
+    ///
+    /// # Panics
+    /// When a row's length is not the scorer's dimension, or `out` is
+    /// shorter than `items`.
+    pub fn scores(&self, items: &[(&[f32], &[f32])], out: &mut [f32]) {
+        assert!(
+            items
+                .iter()
+                .all(|(q, g)| q.len() == self.dim && g.len() == self.dim),
+            "rows of another dimension"
+        );
+        assert!(out.len() >= items.len(), "one output per item");
+        for (items, out) in items.chunks(CHAINS).zip(out.chunks_mut(CHAINS)) {
+            interleaved_chains(items, self.kc, out);
+        }
     }
-    Some(element)
+}
+
+/// Chains [`TileScorer::scores`] runs side by side.
+const CHAINS: usize = 8;
+
+mod chain_bodies {
+    use super::CHAINS;
+
+    /// Up to [`CHAINS`] tile elements: for each pair of rows, fused
+    /// multiply-adds from +0 over each depth block of `kc`, the blocks'
+    /// sums added in order (short batches repeat their first pair).
+    #[inline(always)]
+    pub fn interleaved_chains(items: &[(&[f32], &[f32])], kc: usize, out: &mut [f32]) {
+        let dim = items[0].0.len();
+        let rows: [(&[f32], &[f32]); CHAINS] = std::array::from_fn(|l| {
+            let (q, g) = items[l.min(items.len() - 1)];
+            (&q[..dim], &g[..dim])
+        });
+        let mut element = [0f32; CHAINS];
+        let mut start = 0;
+        while start < dim {
+            let end = (start + kc).min(dim);
+            let mut sum = [0f32; CHAINS];
+            for k in start..end {
+                for l in 0..CHAINS {
+                    sum[l] = rows[l].0[k].mul_add(rows[l].1[k], sum[l]);
+                }
+            }
+            for l in 0..CHAINS {
+                element[l] = if start == 0 {
+                    sum[l]
+                } else {
+                    element[l] + sum[l]
+                };
+            }
+            start = end;
+        }
+        let count = items.len();
+        out[..count].copy_from_slice(&element[..count]);
+    }
+}
+
+super::dispatch::dispatched! {
+    fn interleaved_chains(items: &[(&[f32], &[f32])], kc: usize, out: &mut [f32])
+        = chain_bodies::interleaved_chains;
 }
 
 /// Whether [`tile_score`] reproduces the elements of an `m × n` tile of
