@@ -280,6 +280,35 @@ fn screened_search_equals_the_exact_search() {
     }
 }
 
+/// A gallery of many tiles: each query's pool of undecided candidates
+/// fills, is pruned by its k-th best lower end and, where it cannot be
+/// pruned enough (k beyond what the pool holds), decided early.
+#[test]
+fn screened_search_over_many_tiles_equals_the_exact_search() {
+    if !hubnorm::kernel::gemm::reproducible(512, 2048, 64) {
+        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no AVX-512)");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(37);
+    let dim = 64;
+    let queries = gaussian_rows(&mut rng, 520, dim, true);
+    let gallery = gaussian_rows(&mut rng, 41_000, dim, true);
+    let h: Vec<f32> = (0..41_000).map(|_| rng.random_range(-0.02..0.02)).collect();
+    for (k, scorings) in [(10, 1), (100, 1), (300, 1), (10, 4), (100, 4)] {
+        let hs: Vec<Vec<f32>> = (0..scorings)
+            .map(|s| h.iter().map(|v| v * s as f32).collect())
+            .collect();
+        let (screened, rescored) = screened_equals_exact(&queries, &gallery, dim, &hs, k);
+        eprintln!(
+            "many tiles, k {k}, {scorings} scorings: re-scored {rescored} of {screened} pairs"
+        );
+        if scorings == 1 && k == 10 {
+            // The pools leave about the k best and the band around them.
+            assert!(rescored * 100 < screened, "{rescored} of {screened}");
+        }
+    }
+}
+
 #[test]
 fn screened_search_of_a_narrow_band_equals_the_exact_search() {
     if !hubnorm::kernel::gemm::reproducible(512, 2048, 768) {

@@ -52,6 +52,15 @@ GENERATED = {
     "1m": dict(d=384, gallery=1_000_000, bank=100_000, queries=10_000),
 }
 SIZE_ORDER = ["tiny", "dev", "10k", "100k", "1m"]
+
+
+def generated_size(name):
+    """The shape of a generated size: `100k`, or `100k@768` for the same rows in another dimension."""
+    base, _, d = name.partition("@")
+    s = dict(GENERATED[base])
+    if d:
+        s["d"] = int(d)
+    return s
 K = 10
 # method defaults of METHODS.md, and the gallery_stats.parquet columns they give
 BETA, KA, ALPHA, NNN_K, TAU, ITER = 20, 1, 0.75, 128, 0.01, 10
@@ -234,7 +243,7 @@ def size_data(name, args, log):
             return None
         return Data("dev", q, g, b, common.parquet_rows(q), common.parquet_rows(g), common.parquet_rows(b),
                     common.parquet_dim(g))
-    s = GENERATED[name]
+    s = generated_size(name)
     return generated(name, args.data_dir, s["d"], s["gallery"], s["bank"], s["queries"], log)
 
 
@@ -601,12 +610,23 @@ class Bench:
                 return None, []
             chk = lambda ref, mine: check_topk(ref and res(ref), "is", mine, data)  # noqa: E731
             qg = Data("", data.queries, data.gallery, None, 0, 0, 0, 0)
+            search = lambda rdir, t, *extra: [[self.hub, "search", "--queries", data.queries,  # noqa: E731
+                                               "--gallery", data.gallery, "--stats", f, "--method", "is", "--k",
+                                               str(K), "--bootstrap", "0", "--out", res(rdir), *extra] + hc(t)]
+            sq = lambda kind: Tool(  # noqa: E731
+                f"faiss-sq-{kind}+refine", self.peer("is-faiss-sq", qg, "--stats", f, "--stats-column", COL["is"],
+                                                     "--sq", kind, "--k-factor", str(self.args.refine_k_factor)),
+                peer=True, need=2 * (nq + ng) * (d + 1) * 4 + ng * (d + 1) * 2, check=chk)
             return 2.0 * nq * ng * d, [
-                Tool("hubnorm", lambda rdir, t: [[self.hub, "search", "--queries", data.queries, "--gallery",
-                                                  data.gallery, "--stats", f, "--method", "is", "--k", str(K),
-                                                  "--bootstrap", "0", "--out", res(rdir)] + hc(t)]),
+                Tool("hubnorm", search),
+            ] + ([
+                Tool("hubnorm-screened", lambda rdir, t: search(rdir, t, "--precision", "screened"),
+                     check=check_same_results, checked=True),
+            ] if has_avx512_bf16() else []) + [
                 Tool("faiss-flatip", self.peer("is-faiss", qg, "--stats", f, "--stats-column", COL["is"]),
                      peer=True, need=2 * (nq + ng) * (d + 1) * 4, check=chk),
+                sq("bf16"),
+                sq("fp16"),
                 Tool("numpy-dense", self.peer("is-pass2", qg, "--stats", f, "--stats-column", COL["is"]),
                      peer=True, need=inp_qg + nq * ng * 4 + sel, check=chk),
             ]
@@ -1155,6 +1175,29 @@ def check_stats(ref_stats, columns, mine_dir, data: Data):
     return ("mismatch: " if bad else "ok: ") + ", ".join(parts)
 
 
+def check_same_results(ref_dir, mine_dir):
+    """A screened hubnorm run against the exact one: results.parquet row for row, value for value."""
+    import pyarrow.parquet as pq
+    if not ref_dir:
+        return "n/a (no hubnorm output)"
+    a, b = (pq.read_table(os.path.join(d, "results.parquet")) for d in (ref_dir, mine_dir))
+    if a.num_rows != b.num_rows:
+        return f"mismatch: {b.num_rows} result rows vs {a.num_rows}"
+    for name in a.column_names:
+        if not a[name].equals(b[name]):
+            return f"mismatch: column {name} differs"
+    return f"ok (identical: {a.num_rows} rows)"
+
+
+def has_avx512_bf16() -> bool:
+    """Whether this CPU has AVX512_BF16 (hubnorm's --precision screened needs it)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
+    except OSError:
+        return False
+
+
 def check_hubnorm_pair(ref_dir, mine_dir, data: Data):
     """A second hubnorm's outputs (hubnorm+blas) against the first's: every method's top-k as a peer's, and
     every float column of gallery_stats.parquet within STAT_TOL."""
@@ -1404,7 +1447,7 @@ def write_setup(b: Bench, started: bool):
         if s == "dev":
             lines.append(f"| dev | 5000 | 5000 | 10000 | 384 | {a.dev_data} (WordNet definitions, MiniLM) |")
         else:
-            g = GENERATED[s]
+            g = generated_size(s)
             q, gp, bp = gen_paths(a.data_dir, g["d"], g["gallery"], g["bank"], g["queries"])
             lines.append(f"| {s} | {g['queries']} | {g['gallery']} | {g['bank']} | {g['d']} | {os.path.dirname(q)} "
                          f"(generated, seed {__import__('common').GEN_SEED}) |")
@@ -1475,7 +1518,8 @@ def esc(s):
 
 
 def _size_key(s):
-    return (SIZE_ORDER.index(s) if s in SIZE_ORDER else len(SIZE_ORDER), s)
+    base = s.partition("@")[0]
+    return (SIZE_ORDER.index(base) if base in SIZE_ORDER else len(SIZE_ORDER), s)
 
 
 def summarize(out_dir):
@@ -1695,6 +1739,8 @@ def main(argv=None):
     p.add_argument("--work-dir", default=os.path.join(home, ".cache/hubnorm/bench-work"),
                    help="outputs of the runs while they are checked (removed afterwards unless --keep-work)")
     p.add_argument("--keep-work", action="store_true")
+    p.add_argument("--refine-k-factor", type=int, default=8,
+                   help="is-pass2: faiss IndexRefineFlat's k_factor for the reduced-precision peers")
     p.add_argument("--dev-data", default=os.path.normpath(os.path.join(REPO, "..", "shared", "dev-data", "wordnet-minilm")))
     p.add_argument("--memory-limit", default="1GiB", help="hubnorm --memory-limit of every job but memory")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per measurement (default 3600)")
@@ -1740,8 +1786,10 @@ def main(argv=None):
 
     a.sizes = [s.strip() for s in a.sizes.split(",") if s.strip()]
     for s in a.sizes:
-        if s not in SIZE_ORDER:
-            p.error(f"unknown size {s!r} (choose from {', '.join(SIZE_ORDER)})")
+        base, _, d = s.partition("@")
+        if base not in SIZE_ORDER or (d and (base == "dev" or not d.isdigit())):
+            p.error(f"unknown size {s!r} (choose from {', '.join(SIZE_ORDER)}; a generated size may name "
+                    "its dimension, e.g. 100k@768)")
     a.threads = [int(t) for t in a.threads.split(",")]
     a.jobs = [j.strip() for j in a.jobs.split(",") if j.strip()]
     a.s3_servers = [x.strip() for x in a.s3_servers.split(",") if x.strip()]

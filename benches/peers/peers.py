@@ -241,6 +241,30 @@ def job_is_faiss(a):
     return {"ids": ids, "scores": scores}
 
 
+def job_is_faiss_sq(a):
+    """Corrected search through faiss's reduced-precision route: the (d+1)-vectors in an
+    `IndexScalarQuantizer` (bf16 or fp16, inner product), `IndexRefineFlat` re-ranking
+    k·k_factor of its candidates with the f32 vectors."""
+    import faiss
+    faiss.omp_set_num_threads(a.threads)
+    Q, G = load(a.queries), load(a.gallery)
+    h = read_correction(a.stats, a.stats_column, a.gallery)
+    phase("load")
+    Gp, Qp = augmented(G, Q, h)
+    del G, Q
+    phase("augment")
+    kind = {"bf16": faiss.ScalarQuantizer.QT_bf16, "fp16": faiss.ScalarQuantizer.QT_fp16}[a.sq]
+    base = faiss.IndexScalarQuantizer(Gp.shape[1], kind, faiss.METRIC_INNER_PRODUCT)
+    index = faiss.IndexRefineFlat(base)
+    index.k_factor = a.k_factor
+    index.train(Gp)
+    index.add(Gp)
+    phase("index_add")
+    scores, ids = index.search(Qp, a.k)
+    phase("search")
+    return {"ids": ids.astype(np.int64), "scores": scores.astype(np.float32)}
+
+
 def job_dis_dense(a):
     """Dynamic inverted softmax (QB-Norm), dense: activation set from each bank query's top-k_A
     over the gallery, IS correction, then each query corrected iff its raw top-1 is activated."""
@@ -397,6 +421,7 @@ JOBS = {
     "is-pass1": job_is_pass1,
     "is-pass2": job_is_pass2,
     "is-faiss": job_is_faiss,
+    "is-faiss-sq": job_is_faiss_sq,
     "dis-dense": job_dis_dense,
     "nnn-chunked": job_nnn_chunked,
     "sn-numpy": job_sn_numpy,
@@ -418,6 +443,9 @@ def main(argv=None):
     p.add_argument("--out")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--k", type=int, default=10)
+    p.add_argument("--sq", choices=["bf16", "fp16"], default="bf16", help="is-faiss-sq: the quantizer")
+    p.add_argument("--k-factor", type=int, default=8,
+                   help="is-faiss-sq: candidates re-ranked in f32, as a multiple of k")
     p.add_argument("--block", type=int, default=0, help="topk-numpy query block (0 = ~1024)")
     p.add_argument("--beta", type=float, default=20.0)
     p.add_argument("--activation-k", type=int, default=1)

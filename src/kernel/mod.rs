@@ -19,7 +19,7 @@ pub mod topk;
 pub use column_stats::{column_log_sum_exp, column_statistics, ColumnStates, ColumnStatsRequest};
 pub use dispatch::has_avx512;
 pub use lse::LogSumExp;
-pub use screen::{tile_scratch_bytes, Screen, ScreenCounts, ScreenedRows};
+pub use screen::{strip_scratch_bytes, Screen, ScreenCounts, ScreenedRows};
 pub use search::{
     count_above, search_block, search_block_screened, ColumnScoring, Positives, QueryGaussian,
     QueryState,

@@ -121,48 +121,10 @@ impl ScreenCounts {
 /// Whether a search with these scorings can be screened: every one a
 /// subtraction s − h(j), whose order the screen's intervals carry over.
 pub fn screenable(corrections: &[ColumnScoring<'_>]) -> bool {
-    corrections
-        .iter()
-        .all(|c| matches!(c, ColumnScoring::Subtract(_)))
-}
-
-/// A strip's scratch for its screened tiles, kept from tile to tile.
-#[derive(Debug, Default)]
-pub(super) struct TileScratch {
-    /// Every row's and scoring's top-k candidates and ambiguous items
-    /// (columns of the tile, increasing), one after the other.
-    candidates: Vec<u32>,
-    ambiguous: Vec<u32>,
-    /// Where each (row, scoring)'s lists lie in those.
-    lists: Vec<Lists>,
-    /// The (row, column) pairs to re-score (each row's once each, rows in
-    /// order, columns increasing within a row), where each row's lie, and
-    /// their f32 similarities.
-    needed: Vec<(u32, u32)>,
-    row_needed: Vec<std::ops::Range<usize>>,
-    exact: Vec<f32>,
-    /// The k largest screened scores of a row (for the first tile).
-    largest: BinaryHeap<Reverse<u32>>,
-}
-
-/// The spans of one (row, scoring)'s candidates and ambiguous items.
-#[derive(Debug, Clone)]
-struct Lists {
-    candidates: std::ops::Range<usize>,
-    ambiguous: std::ops::Range<usize>,
-}
-
-/// Undecided pairs a [`TileScratch`] collects before it re-scores them (a
-/// tile's rows are taken in groups that fill it).
-const RESCORE_PAIRS: usize = 1 << 16;
-
-/// Bytes of one [`TileScratch`] for tiles of `rows` × `columns` with
-/// `scorings`: the undecided pairs of a group of rows (the limit, plus
-/// one row's at most), each in a list (u32) and needed (a pair and its
-/// f32); the lists' spans; the heap of the largest.
-pub fn tile_scratch_bytes(rows: usize, columns: usize, scorings: usize) -> usize {
-    let pairs = RESCORE_PAIRS + 2 * columns * scorings;
-    pairs * (2 * 4 + 12) + rows * (scorings * std::mem::size_of::<Lists>() + 24) + columns * 4
+    corrections.len() <= MAX_SCORINGS
+        && corrections
+            .iter()
+            .all(|c| matches!(c, ColumnScoring::Subtract(_)))
 }
 
 /// Where a row's screened scores c̃ = s̃ − h are compared: above `top`, an
@@ -176,197 +138,513 @@ struct Floors {
     ambiguous: f32,
 }
 
-/// One tile of a strip, screened: queries `q0..q1` × gallery columns
-/// `c0..c1` of the block (`c0` on a panel). `tile` (stride `ld`) is
-/// scratch for the screened values. Returns `false`, doing nothing, when
-/// the f32 tile of this shape is not one whose bits [`TileScorer`]
-/// reproduces: the caller then runs the exact tile.
-#[allow(clippy::too_many_arguments)] // the tile's place, its inputs and its states
-pub(super) fn screened_tile(
-    screen: Screen<'_>,
-    queries: Rows<'_>,
-    gallery: Rows<'_>,
-    (q0, q1): (usize, usize),
-    (c0, c1): (usize, usize),
-    col0: u32,
-    corrections: &[ColumnScoring<'_>],
-    positives: &Positives,
-    strip_states: &mut [QueryState],
-    tile: &mut [f32],
-    ld: usize,
-    scratch: &mut TileScratch,
-    counts: &mut ScreenCounts,
-) -> bool {
-    let (m, nc, dim) = (q1 - q0, c1 - c0, queries.dim);
-    let Some(scorer) = TileScorer::new(m, nc, dim) else {
-        return false;
-    };
-    assert_eq!(c0 % PANEL, 0, "tiles start on a panel");
-    let pairs = dim.div_ceil(2);
-    screen_packed(
-        tile,
-        ld,
-        &screen.queries.packed[q0 * pairs..q1 * pairs],
-        m,
-        &screen.gallery.packed[c0 * pairs..],
-        nc,
-        dim,
-    );
-    let nm = corrections.len();
-    let h_of = |k: usize| match corrections[k].columns(c0, c1) {
-        ColumnScoring::Subtract(h) => h,
-        _ => unreachable!("screenable() holds"),
-    };
-    // One bound for the whole tile: each norm at its largest over the columns.
-    let gallery_norms = RowNorms::max_of(&screen.gallery.norms[c0..c1]);
-    let h_max: Vec<f64> = (0..nm)
-        .map(|k| h_of(k).iter().fold(0f64, |a, &v| a.max(v.abs() as f64)))
-        .collect();
-    let TileScratch {
-        candidates,
-        ambiguous,
-        lists,
-        needed,
-        row_needed,
-        exact,
-        largest,
-    } = scratch;
-    // Rows in groups whose undecided pairs fill the scratch at most (plus
-    // one row's), so that its size does not depend on the data.
-    let mut start = 0;
-    while start < m {
-        (candidates.clear(), ambiguous.clear(), lists.clear());
-        (needed.clear(), row_needed.clear());
-        let mut end = start;
-        // Each row's screened scores against its floors: the lists, and the
-        // items certainly above the ground truth's score counted.
-        while end < m && needed.len() < RESCORE_PAIRS {
-            let i = end;
-            end += 1;
-            let q = q0 + i;
-            let screened = &tile[i * ld..i * ld + nc];
-            let query_norms = &screen.queries.norms[q];
-            let e = screen.bound.of(query_norms, &gallery_norms);
-            // |s| ≤ ‖q‖‖g‖, so |s̃| ≤ that + e.
-            let s_max = query_norms.norm * gallery_norms.norm;
-            let first_needed = needed.len();
-            for k in 0..nm {
-                let h = h_of(k);
-                let state = &mut strip_states[i * nm + k];
-                // c = fl(s − h) and c̃ = fl(s̃ − h) differ by at most e plus both
-                // roundings (2⁻²⁴ of |s| + |h| each), with room for this f64.
-                let slack = e + (s_max + 2.0 * e + h_max[k]) * 2f64.powi(-22) + 1e-37;
-                let floors = floors(state, screened, h, slack, largest);
-                let (c_start, a_start) = (candidates.len(), ambiguous.len());
-                state.greater += filter_row(screened, h, floors, candidates, ambiguous);
-                lists.push(Lists {
-                    candidates: c_start..candidates.len(),
-                    ambiguous: a_start..ambiguous.len(),
-                });
-                let row = i as u32;
-                needed.extend(candidates[c_start..].iter().map(|&j| (row, j)));
-                needed.extend(ambiguous[a_start..].iter().map(|&j| (row, j)));
-            }
-            let row_pairs = &mut needed[first_needed..];
-            if nm > 1 || lists[(i - start) * nm].ambiguous.start < ambiguous.len() {
-                row_pairs.sort_unstable();
-                let unique = dedup_sorted(row_pairs);
-                needed.truncate(first_needed + unique);
-            }
-            row_needed.push(first_needed..needed.len());
-        }
-        // Every pair that the screen could not decide, in f32, batch after batch.
-        exact.resize(needed.len(), 0.0);
-        const BATCH: usize = TileScorer::BATCH;
-        for (pairs, out) in needed.chunks(BATCH).zip(exact.chunks_mut(BATCH)) {
-            let rows: [(&[f32], &[f32]); BATCH] = std::array::from_fn(|l| {
-                let (i, j) = pairs[l.min(pairs.len() - 1)];
-                let (q, c) = (q0 + i as usize, c0 + j as usize);
-                (
-                    &queries.data[q * dim..(q + 1) * dim],
-                    &gallery.data[c * dim..(c + 1) * dim],
-                )
-            });
-            scorer.scores(&rows[..pairs.len()], out);
-        }
-        // The decided pairs into each row's states, in column order: ties are
-        // broken by row.
-        for i in start..end {
-            let q = q0 + i;
-            let span = row_needed[i - start].clone();
-            let (row_pairs, row_exact) = (&needed[span.clone()], &exact[span]);
-            let exact_of = |j: u32| {
-                let at = row_pairs
-                    .binary_search_by_key(&j, |&(_, c)| c)
-                    .expect("re-scored");
-                row_exact[at]
-            };
-            for k in 0..nm {
-                let h = h_of(k);
-                let state = &mut strip_states[i * nm + k];
-                let lists = &lists[(i - start) * nm + k];
-                let (candidates, ambiguous) = (
-                    &candidates[lists.candidates.clone()],
-                    &ambiguous[lists.ambiguous.clone()],
-                );
-                let mut threshold = state.top.threshold();
-                let (mut a, mut b) = (0, 0);
-                while a < candidates.len() || b < ambiguous.len() {
-                    let next_candidate = candidates.get(a).copied().unwrap_or(u32::MAX);
-                    let next_ambiguous = ambiguous.get(b).copied().unwrap_or(u32::MAX);
-                    let j = next_candidate.min(next_ambiguous);
-                    let s = exact_of(j);
-                    let score = s - h[j as usize];
-                    if next_ambiguous == j {
-                        state.greater += (score > state.target) as u64;
-                        state.equal += (score == state.target) as u64;
-                        b += 1;
-                    }
-                    if next_candidate == j {
-                        if score > threshold {
-                            state.top.push(Candidate {
-                                score,
-                                raw: s,
-                                row: col0 + j,
-                            });
-                            threshold = state.top.threshold();
-                        }
-                        a += 1;
-                    }
-                }
-                // The ground truth is not counted against itself.
-                if !state.target.is_nan() {
-                    let q_row = &queries.data[q * dim..(q + 1) * dim];
-                    for &p in positives.of(q) {
-                        if p >= col0 && ((p - col0) as usize) < nc {
-                            let j = (p - col0) as usize;
-                            let g_row = &gallery.data[(c0 + j) * dim..(c0 + j + 1) * dim];
-                            let mut s = [0f32];
-                            scorer.scores(&[(q_row, g_row)], &mut s);
-                            let scoring = ColumnScoring::Subtract(h);
-                            match compare_to_target(scoring.score(j, s[0]), s[0], &scoring, state) {
-                                std::cmp::Ordering::Greater => state.greater -= 1,
-                                std::cmp::Ordering::Equal => state.equal -= 1,
-                                std::cmp::Ordering::Less => {}
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        counts.rescored += needed.len() as u64;
-        start = end;
-    }
-    counts.screened += (m * nc * nm) as u64;
-    true
+/// An item of a query's top-k that the screen could not rule out, not yet
+/// re-scored: its corrected score lies in `[lower, upper]`.
+#[derive(Debug, Clone, Copy, Default)]
+struct Pending {
+    lower: f32,
+    upper: f32,
+    /// The block's column.
+    column: u32,
 }
 
-/// Moves the distinct values of a sorted slice to its front; returns how
-/// many there are.
-fn dedup_sorted<T: PartialEq + Copy>(values: &mut [T]) -> usize {
+/// An undecided (query, column) pair to re-score, and how.
+#[derive(Debug, Clone, Copy)]
+struct Undecided {
+    /// The strip's row.
+    row: u32,
+    /// The block's column.
+    column: u32,
+    /// The scorings whose top-k it is offered to (bit k: scoring k).
+    scorings: u64,
+}
+
+/// Scorings a screened search handles at most (one bit each in
+/// [`Undecided::scorings`]); searches with more run exact.
+const MAX_SCORINGS: usize = 64;
+
+/// The top-k candidates of each (row, scoring) of a strip, kept across its
+/// tiles: re-scored only when the strip ends or a pool fills, by which
+/// time the k-th best lower end has ruled most of them out. Deferring
+/// costs nothing in exactness: [`super::topk::TopK::push`] orders equal
+/// scores by row whatever the order of the pushes.
+#[derive(Debug, Default)]
+struct Pools {
+    /// Entries per pool.
+    capacity: usize,
+    entries: Vec<Pending>,
+    len: Vec<usize>,
+    /// A lower bound on each pool's k-th best score (−∞: none yet).
+    floor: Vec<f32>,
+}
+
+/// Pending candidates a strip keeps at most, over all its pools (1.5 MiB).
+const POOL_ENTRIES: usize = 1 << 17;
+
+/// Undecided pairs for the ground truth's counts that a strip collects
+/// before it re-scores them (a tile's rows are taken in groups that fill
+/// it, plus one row's).
+const RESCORE_PAIRS: usize = 1 << 13;
+
+/// Bytes a strip's screen holds besides its tile: the pools, the
+/// undecided pairs (the limit plus one row's, as a list entry, a pair and
+/// an f32 each) and per row and scoring the lists' spans.
+pub fn strip_scratch_bytes(rows: usize, columns: usize, scorings: usize) -> usize {
+    let pools = POOL_ENTRIES.max(rows * scorings * MIN_POOL) * std::mem::size_of::<Pending>()
+        + rows * scorings * 12;
+    let pairs = (RESCORE_PAIRS + 2 * columns * scorings) * (4 + 16);
+    pools + pairs + rows * scorings * std::mem::size_of::<std::ops::Range<usize>>() + columns * 4
+}
+
+/// The smallest pool: room to prune a few candidates at a time.
+const MIN_POOL: usize = 16;
+
+/// The screen of one strip of queries (`q0..q1` of the block) against the
+/// block's gallery, tile after tile ([`StripScreen::tile`]), then
+/// [`StripScreen::finish`].
+pub(super) struct StripScreen<'a> {
+    screen: Screen<'a>,
+    queries: Rows<'a>,
+    gallery: Rows<'a>,
+    q0: usize,
+    q1: usize,
+    /// The gallery row of the block's first column.
+    first_row: u32,
+    corrections: &'a [ColumnScoring<'a>],
+    positives: &'a Positives,
+    /// The re-scorer of each tile's columns: (first column, scorer), in
+    /// column order (tiles of different widths may sum in different depth
+    /// blocks).
+    scorers: Vec<(u32, TileScorer)>,
+    pools: Pools,
+    /// The ambiguous columns of each (row, scoring), one after the other,
+    /// and where each lies.
+    ambiguous: Vec<u32>,
+    lists: Vec<std::ops::Range<usize>>,
+    /// The ambiguous pairs to re-score and their f32 similarities.
+    undecided: Vec<Undecided>,
+    exact: Vec<f32>,
+    /// The same for the candidates of pools being decided.
+    deciding: Vec<Undecided>,
+    decided: Vec<f32>,
+    /// A row's candidates from the filter.
+    candidates: Vec<u32>,
+    /// The k largest screened scores of a row (for a pool's first tile).
+    largest: BinaryHeap<Reverse<u32>>,
+    pub(super) counts: ScreenCounts,
+}
+
+impl<'a> StripScreen<'a> {
+    #[allow(clippy::too_many_arguments)] // the strip's place and inputs
+    pub(super) fn new(
+        screen: Screen<'a>,
+        queries: Rows<'a>,
+        gallery: Rows<'a>,
+        (q0, q1): (usize, usize),
+        first_row: u32,
+        corrections: &'a [ColumnScoring<'a>],
+        positives: &'a Positives,
+        k: usize,
+    ) -> StripScreen<'a> {
+        let pools = (q1 - q0) * corrections.len();
+        // Room for the k best and the band around them, so that a pool is
+        // decided rarely before the strip ends.
+        let capacity = (4 * k + 256).min(POOL_ENTRIES / pools.max(1)).max(MIN_POOL);
+        StripScreen {
+            screen,
+            queries,
+            gallery,
+            q0,
+            q1,
+            first_row,
+            corrections,
+            positives,
+            scorers: Vec::new(),
+            pools: Pools {
+                capacity,
+                entries: vec![Pending::default(); pools * capacity],
+                len: vec![0; pools],
+                floor: vec![f32::NEG_INFINITY; pools],
+            },
+            ambiguous: Vec::new(),
+            lists: Vec::new(),
+            undecided: Vec::new(),
+            exact: Vec::new(),
+            deciding: Vec::new(),
+            decided: Vec::new(),
+            candidates: Vec::new(),
+            largest: BinaryHeap::new(),
+            counts: ScreenCounts::default(),
+        }
+    }
+
+    fn corrections_of(&self, k: usize, (c0, c1): (usize, usize)) -> &'a [f32] {
+        match self.corrections[k].columns(c0, c1) {
+            ColumnScoring::Subtract(h) => h,
+            _ => unreachable!("screenable() holds"),
+        }
+    }
+
+    /// Screens the strip's tile of block columns `c0..c1` (`c0` on a
+    /// panel); `tile` (stride `ld`) is scratch for the screened values.
+    /// Returns `false`, doing nothing, when the f32 tile of this shape is
+    /// not one whose bits [`TileScorer`] reproduces: the caller then runs
+    /// the exact tile.
+    pub(super) fn tile(
+        &mut self,
+        (c0, c1): (usize, usize),
+        states: &mut [QueryState],
+        tile: &mut [f32],
+        ld: usize,
+    ) -> bool {
+        let (m, nc, dim) = (self.q1 - self.q0, c1 - c0, self.queries.dim);
+        let Some(scorer) = TileScorer::new(m, nc, dim) else {
+            return false;
+        };
+        assert_eq!(c0 % PANEL, 0, "tiles start on a panel");
+        if self.scorers.last().is_none_or(|&(_, s)| s != scorer) {
+            self.scorers.push((c0 as u32, scorer));
+        }
+        let pairs = dim.div_ceil(2);
+        screen_packed(
+            tile,
+            ld,
+            &self.screen.queries.packed[self.q0 * pairs..self.q1 * pairs],
+            m,
+            &self.screen.gallery.packed[c0 * pairs..],
+            nc,
+            dim,
+        );
+        let nm = self.corrections.len();
+        // One bound for the whole tile: each norm at its largest over the columns.
+        let gallery_norms = RowNorms::max_of(&self.screen.gallery.norms[c0..c1]);
+        let h_max: Vec<f64> = (0..nm)
+            .map(|k| {
+                let h = self.corrections_of(k, (c0, c1));
+                h.iter().fold(0f64, |a, &v| a.max(v.abs() as f64))
+            })
+            .collect();
+        // Rows in groups whose ambiguous pairs fill the scratch at most (plus
+        // one row's), so that its size does not depend on the data.
+        let mut start = 0;
+        while start < m {
+            self.ambiguous.clear();
+            self.lists.clear();
+            self.undecided.clear();
+            let mut end = start;
+            while end < m && self.undecided.len() < RESCORE_PAIRS {
+                let i = end;
+                end += 1;
+                let screened = &tile[i * ld..i * ld + nc];
+                let query_norms = &self.screen.queries.norms[self.q0 + i];
+                let e = self.screen.bound.of(query_norms, &gallery_norms);
+                // |s| ≤ ‖q‖‖g‖, so |s̃| ≤ that + e.
+                let s_max = query_norms.norm * gallery_norms.norm;
+                let first = self.undecided.len();
+                for k in 0..nm {
+                    let h = self.corrections_of(k, (c0, c1));
+                    let pool = i * nm + k;
+                    let k_best = states[pool].top.k();
+                    // c = fl(s − h) and c̃ = fl(s̃ − h) differ by at most e plus
+                    // both roundings (2⁻²⁴ of |s| + |h| each), with room for
+                    // this f64.
+                    let slack = e + (s_max + 2.0 * e + h_max[k]) * 2f64.powi(-22) + 1e-37;
+                    if self.pools.floor[pool] == f32::NEG_INFINITY
+                        && states[pool].top.len() < k_best
+                        && k_best <= nc
+                    {
+                        // The pool's first tile: the k-th largest c̃ minus the
+                        // slack is at most the k-th largest c.
+                        let kth = kth_largest(screened, h, k_best, &mut self.largest);
+                        self.pools.floor[pool] = round_down(kth as f64 - slack);
+                    }
+                    let state = &mut states[pool];
+                    let floors = floors(state, self.pools.floor[pool], slack);
+                    let a_start = self.ambiguous.len();
+                    self.candidates.clear();
+                    state.greater += filter_row(
+                        screened,
+                        h,
+                        floors,
+                        &mut self.candidates,
+                        &mut self.ambiguous,
+                    );
+                    self.lists.push(a_start..self.ambiguous.len());
+                    for &j in &self.ambiguous[a_start..] {
+                        self.undecided.push(Undecided {
+                            row: i as u32,
+                            column: (c0 + j as usize) as u32,
+                            scorings: 0,
+                        });
+                    }
+                    for at in 0..self.candidates.len() {
+                        let j = self.candidates[at] as usize;
+                        let v = (screened[j] - h[j]) as f64;
+                        let entry = Pending {
+                            lower: round_down(v - slack),
+                            upper: round_up(v + slack),
+                            column: (c0 + j) as u32,
+                        };
+                        if !self.pools.add(pool, entry, k_best) {
+                            // Full of candidates that it cannot rule out: decide them.
+                            self.decide_pool(i, k, states);
+                            self.pools.add(pool, entry, k_best);
+                        }
+                    }
+                }
+                if nm > 1 {
+                    let row_pairs = &mut self.undecided[first..];
+                    row_pairs.sort_unstable_by_key(|u| u.column);
+                    let unique = dedup_sorted_by_key(row_pairs, |u| u.column);
+                    self.undecided.truncate(first + unique);
+                }
+            }
+            let mut exact = std::mem::take(&mut self.exact);
+            rescore(self, &self.undecided, &mut exact);
+            self.exact = exact;
+            self.counts.rescored += self.undecided.len() as u64;
+            // The ambiguous pairs counted, and the ground truth taken out.
+            for i in start..end {
+                let span = self.row_span(i);
+                for k in 0..nm {
+                    let h = self.corrections_of(k, (c0, c1));
+                    let state = &mut states[i * nm + k];
+                    for &j in &self.ambiguous[self.lists[(i - start) * nm + k].clone()] {
+                        let column = (c0 + j as usize) as u32;
+                        let at = span.start
+                            + self.undecided[span.clone()]
+                                .binary_search_by_key(&column, |u| u.column)
+                                .expect("re-scored");
+                        let score = self.exact[at] - h[j as usize];
+                        state.greater += (score > state.target) as u64;
+                        state.equal += (score == state.target) as u64;
+                    }
+                    if !state.target.is_nan() {
+                        self.exclude_positives(i, (c0, c1), &scorer, h, state);
+                    }
+                }
+            }
+            start = end;
+        }
+        self.counts.screened += (m * nc * nm) as u64;
+        true
+    }
+
+    /// Where row `i`'s pairs lie in `undecided` (rows in order).
+    fn row_span(&self, i: usize) -> std::ops::Range<usize> {
+        let row = i as u32;
+        let start = self.undecided.partition_point(|u| u.row < row);
+        let end = self.undecided.partition_point(|u| u.row <= row);
+        start..end
+    }
+
+    /// The ground truth is not counted against itself: undo the counts of
+    /// row `i`'s positives that fall in the tile of columns `c0..c1`.
+    fn exclude_positives(
+        &self,
+        i: usize,
+        (c0, c1): (usize, usize),
+        scorer: &TileScorer,
+        h: &[f32],
+        state: &mut QueryState,
+    ) {
+        let (q, dim) = (self.q0 + i, self.queries.dim);
+        let col0 = self.first_row + c0 as u32;
+        for &p in self.positives.of(q) {
+            if p >= col0 && ((p - col0) as usize) < c1 - c0 {
+                let j = (p - col0) as usize;
+                let mut s = [0f32];
+                scorer.scores(
+                    &[(
+                        &self.queries.data[q * dim..(q + 1) * dim],
+                        &self.gallery.data[(c0 + j) * dim..(c0 + j + 1) * dim],
+                    )],
+                    &mut s,
+                );
+                let scoring = ColumnScoring::Subtract(h);
+                match compare_to_target(scoring.score(j, s[0]), s[0], &scoring, state) {
+                    std::cmp::Ordering::Greater => state.greater -= 1,
+                    std::cmp::Ordering::Equal => state.equal -= 1,
+                    std::cmp::Ordering::Less => {}
+                }
+            }
+        }
+    }
+
+    /// Re-scores the candidates of pool (row `i`, scoring `k`) that it
+    /// cannot rule out, offers them to the state, and empties the pool.
+    fn decide_pool(&mut self, i: usize, k: usize, states: &mut [QueryState]) {
+        let pool = i * self.corrections.len() + k;
+        self.deciding.clear();
+        let (deciding, state) = (&mut self.deciding, &states[pool]);
+        self.pools
+            .survivors(pool, state.top.k(), state.top.threshold(), |entry| {
+                deciding.push(Undecided {
+                    row: i as u32,
+                    column: entry.column,
+                    scorings: 1 << k,
+                })
+            });
+        self.offer_deciding(states);
+        self.pools.len[pool] = 0;
+    }
+
+    /// Decides every pool: the strip's columns are done.
+    pub(super) fn finish(&mut self, states: &mut [QueryState]) {
+        let nm = self.corrections.len();
+        self.deciding.clear();
+        for i in 0..self.q1 - self.q0 {
+            let first = self.deciding.len();
+            for k in 0..nm {
+                let pool = i * nm + k;
+                let (deciding, state) = (&mut self.deciding, &states[pool]);
+                self.pools
+                    .survivors(pool, state.top.k(), state.top.threshold(), |entry| {
+                        deciding.push(Undecided {
+                            row: i as u32,
+                            column: entry.column,
+                            scorings: 1 << k,
+                        })
+                    });
+                self.pools.len[pool] = 0;
+            }
+            // One re-score per pair, offered to every scoring that kept it.
+            let row_pairs = &mut self.deciding[first..];
+            row_pairs.sort_unstable_by_key(|u| u.column);
+            let mut unique = 0;
+            for at in 0..row_pairs.len() {
+                if unique > 0 && row_pairs[unique - 1].column == row_pairs[at].column {
+                    row_pairs[unique - 1].scorings |= row_pairs[at].scorings;
+                } else {
+                    row_pairs[unique] = row_pairs[at];
+                    unique += 1;
+                }
+            }
+            self.deciding.truncate(first + unique);
+        }
+        self.offer_deciding(states);
+    }
+
+    /// Re-scores `deciding` and offers each pair to the scorings it names.
+    fn offer_deciding(&mut self, states: &mut [QueryState]) {
+        let mut decided = std::mem::take(&mut self.decided);
+        rescore(self, &self.deciding, &mut decided);
+        self.decided = decided;
+        let nm = self.corrections.len();
+        let whole = (0, self.gallery.rows);
+        for (u, &s) in self.deciding.iter().zip(&self.decided) {
+            for k in (0..nm).filter(|k| u.scorings >> k & 1 == 1) {
+                let h = self.corrections_of(k, whole);
+                states[u.row as usize * nm + k].top.push(Candidate {
+                    score: s - h[u.column as usize],
+                    raw: s,
+                    row: self.first_row + u.column,
+                });
+            }
+        }
+        self.counts.rescored += self.deciding.len() as u64;
+    }
+}
+
+/// The f32 similarities of `pairs` (of `strip`'s rows and block columns)
+/// into `exact`, batch after batch (a batch's pairs in tiles of one scorer).
+fn rescore(strip: &StripScreen<'_>, pairs: &[Undecided], exact: &mut Vec<f32>) {
+    let dim = strip.queries.dim;
+    exact.resize(pairs.len(), 0.0);
+    let scorer_of = |column: u32| {
+        let at = strip.scorers.partition_point(|&(c0, _)| c0 <= column);
+        at.checked_sub(1).expect("a screened tile's column")
+    };
+    const BATCH: usize = TileScorer::BATCH;
+    let mut start = 0;
+    while start < pairs.len() {
+        let scorer = scorer_of(pairs[start].column);
+        let end = start
+            + pairs[start..(start + BATCH).min(pairs.len())]
+                .iter()
+                .take_while(|u| scorer_of(u.column) == scorer)
+                .count();
+        let batch = &pairs[start..end];
+        let rows: [(&[f32], &[f32]); BATCH] = std::array::from_fn(|l| {
+            let u = batch[l.min(batch.len() - 1)];
+            let (q, c) = (strip.q0 + u.row as usize, u.column as usize);
+            (
+                &strip.queries.data[q * dim..(q + 1) * dim],
+                &strip.gallery.data[c * dim..(c + 1) * dim],
+            )
+        });
+        strip.scorers[scorer]
+            .1
+            .scores(&rows[..batch.len()], &mut exact[start..end]);
+        start = end;
+    }
+}
+
+impl Pools {
+    fn entries(&self, pool: usize) -> &[Pending] {
+        let base = pool * self.capacity;
+        &self.entries[base..base + self.len[pool]]
+    }
+
+    /// Adds `entry` to `pool` (of a top-`k`), pruning it when full;
+    /// `false` when it is full of entries that it cannot rule out.
+    fn add(&mut self, pool: usize, entry: Pending, k: usize) -> bool {
+        if entry.upper < self.floor[pool] {
+            return true;
+        }
+        if self.len[pool] == self.capacity {
+            self.prune(pool, k);
+            if self.len[pool] > self.capacity / 4 * 3 {
+                return false;
+            }
+        }
+        let base = pool * self.capacity;
+        self.entries[base + self.len[pool]] = entry;
+        self.len[pool] += 1;
+        true
+    }
+
+    /// Raises `pool`'s floor to its k-th best lower end and drops the
+    /// entries whose upper end is below it: k others are certainly better.
+    fn prune(&mut self, pool: usize, k: usize) {
+        let base = pool * self.capacity;
+        let entries = &mut self.entries[base..base + self.len[pool]];
+        if k == 0 || entries.len() < k {
+            return;
+        }
+        let (_, kth, _) = entries.select_nth_unstable_by(k - 1, |a, b| b.lower.total_cmp(&a.lower));
+        let floor = self.floor[pool].max(kth.lower);
+        self.floor[pool] = floor;
+        let mut kept = 0;
+        for at in 0..entries.len() {
+            if entries[at].upper >= floor {
+                entries[kept] = entries[at];
+                kept += 1;
+            }
+        }
+        self.len[pool] = kept;
+    }
+
+    /// Calls `each` with the entries of `pool` (of a top-`k` whose k-th
+    /// score so far is `threshold`: an item enters only above it) that may
+    /// still enter the top-k.
+    fn survivors(&mut self, pool: usize, k: usize, threshold: f32, mut each: impl FnMut(&Pending)) {
+        self.prune(pool, k);
+        let floor = self.floor[pool];
+        for entry in self.entries(pool) {
+            if entry.upper >= floor && entry.upper > threshold {
+                each(entry);
+            }
+        }
+    }
+}
+
+/// Moves the first of each run of equal keys of a sorted slice to its
+/// front; returns how many runs there are.
+fn dedup_sorted_by_key<T: Copy, K: PartialEq>(values: &mut [T], key: impl Fn(&T) -> K) -> usize {
     let mut unique = 0;
     for i in 0..values.len() {
-        if unique == 0 || values[i] != values[unique - 1] {
+        if unique == 0 || key(&values[i]) != key(&values[unique - 1]) {
             values[unique] = values[i];
             unique += 1;
         }
@@ -375,28 +653,18 @@ fn dedup_sorted<T: PartialEq + Copy>(values: &mut [T]) -> usize {
 }
 
 /// The floors of one row and scoring (see [`Floors`]), each rounded the
-/// safe way to an f32; `slack` bounds |c − c̃| for every item of the row.
-fn floors(
-    state: &QueryState,
-    screened: &[f32],
-    h: &[f32],
-    slack: f64,
-    largest: &mut BinaryHeap<Reverse<u32>>,
-) -> Floors {
-    let k = state.top.k();
-    let top = if state.top.len() >= k {
-        // An item enters only above the k-th score kept: c > threshold,
-        // which needs c̃ > threshold − slack.
+/// safe way to an f32; `slack` bounds |c − c̃| for every item of the row,
+/// `pool_floor` is at most the row's k-th best score.
+fn floors(state: &QueryState, pool_floor: f32, slack: f64) -> Floors {
+    // An item enters only above the k-th score kept (c > threshold, which
+    // needs c̃ > threshold − slack), and not below the pool's floor
+    // (c̃ ≥ floor − slack).
+    let kept = if state.top.len() >= state.top.k() {
         round_down(state.top.threshold() as f64 - slack)
-    } else if k <= screened.len() {
-        // Nothing kept yet (the strip's first tile): the k-th largest c̃
-        // minus the slack is at most the k-th largest c, and an item below
-        // it cannot enter; c̃ ≥ kth − 2·slack keeps every other.
-        let kth = kth_largest(screened, h, k, largest) as f64;
-        round_down(kth - 2.0 * slack).next_down()
     } else {
         f32::NEG_INFINITY
     };
+    let top = kept.max(round_down(pool_floor as f64 - slack).next_down());
     if state.target.is_nan() {
         return Floors {
             top,

@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use super::dispatch::dispatched;
 use super::gemm::similarity_tile;
 use super::normal::log_normal_cdf;
-use super::screen::{Screen, ScreenCounts, TileScratch};
+use super::screen::{Screen, ScreenCounts, StripScreen};
 use super::tile::{Rows, TileBuffer, LANES, TILE_COLS, TILE_ROWS};
 use super::topk::{Candidate, TieBreak, TopK};
 
@@ -452,29 +452,26 @@ impl StripSearch<'_> {
         let mut buffer = TileBuffer::new(q1 - q0, TILE_COLS.min(columns.len()));
         let ld = buffer.stride;
         let mut c0 = columns.start;
-        let mut screened = ScreenCounts::default();
-        let mut scratch = TileScratch::default();
+        let mut screen = self.screen.map(|screen| {
+            let k = strip_states.iter().map(|s| s.top.k()).max().unwrap_or(0);
+            StripScreen::new(
+                screen,
+                queries,
+                gallery,
+                (q0, q1),
+                self.first_row,
+                self.corrections,
+                self.positives,
+                k,
+            )
+        });
         while c0 < columns.end {
             let c1 = (c0 + TILE_COLS).min(columns.end);
             let nc = c1 - c0;
             let tile = &mut buffer.cells_mut()[..(q1 - q0) * ld];
             let col0 = self.first_row + c0 as u32;
-            if let Some(screen) = self.screen {
-                if super::screen::screened_tile(
-                    screen,
-                    queries,
-                    gallery,
-                    (q0, q1),
-                    (c0, c1),
-                    col0,
-                    self.corrections,
-                    self.positives,
-                    strip_states,
-                    tile,
-                    ld,
-                    &mut scratch,
-                    &mut screened,
-                ) {
+            if let Some(screen) = screen.as_mut() {
+                if screen.tile((c0, c1), strip_states, tile, ld) {
                     c0 = c1;
                     continue;
                 }
@@ -521,8 +518,12 @@ impl StripSearch<'_> {
             }
             c0 = c1;
         }
-        if self.screen.is_some() {
-            self.counts.lock().expect("no task panicked").add(screened);
+        if let Some(mut screen) = screen {
+            screen.finish(strip_states);
+            self.counts
+                .lock()
+                .expect("no task panicked")
+                .add(screen.counts);
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::cache::TableBlocks;
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
 use crate::kernel::{
-    search_block_screened, tile_scratch_bytes, ColumnScoring, Positives, QueryState, Rows, Screen,
+    search_block_screened, strip_scratch_bytes, ColumnScoring, Positives, QueryState, Rows, Screen,
     ScreenCounts, ScreenedRows, TILE_COLS, TILE_ROWS,
 };
 use crate::options::Precision;
@@ -17,7 +17,7 @@ use crate::options::Precision;
 /// strip's scratch ([`crate::kernel::screen`]), and the gallery copy's
 /// last panel (rows rounded up to 16).
 fn screen_scratch_bytes(dim: usize, scorings: usize) -> usize {
-    rayon::current_num_threads() * tile_scratch_bytes(TILE_ROWS, TILE_COLS, scorings)
+    rayon::current_num_threads() * strip_scratch_bytes(TILE_ROWS, TILE_COLS, scorings)
         + 16 * ScreenedRows::bytes_per_row(dim)
 }
 use crate::plan::PlanRequest;

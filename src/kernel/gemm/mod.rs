@@ -142,7 +142,7 @@ pub fn tile_score(q: &[f32], g: &[f32], m: usize, n: usize) -> Option<f32> {
 
 /// [`tile_score`] for many elements of one tile shape: the depth blocks
 /// worked out once, and several elements of a row computed together.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TileScorer {
     dim: usize,
     kc: usize,
