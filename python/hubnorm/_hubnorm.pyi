@@ -21,6 +21,7 @@ class Options(TypedDict):
     tolerance: float | None
     bank_sample: int | None
     seed: int
+    precision: str
 
 class RunArgs(TypedDict):
     queries: str

@@ -12,7 +12,8 @@ use hubnorm::error::{HubnormError, Location};
 use hubnorm::evaluate::{self, CompareJob, ReportJob};
 use hubnorm::export::ExportJob;
 use hubnorm::options::{
-    BankSample, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, ReadOptions,
+    BankSample, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, Precision,
+    ReadOptions,
 };
 use hubnorm::pipeline::{self, RunJob, SearchJob, StatsJob};
 use hubnorm::progress::Progress;
@@ -235,14 +236,18 @@ struct Options {
     /// Bank rows drawn with `seed` (all when `None`).
     bank_sample: Option<u64>,
     seed: u64,
+    /// Pass 2's arithmetic: `exact`, `screened` or `auto` (`--precision`).
+    precision: String,
 }
 
 impl Options {
     fn pass_options(&self, py: Python<'_>) -> PyResult<PassOptions> {
         let memory: MemoryBudget = self.memory_limit.parse().map_err(|e| to_python(py, e))?;
+        let precision: Precision = self.precision.parse().map_err(|e| to_python(py, e))?;
         Ok(PassOptions {
             memory,
             threads: self.threads,
+            precision,
             sinkhorn_tolerance: self.tolerance,
             read: ReadOptions {
                 normalize: self.normalize,

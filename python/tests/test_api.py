@@ -127,6 +127,30 @@ def test_in_memory_inputs_give_the_path_results(samples):
     assert run.summary["methods"] == by_path.summary["methods"]
 
 
+def cpu_has_avx512_bf16() -> bool:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return " avx512_bf16" in flags
+
+
+def test_screened_precision_gives_the_exact_results(samples):
+    args = (sample(samples, "queries"), sample(samples, "gallery"), sample(samples, "bank"))
+    kwargs = dict(methods="is,nnn", k=5, progress=False)
+    exact = hubnorm.run(*args, **kwargs)
+    auto = hubnorm.run(*args, precision="auto", **kwargs)
+    assert results_rows(auto.results).equals(results_rows(exact.results))
+    if cpu_has_avx512_bf16():
+        screened = hubnorm.run(*args, precision="screened", **kwargs)
+        assert results_rows(screened.results).equals(results_rows(exact.results))
+        assert screened.summary["screen"]["rescored_pairs"] < screened.summary["screen"]["screened_pairs"]
+        footer = pq.read_metadata(os.path.join(screened.directory, "results.parquet")).metadata
+        assert footer[b"hubnorm.precision"] == b"screened"
+    else:
+        with pytest.raises(hubnorm.UsageError, match="AVX512_BF16"):
+            hubnorm.run(*args, precision="screened", **kwargs)
+    with pytest.raises(hubnorm.UsageError, match="exact, screened or auto"):
+        hubnorm.run(*args, precision="half", **kwargs)
+
+
 def test_embeddings_wrap_a_contiguous_array_without_a_copy():
     a = np.random.default_rng(1).standard_normal((50, 8)).astype(np.float32)
     table = hubnorm.embeddings(a)
