@@ -241,3 +241,32 @@ fn fuzz_crashes_are_typed_errors() {
     listed.sort();
     assert_eq!(files(&repo("tests/fixtures/fuzz")), listed);
 }
+
+/// A decoder panic caught at the boundary reaches the user as hubnorm's
+/// error alone: exit code 2, the file named, no panic message, no output.
+#[test]
+fn a_caught_decoder_panic_prints_only_the_hubnorm_error() {
+    let fixture = repo("tests/fixtures/fuzz/dictionary_bit_width.parquet");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("results.parquet");
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_hubnorm"))
+        .args(["search", "--queries"])
+        .arg(&fixture)
+        .arg("--gallery")
+        .arg(&fixture)
+        .args(["--method", "none", "--k", "1", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("decoder failed on damaged data"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("dictionary_bit_width.parquet"), "{stderr}");
+    for panic_text in ["panicked", "num_bits", "RUST_BACKTRACE"] {
+        assert!(!stderr.contains(panic_text), "{panic_text}: {stderr}");
+    }
+    assert!(!out.exists());
+}

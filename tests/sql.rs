@@ -547,6 +547,25 @@ fn table_functions_stream_the_passes() {
     );
     assert_eq!(limited.num_rows(), 3);
 
+    // A fractional k is refused, not truncated.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    for k in ["2.5", "0", "-3"] {
+        let err = runtime.block_on(async {
+            let ctx = session(&small).unwrap();
+            let sql = format!(
+                "SELECT * FROM hubnorm_search('{}', '{}', '{}', 'is', {k})",
+                s("q.parquet"),
+                s("g.parquet"),
+                s("stats.parquet")
+            );
+            match ctx.sql(&sql).await {
+                Ok(frame) => frame.collect().await.unwrap_err().to_string(),
+                Err(e) => e.to_string(),
+            }
+        });
+        assert!(err.contains("whole number"), "k = {k}: {err}");
+    }
+
     // Another consumer holds most of the pool: the pass cannot reserve its budget.
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let err = runtime.block_on(async {
@@ -723,6 +742,40 @@ fn sql_command_refuses_clearly_and_writes_atomically() {
     let out = hubnorm(["sql", "SELECT * FROM nowhere"]).output();
     assert_eq!(out.code(), Some(2));
     assert!(out.stderr().contains("nowhere"));
+
+    // An aligned table is gathered before it is printed: bounded, and a
+    // larger result refused before anything is printed or written.
+    let printed = dir.path().join("ids.txt");
+    let out = hubnorm([
+        "sql",
+        "--table",
+        &table,
+        "--max-table-rows",
+        "500",
+        "--out",
+        printed.to_str().unwrap(),
+        "SELECT id FROM g",
+    ])
+    .output();
+    assert_eq!(out.code(), Some(2));
+    assert!(
+        out.stderr().contains("--max-table-rows"),
+        "{}",
+        out.stderr()
+    );
+    assert!(out.stdout().is_empty());
+    assert!(!printed.exists());
+    let out = hubnorm([
+        "sql",
+        "--table",
+        &table,
+        "--max-table-rows",
+        "600",
+        "SELECT id FROM g",
+    ])
+    .output();
+    out.assert_success();
+    assert_eq!(out.stdout().matches("|").count() / 2, 600 + 1);
 
     let out = hubnorm([
         "sql",

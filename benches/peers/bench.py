@@ -586,10 +586,15 @@ class Bench:
 
         if job == "topk":
             chk = lambda ref, mine: check_topk(ref and res(ref), "none", mine, data)  # noqa: E731
+            plain = lambda rdir, t, *extra: [[self.hub, "search", "--queries", data.queries,  # noqa: E731
+                                              "--gallery", data.gallery, "--method", "none", "--k", str(K),
+                                              "--bootstrap", "0", "--out", res(rdir), *extra] + hc(t)]
             return 2.0 * nq * ng * d, [
-                Tool("hubnorm", lambda rdir, t: [[self.hub, "search", "--queries", data.queries, "--gallery",
-                                                  data.gallery, "--method", "none", "--k", str(K), "--bootstrap",
-                                                  "0", "--out", res(rdir)] + hc(t)]),
+                Tool("hubnorm", plain),
+            ] + ([
+                Tool("hubnorm-screened", lambda rdir, t: plain(rdir, t, "--precision", "screened"),
+                     check=check_same_results, checked=True),
+            ] if has_avx512_bf16() else []) + [
                 Tool("faiss-flatip", self.peer("topk-faiss", Data("", data.queries, data.gallery, None, 0, 0, 0, 0)),
                      peer=True, need=inp_qg, check=chk),
                 Tool("numpy-blocked", self.peer("topk-numpy", Data("", data.queries, data.gallery, None, 0, 0, 0, 0)),
@@ -709,6 +714,9 @@ class Bench:
         for threads in a.threads:
             gflop, tools = self.tools_for(job, data)
             tools = self.with_blas_variant(tools, data)
+            if a.tools:
+                # The first tool is the reference the others are checked against: always kept.
+                tools = tools[:1] + [t for t in tools[1:] if t.name in a.tools]
             if not tools:
                 self.log(f"{job} {size_label}: skipped (preparation failed)")
                 return
@@ -1739,6 +1747,9 @@ def main(argv=None):
     p.add_argument("--work-dir", default=os.path.join(home, ".cache/hubnorm/bench-work"),
                    help="outputs of the runs while they are checked (removed afterwards unless --keep-work)")
     p.add_argument("--keep-work", action="store_true")
+    p.add_argument("--tools", type=lambda v: [t.strip() for t in v.split(",") if t.strip()], default=[],
+                   help="only these tools besides the reference hubnorm, e.g. hubnorm-screened,faiss-flatip "
+                        "(default all)")
     p.add_argument("--refine-k-factor", type=int, default=8,
                    help="is-pass2: faiss IndexRefineFlat's k_factor for the reduced-precision peers")
     p.add_argument("--dev-data", default=os.path.normpath(os.path.join(REPO, "..", "shared", "dev-data", "wordnet-minilm")))

@@ -598,6 +598,7 @@ fn sql<'py>(
         sql,
         source: None,
         format: OutputFormat::Batches,
+        max_table_rows: 0,
         out: None,
         overwrite: false,
         options: SqlOptions {

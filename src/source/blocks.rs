@@ -384,22 +384,40 @@ impl PartBatches {
 /// some damaged pages instead of failing, e.g. on a dictionary index bit
 /// width over 32 (`BitReader::get_batch`,
 /// tests/fixtures/fuzz/dictionary_bit_width.parquet); such a panic is
-/// caught here and is a decoding error like the others. The reader must not
-/// be used after an error.
+/// caught here and is a decoding error like the others, reported by
+/// hubnorm alone (the panic's own text is not printed). The reader must
+/// not be used after an error.
 fn next_parquet_batch(
     reader: &mut ParquetRecordBatchReader,
 ) -> Option<std::result::Result<RecordBatch, String>> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.next())) {
+    silence_decoder_panics();
+    DECODING.set(true);
+    let next = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader.next()));
+    DECODING.set(false);
+    match next {
         Ok(next) => next.map(|batch| batch.map_err(|e| e.to_string())),
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            Some(Err(format!("the decoder failed on damaged data ({what})")))
-        }
+        Err(_) => Some(Err("the decoder failed on damaged data".into())),
     }
+}
+
+thread_local! {
+    /// Whether this thread is inside [`next_parquet_batch`]'s decoder call.
+    static DECODING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Installs, once, a panic hook that stays silent for the panics
+/// [`next_parquet_batch`] catches and hands every other panic to the hook
+/// that was there before.
+fn silence_decoder_panics() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !DECODING.get() {
+                previous(info);
+            }
+        }));
+    });
 }
 
 impl Iterator for BlockReader<'_> {

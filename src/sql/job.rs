@@ -27,7 +27,8 @@ use super::{session, sql_error, SqlOptions};
 /// How `hubnorm sql` prints or writes the rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OutputFormat {
-    /// An aligned text table (the rows are gathered before printing).
+    /// An aligned text table (the rows are gathered before printing, up to
+    /// [`SqlJob::max_table_rows`]).
     #[default]
     Table,
     /// CSV with a header line, streamed.
@@ -65,6 +66,10 @@ pub struct SqlJob {
     /// The file the SQL came from (named in errors).
     pub source: Option<PathBuf>,
     pub format: OutputFormat,
+    /// Rows an aligned table may have (0: no limit): a table is gathered in
+    /// memory before it is printed, so a larger result is refused, with the
+    /// way to stream it instead.
+    pub max_table_rows: usize,
     /// Output file; standard output when `None` (not for Parquet).
     pub out: Option<PathBuf>,
     pub overwrite: bool,
@@ -324,9 +329,11 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
 
 /// Where the last statement's rows go.
 enum Output<'a> {
-    /// Gathered, then printed aligned.
+    /// Gathered (at most `limit` rows, 0: any), then printed aligned.
     Table {
         batches: Vec<RecordBatch>,
+        rows: usize,
+        limit: usize,
         schema: datafusion::arrow::datatypes::SchemaRef,
         writer: Box<dyn Write + 'a>,
         file: Option<AtomicFile>,
@@ -359,6 +366,8 @@ impl<'a> Output<'a> {
         Ok(match job.format {
             OutputFormat::Table => Output::Table {
                 batches: Vec::new(),
+                rows: 0,
+                limit: job.max_table_rows,
                 schema,
                 writer,
                 file,
@@ -384,7 +393,22 @@ impl<'a> Output<'a> {
 
     fn write(&mut self, batch: RecordBatch) -> Result<()> {
         match self {
-            Output::Table { batches, .. } => batches.push(batch),
+            Output::Table {
+                batches,
+                rows,
+                limit,
+                ..
+            } => {
+                *rows += batch.num_rows();
+                if *limit > 0 && *rows > *limit {
+                    return Err(HubnormError::Usage(format!(
+                        "the result has more than {limit} rows, too many for --format table (which \
+                         gathers them before printing): use --format csv or parquet (streamed), \
+                         a LIMIT, or raise --max-table-rows"
+                    )));
+                }
+                batches.push(batch)
+            }
             Output::Csv { writer, .. } => writer.write(&batch)?,
             Output::Parquet(sink) => sink.write(&batch)?,
             Output::Batches { batches, .. } => batches.push(batch),
@@ -402,6 +426,7 @@ impl<'a> Output<'a> {
                 schema,
                 mut writer,
                 file,
+                ..
             } => {
                 let text = datafusion::arrow::util::pretty::pretty_format_batches_with_schema(
                     schema, &batches,

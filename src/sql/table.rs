@@ -50,11 +50,21 @@ fn text(function: &str, args: &[Expr], i: usize, what: &str) -> Result<String> {
     }
 }
 
+/// A literal argument that must be a whole number ≥ 1: `2.5` is refused,
+/// not truncated (a cast to an integer type would truncate it).
 fn whole_number(function: &str, args: &[Expr], i: usize, what: &str) -> Result<usize> {
     let value = literal(function, args, i, what)?;
-    match value.cast_to(&datafusion::arrow::datatypes::DataType::Int64)? {
-        ScalarValue::Int64(Some(v)) if v >= 1 => Ok(v as usize),
-        _ => plan_err!(
+    let whole = match value.cast_to(&datafusion::arrow::datatypes::DataType::Float64) {
+        Ok(ScalarValue::Float64(Some(v)))
+            if v >= 1.0 && v.fract() == 0.0 && v <= u32::MAX as f64 =>
+        {
+            Some(v as usize)
+        }
+        _ => None,
+    };
+    match whole {
+        Some(v) => Ok(v),
+        None => plan_err!(
             "{function}: argument {} ({what}) must be a whole number ≥ 1, got {value}",
             i + 1
         ),

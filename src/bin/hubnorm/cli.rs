@@ -533,6 +533,10 @@ pub struct SqlArgs {
     /// Write the rows to this file (atomically) instead of standard output.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Rows --format table prints at most (it gathers them in memory first);
+    /// a larger result is refused (csv and parquet stream any number). 0: no limit.
+    #[arg(long, default_value_t = 10_000, value_name = "ROWS")]
+    pub max_table_rows: usize,
     /// Replace --out if it exists.
     #[arg(long)]
     pub overwrite: bool,

@@ -52,6 +52,7 @@ pub fn sql(args: SqlArgs) -> Result<()> {
         sql,
         source,
         format: args.format.parse()?,
+        max_table_rows: args.max_table_rows,
         out: args.out.clone(),
         overwrite: args.overwrite,
         options: SqlOptions {
