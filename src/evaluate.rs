@@ -131,6 +131,7 @@ pub fn figures_of(outcomes: &[MethodOutcome], options: &PassOptions) -> Vec<Meth
 /// `gallery_report.parquet` and, when asked, the HTML page. Nothing takes
 /// its final name unless everything was written.
 pub fn compare(job: &CompareJob, progress: &dyn Progress) -> Result<CompareOutcome> {
+    let _lock = crate::sink::OutputLock::acquire(&job.run.out_dir)?;
     let mut run_job = job.run.clone();
     let mut left_out = Vec::new();
     if run_job.methods.is_empty() {
@@ -336,6 +337,7 @@ pub fn report(job: &ReportJob, _progress: &dyn Progress) -> Result<ReportOutcome
     if job.k == 0 {
         return Err(HubnormError::Usage("--k must be at least 1".into()));
     }
+    let _lock = crate::sink::OutputLock::acquire(&job.out_dir)?;
     for name in REPORT_OUTPUTS {
         refuse_existing(&job.out_dir.join(name), job.overwrite)?;
     }

@@ -76,6 +76,7 @@ pub fn export(job: &ExportJob, progress: &dyn Progress) -> Result<ExportSummary>
         &[("gallery", job.gallery.as_str()), ("stats", stats.as_str())],
     )?;
     crate::sink::refuse_existing(&job.out, job.overwrite)?;
+    let _lock = crate::sink::OutputLock::acquire(&job.out)?;
     job.method.validate()?;
     if let Export::Refused(why) = job.method.method().export() {
         if !job.method.kind().needs_bank() {

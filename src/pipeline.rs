@@ -23,7 +23,8 @@ use crate::query::results::{results_schema, search_into, ResultRows};
 use crate::query::sinkhorn_pp::SingleQuerySinkhorn;
 use crate::query::ScoringPlan;
 use crate::sink::{
-    refuse_existing, refuse_output_in_inputs, write_text_atomically, AtomicFile, ParquetSink,
+    refuse_existing, refuse_output_in_inputs, write_text_atomically, AtomicFile, OutputLock,
+    ParquetSink,
 };
 use crate::source::EmbeddingTable;
 use crate::stats_file::{methods_json, stats_of_rows, write_stats, StatsInputs, StatsPlan};

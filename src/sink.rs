@@ -431,3 +431,115 @@ fn absolute(path: &Path) -> PathBuf {
         _ => std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
     }
 }
+
+/// An advisory lock on an output (a file or a run's directory, local):
+/// while one hubnorm process holds it, another given the same output is
+/// refused at start (exit code 2), with the holder named, instead of
+/// interleaving its writes. The lock is the kernel's (`flock`) on a hidden
+/// file beside the output, `.NAME.hubnorm-lock`: released on any exit, even
+/// SIGKILL; the file is removed on a clean release. Outputs in object
+/// stores are not locked (no advisory locks there).
+#[derive(Debug)]
+pub struct OutputLock {
+    /// The lock file and its open handle; `None` for a remote output.
+    held: Option<(PathBuf, File)>,
+}
+
+impl OutputLock {
+    /// Takes the lock of `output`, or fails with the holder's description.
+    pub fn acquire(output: &Path) -> Result<OutputLock> {
+        if let crate::storage::Location::Remote(_) = crate::storage::locate(output)? {
+            return Ok(OutputLock { held: None });
+        }
+        let output = crate::storage::local_or_url(output)?;
+        let name = output
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "output".into());
+        let dir = output
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(|e| HubnormError::io(dir, e))?;
+        let path = dir.join(format!(".{name}.hubnorm-lock"));
+        loop {
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(|e| HubnormError::io(&path, e))?;
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                    let holder = holder.trim();
+                    return Err(HubnormError::Usage(format!(
+                        "{} is being written by another hubnorm process ({}); wait for it to \
+                         finish, or choose another output",
+                        output.display(),
+                        if holder.is_empty() {
+                            "its lock is held"
+                        } else {
+                            holder
+                        }
+                    )));
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(HubnormError::io(&path, e)),
+            }
+            // A holder that finished between our open and our lock removed
+            // the file we opened: lock the one that now bears the name.
+            if same_file(&file, &path) {
+                let mut file = file;
+                describe_holder(&mut file).map_err(|e| HubnormError::io(&path, e))?;
+                return Ok(OutputLock {
+                    held: Some((path, file)),
+                });
+            }
+        }
+    }
+}
+
+impl Drop for OutputLock {
+    fn drop(&mut self) {
+        if let Some((path, file)) = self.held.take() {
+            // Removed while still locked, so no other process can lock the
+            // old file and believe it holds the output (see `acquire`).
+            let _ = std::fs::remove_file(&path);
+            drop(file);
+        }
+    }
+}
+
+/// Whether `file` is the file `path` names now.
+fn same_file(file: &File, path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (file.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (file, path);
+        true
+    }
+}
+
+/// Writes who holds the lock into the lock file, for a refused process to
+/// name: the process id and the command line.
+fn describe_holder(file: &mut File) -> std::io::Result<()> {
+    use std::io::Write;
+    let command: Vec<String> = std::env::args().take(2).collect();
+    file.set_len(0)?;
+    write!(
+        file,
+        "process {}, `{}`",
+        std::process::id(),
+        command.join(" ")
+    )?;
+    file.flush()
+}

@@ -308,6 +308,7 @@ fn default_methods(has_gallery_bank: bool) -> Vec<MethodKind> {
 /// config `hubnorm run --config` reads), and the page with the tuning curves
 /// when asked.
 pub fn tune(job: &TuneJob, progress: &dyn Progress) -> Result<TuneOutcome> {
+    let _lock = crate::sink::OutputLock::acquire(&job.out_dir)?;
     for name in TUNE_OUTPUTS {
         refuse_existing(&job.out_dir.join(name), job.overwrite)?;
     }

@@ -218,6 +218,8 @@ fn partial_stats(
 /// `job.bank` into the stats file at `job.out`, replacing it atomically.
 /// The methods are the stored file's.
 pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSummary> {
+    // Another process updating (or writing) the same file is refused.
+    let _lock = crate::sink::OutputLock::acquire(&job.out)?;
     if job.bank_sample.is_some() {
         return Err(HubnormError::Usage(
             "--update cannot be combined with --bank-sample (a sample changes as rows arrive)"

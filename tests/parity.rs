@@ -909,3 +909,59 @@ fn in_memory_tables_read_like_their_files() {
     );
     assert!(!dir.path().join("bad").join("results.parquet").exists());
 }
+
+/// The ground truth's rank compares its score with the bits the search's
+/// tile gives it: with an exact copy of every gallery item under another
+/// id, in a tile of the same shape, each target ties with its copy, so
+/// every rank is exactly 1.5, exact or screened. (A target score rounded
+/// from f64 differs from the tile's f32 in the last place for many pairs,
+/// and counted the copy as above or below.)
+#[test]
+fn a_copy_of_the_target_ties_with_it_in_the_rank() {
+    use hubnorm::options::Precision;
+    if !hubnorm::kernel::gemm::reproducible(300, 2048, 384) {
+        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no AVX-512)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = rng(71);
+    let mut gallery = random_table(&mut r, "g", 2048, 384);
+    for i in 0..2048 {
+        gallery.ids.push(format!("copy{i}"));
+        let row = gallery.row(i).to_vec();
+        gallery.data.extend(row);
+    }
+    let queries = queries_near(&mut r, &gallery, 300, 0.01);
+    let path = |n: &str| dir.path().join(n);
+    write_table(&path("gallery.parquet"), &gallery, Layout::FixedF32, false);
+    write_table(&path("queries.parquet"), &queries, Layout::FixedF32, false);
+    let mut precisions = vec![Precision::Exact];
+    if hubnorm::kernel::bf16::has_avx512_bf16() {
+        precisions.push(Precision::Screened);
+    }
+    for precision in precisions {
+        let out = path(&format!("{}.parquet", precision.name()));
+        let job = SearchJob {
+            methods: vec![MethodSpec::new("none", &[]).unwrap()],
+            options: PassOptions {
+                precision,
+                ..PassOptions::default()
+            },
+            ..SearchJob::new(
+                path("queries.parquet").display().to_string(),
+                path("gallery.parquet").display().to_string(),
+                None,
+                out,
+            )
+        };
+        let summary = pipeline::run_search(&job, &Silent).unwrap();
+        let quality = summary.methods[0].quality.as_ref().expect("ground truth");
+        assert_eq!(quality.queries, 300);
+        assert_eq!(
+            (quality.mean_rank, quality.median_rank),
+            (1.5, 1.5),
+            "{}",
+            precision.name()
+        );
+    }
+}

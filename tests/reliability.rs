@@ -446,3 +446,201 @@ fn resume_refuses_changed_inputs() {
     // Nothing of the user's was deleted: the checkpoint is still there.
     assert!(saved_end(&checkpoint) > 0);
 }
+
+/// Two processes given the same output at once: the second is refused at
+/// start (exit code 2) naming the first, which finishes undisturbed; the
+/// same for `run` directories and for `stats --update` of a file that
+/// another process is updating. Real processes, started side by side.
+#[test]
+fn a_second_writer_of_the_same_output_is_refused_while_the_first_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    large_case(dir.path());
+    let bin = env!("CARGO_BIN_EXE_hubnorm");
+    let stats = dir.path().join("stats.parquet");
+    let lock_of = |output: &Path| {
+        let name = output.file_name().unwrap().to_string_lossy().into_owned();
+        output.with_file_name(format!(".{name}.hubnorm-lock"))
+    };
+    // Starts `first`, waits until it holds the lock of `output`, runs
+    // `second` meanwhile; returns the second's output and the first's status.
+    let side_by_side = |first: &[String], second: &[String], output: &Path| {
+        let mut running = std::process::Command::new(bin)
+            .args(first)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while !lock_of(output).exists() {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the first process never took its lock"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let refused = std::process::Command::new(bin)
+            .args(second)
+            .output()
+            .unwrap();
+        let pid = running.id();
+        let status = running.wait().unwrap();
+        (refused, pid, status)
+    };
+    let check_refused = |refused: &std::process::Output, pid: u32, output: &Path| {
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{err}");
+        assert!(err.contains("another hubnorm process"), "{err}");
+        assert!(err.contains(&format!("process {pid}")), "{err}");
+        assert!(err.contains(&output.display().to_string()), "{err}");
+    };
+
+    let job = stats_args(dir.path(), &stats, &[]);
+    let (refused, pid, status) = side_by_side(&job, &job, &stats);
+    check_refused(&refused, pid, &stats);
+    assert!(status.success());
+    assert!(stats.exists());
+    assert!(
+        !lock_of(&stats).exists(),
+        "the lock file stays after a clean exit"
+    );
+    let complete = std::fs::read(&stats).unwrap();
+
+    // `stats --update` of a file that another process is writing.
+    let rewrite = stats_args(dir.path(), &stats, &["--overwrite"]);
+    let update: Vec<String> = stats_args(dir.path(), &stats, &["--update"])
+        .into_iter()
+        .filter(|a| a != "--methods" && a != "is,dis,nnn,csls,sn")
+        .collect();
+    let (refused, pid, status) = side_by_side(&rewrite, &update, &stats);
+    check_refused(&refused, pid, &stats);
+    assert!(status.success());
+    assert_eq!(std::fs::read(&stats).unwrap(), complete);
+
+    // A run directory.
+    let out = dir.path().join("run");
+    let job = run_args(dir.path(), &out, "5");
+    let (refused, pid, status) = side_by_side(&job, &job, &out);
+    check_refused(&refused, pid, &out);
+    assert!(status.success());
+    assert!(out.join("results.parquet").exists());
+
+    // A lock left by a killed process is taken over.
+    let mut killed = std::process::Command::new(bin)
+        .args(stats_args(
+            dir.path(),
+            &dir.path().join("again.parquet"),
+            &["--no-checkpoint"],
+        ))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let again = dir.path().join("again.parquet");
+    while !lock_of(&again).exists() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    let status = std::process::Command::new(bin)
+        .args(stats_args(dir.path(), &again, &["--no-checkpoint"]))
+        .output()
+        .unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert_eq!(std::fs::read(&again).unwrap(), complete);
+}
+
+/// Unmounts a test's file system when the test ends, however it ends.
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A full disk in the middle of writing: exit code 1, a message naming the
+/// output, no temporary file left, and the output the user had intact. The
+/// disk is a small tmpfs the test mounts (root only: skipped, loudly,
+/// where the machine does not allow it; `.ci/run` runs it as root).
+#[test]
+fn a_full_disk_fails_cleanly_and_keeps_the_previous_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
+        .arg(&disk)
+        .output();
+    match mounted {
+        Ok(out) if out.status.success() => {}
+        other => {
+            eprintln!("SKIPPED: cannot mount a small tmpfs here (needs root): {other:?}");
+            return;
+        }
+    }
+    let _unmount = Mounted(disk.clone());
+    let small = dir.path().join("small");
+    let large = dir.path().join("large");
+    std::fs::create_dir(&small).unwrap();
+    std::fs::create_dir(&large).unwrap();
+    small_case(&small);
+    large_case(&large);
+    let bin = env!("CARGO_BIN_EXE_hubnorm");
+    let out = disk.join("stats.parquet");
+    let stats = |inputs: &Path, extra: &[&str]| {
+        let p = |n: &str| inputs.join(n).display().to_string();
+        let mut args = vec![
+            "stats".to_string(),
+            "--gallery".into(),
+            p("gallery.parquet"),
+            "--bank".into(),
+            p("bank.parquet"),
+            "--methods".into(),
+            "is,nnn,csls,dis".into(),
+            "--out".into(),
+            out.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        std::process::Command::new(bin).args(args).output().unwrap()
+    };
+    // The output the user has: small enough for the disk.
+    let first = stats(&small, &[]);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let before = std::fs::read(&out).unwrap();
+    // The disk filled up to its last 64 KiB.
+    let filler = disk.join("filler");
+    {
+        use std::io::Write;
+        let mut file = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![7u8; 4096];
+        while file.write_all(&chunk).is_ok() {}
+        let len = file.metadata().unwrap().len();
+        file.set_len(len.saturating_sub(64 << 10)).unwrap();
+    }
+    // Twelve times the gallery: its statistics do not fit in what is left.
+    let full = stats(&large, &["--overwrite", "--no-checkpoint"]);
+    let err = String::from_utf8_lossy(&full.stderr);
+    assert_eq!(full.status.code(), Some(1), "{err}");
+    assert!(err.contains("stats.parquet"), "{err}");
+    assert!(
+        err.to_lowercase().contains("no space left"),
+        "the message says what happened: {err}"
+    );
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        before,
+        "the previous output changed"
+    );
+    let mut left: Vec<String> = std::fs::read_dir(&disk)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["filler", "stats.parquet"], "temporaries left");
+}

@@ -9,6 +9,7 @@ pub const RUN_OUTPUTS: [&str; 3] = ["results.parquet", "gallery_stats.parquet", 
 /// `hubnorm run`: pass 1, pass 2 and the summary, into `job.out_dir`.
 /// Nothing appears under the final names unless every output is complete.
 pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
+    let _lock = OutputLock::acquire(&job.out_dir)?;
     let products = run_uncommitted(job, &[], progress)?;
     commit_all(products.files)?;
     Ok(products.summary)

@@ -79,6 +79,7 @@ pub(super) fn results_sink(
 /// `hubnorm search`: pass 2 only, with statistics from a stats file.
 pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary> {
     let methods = check_search(job)?;
+    let _lock = OutputLock::acquire(&job.out)?;
     with_threads(job.options.threads, || {
         let SearchInputs {
             queries,
@@ -112,7 +113,10 @@ pub fn run_search(job: &SearchJob, progress: &dyn Progress) -> Result<RunSummary
 /// once every shard is in.
 pub fn run_search_on(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary> {
     #[cfg(feature = "cluster")]
-    return on_cluster::search(job, cluster);
+    {
+        let _lock = OutputLock::acquire(&job.out)?;
+        on_cluster::search(job, cluster)
+    }
     #[cfg(not(feature = "cluster"))]
     {
         check_search(job)?;

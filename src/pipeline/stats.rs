@@ -41,6 +41,7 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome
     refuse_protocol(&methods, "stats")?;
     refuse_output_in_inputs(&job.out, &stats_inputs(job))?;
     refuse_existing(&job.out, job.overwrite)?;
+    let _lock = OutputLock::acquire(&job.out)?;
     with_stats_inputs(job, &methods, |inputs, metadata| {
         let manifest = checkpoint_manifest(&metadata, &methods, &job.options);
         let saves_activation = !crate::bank::StatsLayout::new(&methods)
@@ -108,6 +109,7 @@ pub fn run_stats_on(job: &StatsJob, cluster: &ClusterJob) -> Result<StatsOutcome
     }
     refuse_output_in_inputs(&job.out, &stats_inputs(job))?;
     refuse_existing(&job.out, job.overwrite)?;
+    let _lock = OutputLock::acquire(&job.out)?;
     #[cfg(not(feature = "cluster"))]
     {
         // Checked as on one machine, then refused: not built in.

@@ -7,7 +7,8 @@ use arrow::datatypes::DataType;
 use crate::cache::TableBlocks;
 use crate::error::Result;
 use crate::ids::{id_at, IdIndex};
-use crate::kernel::Positives;
+use crate::kernel::gemm::TileScorer;
+use crate::kernel::{Positives, TILE_COLS, TILE_ROWS};
 use crate::query::method::{QueryGaussian, Scoring};
 use crate::source::{EmbeddingBlock, EmbeddingTable};
 
@@ -85,6 +86,33 @@ pub fn resolve_targets(
     Ok(Positives::from_lists(lists))
 }
 
+/// The similarity of query `q` of a block of `queries` rows and gallery
+/// row `g` of a block of `gallery` rows, as pass 2's tile holding the pair
+/// computes it: tiles of [`TILE_ROWS`] × [`TILE_COLS`] from each block's
+/// start (the last ones shorter; column splits across threads fall on tile
+/// boundaries, so the tiles are these however the search is scheduled).
+fn tile_similarity(
+    qv: &[f32],
+    gv: &[f32],
+    (q, queries): (usize, usize),
+    (g, gallery): (usize, usize),
+) -> f32 {
+    let m = TILE_ROWS.min(queries - q / TILE_ROWS * TILE_ROWS);
+    let n = TILE_COLS.min(gallery - g / TILE_COLS * TILE_COLS);
+    match TileScorer::new(m, n, qv.len()) {
+        Some(scorer) => {
+            let mut s = [0f32];
+            scorer.scores(&[(qv, gv)], &mut s);
+            s[0]
+        }
+        None => qv
+            .iter()
+            .zip(gv)
+            .map(|(a, b)| *a as f64 * *b as f64)
+            .sum::<f64>() as f32,
+    }
+}
+
 /// Ids cast to the gallery's id type (unconvertible values become null).
 fn cast_ids(values: &ArrayRef, id_type: &DataType) -> Result<ArrayRef> {
     if values.data_type() == id_type {
@@ -96,10 +124,13 @@ fn cast_ids(values: &ArrayRef, id_type: &DataType) -> Result<ArrayRef> {
 
 /// For each query of `block` and each scoring, the (score, raw similarity)
 /// of its best-ranked positive (None without ground truth). The gallery
-/// streams past the block once, and only positive rows are used; the scores
-/// are computed as the kernel computes them (f32 similarity, then the
-/// scoring's f32 arithmetic). `query_parameters` holds each scoring's
-/// per-query parameters for the block ([`Scoring::query_parameters`]).
+/// streams past the block once (in the blocks the search reads), and only
+/// positive rows are used; the scores are computed as the kernel computes
+/// them: the similarity with the bits of the search's GEMM tile where
+/// [`TileScorer`] reproduces it (else the f64 dot product rounded to f32,
+/// which may differ from the tile's in the last place), then the scoring's
+/// f32 arithmetic. `query_parameters` holds each scoring's per-query
+/// parameters for the block ([`Scoring::query_parameters`]).
 pub fn target_scores(
     block: &EmbeddingBlock,
     positives: &Positives,
@@ -126,11 +157,7 @@ pub fn target_scores(
             let local = g - g_block.first_row as usize;
             let gv = &g_block.data[local * dim..(local + 1) * dim];
             let qv = &block.data[q * dim..(q + 1) * dim];
-            let s = qv
-                .iter()
-                .zip(gv)
-                .map(|(a, b)| *a as f64 * *b as f64)
-                .sum::<f64>() as f32;
+            let s = tile_similarity(qv, gv, (q, block.rows), (local, g_block.rows));
             for (m, scoring) in scorings.iter().enumerate() {
                 let v = scoring
                     .columns(g, g + 1)

@@ -224,6 +224,11 @@ pub fn run_sql(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
     if let Some(out) = &job.out {
         crate::sink::refuse_existing(out, job.overwrite)?;
     }
+    let _lock = job
+        .out
+        .as_deref()
+        .map(crate::sink::OutputLock::acquire)
+        .transpose()?;
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if job.options.threads > 0 {
         builder.worker_threads(job.options.threads);
