@@ -116,7 +116,13 @@ fn errors_lined_up_at_rounding_boundaries_reach_the_bound_but_not_past_it() {
         let below_half = f32::from_bits((1.0f32 + 2f32.powi(-8)).to_bits() - 1);
         // Equal magnitudes with one sign pattern: every product positive and
         // Σ|qg| = ‖q‖‖g‖; powers of two keep the significand (the rounding).
-        let sign = |i: usize| if (i * 7 / 3) % 2 == 0 { 1.0 } else { -1.0 };
+        let sign = |i: usize| {
+            if (i * 7 / 3).is_multiple_of(2) {
+                1.0
+            } else {
+                -1.0
+            }
+        };
         let q: Vec<f32> = (0..4 * dim)
             .map(|i| sign(i % dim) * below_half * 2f32.powi(-5))
             .collect();
@@ -182,8 +188,11 @@ use hubnorm::kernel::{
     ScreenedRows,
 };
 
-/// The states' lists (score and raw bits, rows) and counts, for comparing.
-fn outcome(states: &[QueryState]) -> Vec<(Vec<(u32, u32, u32)>, u64, u64)> {
+/// One state's list (score bits, raw bits, row) and counts (greater, equal).
+type Outcome = (Vec<(u32, u32, u32)>, u64, u64);
+
+/// The states' lists and counts, for comparing.
+fn outcome(states: &[QueryState]) -> Vec<Outcome> {
     states
         .iter()
         .map(|s| {

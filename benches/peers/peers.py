@@ -229,14 +229,20 @@ def job_is_pass2(a):
     return {"ids": ids, "scores": scores}
 
 
-def job_is_faiss(a):
-    """Corrected search at equal results with faiss: the correction as an extra coordinate."""
+def augmented_inputs(a):
+    """The job's queries and gallery as (d+1)-vectors carrying the correction (`augmented`)."""
     Q, G = load(a.queries), load(a.gallery)
     h = read_correction(a.stats, a.stats_column, a.gallery)
     phase("load")
     Gp, Qp = augmented(G, Q, h)
     del G, Q
     phase("augment")
+    return Gp, Qp
+
+
+def job_is_faiss(a):
+    """Corrected search at equal results with faiss: the correction as an extra coordinate."""
+    Gp, Qp = augmented_inputs(a)
     ids, scores = faiss_search(Qp, Gp, a.k, a.threads)
     return {"ids": ids, "scores": scores}
 
@@ -247,12 +253,7 @@ def job_is_faiss_sq(a):
     k·k_factor of its candidates with the f32 vectors."""
     import faiss
     faiss.omp_set_num_threads(a.threads)
-    Q, G = load(a.queries), load(a.gallery)
-    h = read_correction(a.stats, a.stats_column, a.gallery)
-    phase("load")
-    Gp, Qp = augmented(G, Q, h)
-    del G, Q
-    phase("augment")
+    Gp, Qp = augmented_inputs(a)
     kind = {"bf16": faiss.ScalarQuantizer.QT_bf16, "fp16": faiss.ScalarQuantizer.QT_fp16}[a.sq]
     base = faiss.IndexScalarQuantizer(Gp.shape[1], kind, faiss.METRIC_INNER_PRODUCT)
     index = faiss.IndexRefineFlat(base)

@@ -341,14 +341,14 @@ impl<'a> StripScreen<'a> {
                 // |s| ≤ ‖q‖‖g‖, so |s̃| ≤ that + e.
                 let s_max = query_norms.norm * gallery_norms.norm;
                 let first = self.undecided.len();
-                for k in 0..nm {
+                for (k, &h_max) in h_max.iter().enumerate() {
                     let h = self.corrections_of(k, (c0, c1));
                     let pool = i * nm + k;
                     let k_best = states[pool].top.k();
                     // c = fl(s − h) and c̃ = fl(s̃ − h) differ by at most e plus
                     // both roundings (2⁻²⁴ of |s| + |h| each), with room for
                     // this f64.
-                    let slack = e + (s_max + 2.0 * e + h_max[k]) * 2f64.powi(-22) + 1e-37;
+                    let slack = e + (s_max + 2.0 * e + h_max) * 2f64.powi(-22) + 1e-37;
                     if self.pools.floor[pool] == f32::NEG_INFINITY
                         && states[pool].top.len() < k_best
                         && k_best <= nc
@@ -474,8 +474,15 @@ impl<'a> StripScreen<'a> {
     /// Re-scores the candidates of pool (row `i`, scoring `k`) that it
     /// cannot rule out, offers them to the state, and empties the pool.
     fn decide_pool(&mut self, i: usize, k: usize, states: &mut [QueryState]) {
-        let pool = i * self.corrections.len() + k;
         self.deciding.clear();
+        self.take_survivors(i, k, states);
+        self.offer_deciding(states);
+    }
+
+    /// Moves the entries of pool (row `i`, scoring `k`) that may still
+    /// enter its top-k to `deciding`, and empties the pool.
+    fn take_survivors(&mut self, i: usize, k: usize, states: &[QueryState]) {
+        let pool = i * self.corrections.len() + k;
         let (deciding, state) = (&mut self.deciding, &states[pool]);
         self.pools
             .survivors(pool, state.top.k(), state.top.threshold(), |entry| {
@@ -485,7 +492,6 @@ impl<'a> StripScreen<'a> {
                     scorings: 1 << k,
                 })
             });
-        self.offer_deciding(states);
         self.pools.len[pool] = 0;
     }
 
@@ -496,17 +502,7 @@ impl<'a> StripScreen<'a> {
         for i in 0..self.q1 - self.q0 {
             let first = self.deciding.len();
             for k in 0..nm {
-                let pool = i * nm + k;
-                let (deciding, state) = (&mut self.deciding, &states[pool]);
-                self.pools
-                    .survivors(pool, state.top.k(), state.top.threshold(), |entry| {
-                        deciding.push(Undecided {
-                            row: i as u32,
-                            column: entry.column,
-                            scorings: 1 << k,
-                        })
-                    });
-                self.pools.len[pool] = 0;
+                self.take_survivors(i, k, states);
             }
             // One re-score per pair, offered to every scoring that kept it.
             let row_pairs = &mut self.deciding[first..];

@@ -309,6 +309,7 @@ mod tests {
     /// bits; values span magnitudes (tiny ones make products round and
     /// underflow) and signs, so that a different order would show.
     #[test]
+    #[allow(clippy::print_stderr)] // a skipped test says so
     fn tile_scores_are_the_tiles_bits() {
         if !has_avx512f() {
             eprintln!("SKIPPED: no AVX-512F here: the gemm crate takes another kernel");
