@@ -2,7 +2,7 @@
 //! embeddings (products accumulated in f32, `vdpbf16ps` on AVX512_BF16),
 //! with a proven bound on how far they can be from the f32 GEMM's scores.
 //! A search keeps every item the bound cannot rule out of its top-k and
-//! re-scores only those in f32 ([`super::gemm::tile_scores`]), so that its
+//! re-scores only those in f32 ([`super::gemm::TileScorer`]), so that its
 //! lists and scores are the f32 path's exactly. docs/precision.md derives
 //! the bound; `tests` below and tests/screen.rs try to break it.
 //!
