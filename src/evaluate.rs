@@ -140,7 +140,7 @@ pub fn compare(job: &CompareJob, progress: &dyn Progress) -> Result<CompareOutco
     if let Some(html) = &job.html {
         refuse_existing(html, run_job.overwrite)?;
     }
-    let products = run_uncommitted(&run_job, &COMPARE_OUTPUTS, progress)?;
+    let products = run_uncommitted(&run_job, "compare", &COMPARE_OUTPUTS, progress)?;
     let figures = figures_of(&products.outcomes, &run_job.options);
     let comparison = Comparison::new(&figures);
     let gallery = open_table("gallery", &run_job.gallery, &run_job.options, false)?;
@@ -154,7 +154,7 @@ pub fn compare(job: &CompareJob, progress: &dyn Progress) -> Result<CompareOutco
         metadata: vec![("hubnorm.version".into(), env!("CARGO_PKG_VERSION").into())],
     };
     let dir = &run_job.out_dir;
-    let mut written = products.files;
+    let mut written = Vec::new();
     written.extend(files.write_comparison(&comparison, dir, run_job.overwrite)?);
     written.extend(files.write_reports(dir, run_job.overwrite)?);
     if let Some(path) = &job.html {
@@ -189,9 +189,10 @@ pub fn compare(job: &CompareJob, progress: &dyn Progress) -> Result<CompareOutco
             run_job.overwrite,
         )?);
     }
-    commit_all(written)?;
+    let summary = products.summary.clone();
+    products.commit(written)?;
     Ok(CompareOutcome {
-        summary: products.summary,
+        summary,
         comparison,
         left_out,
     })

@@ -14,8 +14,13 @@ pub(crate) fn with_threads<T: Send>(
     threads: usize,
     f: impl FnOnce() -> Result<T> + Send,
 ) -> Result<T> {
+    // The workers report their plans where the caller's thread does.
+    let ledger = crate::plan::current_ledger();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
+        .start_handler(move |_| {
+            crate::plan::set_ledger(ledger.clone());
+        })
         .build()
         .map_err(|e| HubnormError::Internal(format!("cannot start worker threads: {e}")))?;
     pool.install(f)

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use arrow::array::RecordBatch;
 use serde::Serialize;
 
+use crate::bank::StatsLayout;
+use crate::checkpoint::run::RunCheckpoint;
 use crate::checkpoint::{checkpoint_dir, Checkpoint, CheckpointOptions};
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
@@ -19,7 +21,9 @@ use crate::inputs::{
 use crate::options::{BankSample, ClusterJob, MethodKind, MethodSpec, PassOptions};
 use crate::progress::Progress;
 use crate::query::load_plan;
-use crate::query::results::{results_schema, search_into, ResultRows};
+use crate::query::results::{
+    results_schema, rows_schema, search_blocks_into, search_into, OutcomesFromRows, ResultRows,
+};
 use crate::query::sinkhorn_pp::SingleQuerySinkhorn;
 use crate::query::ScoringPlan;
 use crate::sink::{
@@ -41,8 +45,8 @@ mod stats;
 pub(crate) use run::{commit_all, evaluate_methods, run_uncommitted};
 pub use run::{run, RUN_OUTPUTS};
 use search::prepare_protocol;
-use search::write_results;
 pub use search::{run_search, run_search_on, stream_search, ProtocolBank};
+use search::{write_results, write_results_checkpointed};
 pub use stats::{
     check_shardable, run_stats, run_stats_on, stats_methods, stream_sinkhorn_round, stream_stats,
     stream_stats_rows,
@@ -156,6 +160,10 @@ pub struct RunJob {
     /// Both passes computed by a cluster (`--cluster`) instead of this
     /// process; the outputs are written here all the same.
     pub cluster: Option<ClusterJob>,
+    /// Checkpoints of finished pass-1 chunks, Sinkhorn iterations and
+    /// pass-2 query blocks in `out_dir/run.checkpoint/`, and `--resume`
+    /// (not on a cluster).
+    pub checkpoint: CheckpointOptions,
 }
 
 impl RunJob {
@@ -180,6 +188,7 @@ impl RunJob {
             overwrite: false,
             options: PassOptions::default(),
             cluster: None,
+            checkpoint: CheckpointOptions::default(),
         }
     }
 }

@@ -7,9 +7,43 @@
 //! every outer block. Block sizes are multiples of the tile shape, so results
 //! do not depend on the limit.
 
+use std::cell::RefCell;
+use std::sync::Arc;
+
 use crate::error::{HubnormError, Result};
 use crate::kernel::tile_workspace_bytes;
 use crate::options::human_bytes;
+
+/// Where a pass's plans report the memory they will use, so that a caller
+/// that set aside the whole budget (a SQL table function, from the query's
+/// memory pool) can hand back what the plan leaves over.
+pub trait PlanLedger: Send + Sync {
+    /// A plan of the pass will use `bytes` (of its budget).
+    fn planned(&self, bytes: usize) -> Result<()>;
+}
+
+thread_local! {
+    static LEDGER: RefCell<Option<Arc<dyn PlanLedger>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with `ledger` receiving the plans made on this thread and on
+/// the worker threads of the pools it starts ([`crate::inputs`]).
+pub fn with_ledger<T>(ledger: Option<Arc<dyn PlanLedger>>, f: impl FnOnce() -> T) -> T {
+    let previous = set_ledger(ledger);
+    let out = f();
+    set_ledger(previous);
+    out
+}
+
+/// Makes `ledger` this thread's; returns the one it replaces.
+pub(crate) fn set_ledger(ledger: Option<Arc<dyn PlanLedger>>) -> Option<Arc<dyn PlanLedger>> {
+    LEDGER.with(|current| current.replace(ledger))
+}
+
+/// This thread's ledger.
+pub(crate) fn current_ledger() -> Option<Arc<dyn PlanLedger>> {
+    LEDGER.with(|current| current.borrow().clone())
+}
 
 /// Buffers not tracked row by row: the Parquet writer's row-group buffer
 /// ([`crate::sink::WRITER_BUFFER_BYTES`]) and allocator slack.
@@ -119,6 +153,9 @@ impl PlanRequest {
         let outer_rows = outer_rows.clamp(self.outer_align, outer_needed);
         let inner_rows = inner_rows.clamp(self.inner_align, inner_needed);
         let used = fixed + outer_rows * self.outer_row_bytes + inner_rows * self.inner_row_bytes;
+        if let Some(ledger) = current_ledger() {
+            ledger.planned(used.min(self.budget))?;
+        }
         Ok(BlockPlan {
             outer_rows,
             inner_rows,

@@ -126,6 +126,7 @@ impl AtomicFile {
         File::open(&self.temporary)
             .and_then(|f| f.sync_all())
             .map_err(|e| HubnormError::io(&self.temporary, e))?;
+        injected_fault("sink-commit", &self.destination)?;
         std::fs::rename(&self.temporary, &self.destination)
             .map_err(|e| HubnormError::io(&self.destination, e))?;
         self.committed = true;
@@ -165,11 +166,82 @@ impl AtomicFile {
 
 /// Temporary files are named `.<final name>.tmp-<process id>`.
 const TEMPORARY_INFIX: &str = ".tmp-";
+/// While several outputs are committed together, each one they replace is
+/// kept as `.<final name>.prev-<process id>` (a second link to it).
+const PREVIOUS_INFIX: &str = ".prev-";
+
+/// Commits `files` in order. When a commit fails, the outputs already
+/// renamed are put back as they were (the previous file restored, or the
+/// new one removed where there was none), so a failing disk or a
+/// permission change leaves either every new output or every previous one.
+/// (A SIGKILL in between can still leave a mix, which the run fingerprint
+/// in each output tells apart.) Object-store outputs are uploaded in turn
+/// without this undo.
+pub fn commit_together(files: Vec<AtomicFile>) -> Result<()> {
+    // (final name, the link keeping the file it replaced)
+    let mut committed: Vec<(PathBuf, Option<PathBuf>)> = Vec::new();
+    let mut result = Ok(());
+    for file in files {
+        let destination = file.destination().to_path_buf();
+        let previous = if file.remote.is_none() && destination.is_file() {
+            let link = previous_link(&destination);
+            let _ = std::fs::remove_file(&link);
+            match std::fs::hard_link(&destination, &link) {
+                Ok(()) => Some(link),
+                Err(e) => {
+                    result = Err(HubnormError::io(&destination, e));
+                    break;
+                }
+            }
+        } else {
+            None
+        };
+        match file.commit() {
+            Ok(_) => committed.push((destination, previous)),
+            Err(e) => {
+                if let Some(link) = previous {
+                    let _ = std::fs::remove_file(link);
+                }
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    let failed = result.is_err();
+    for (destination, previous) in committed.into_iter().rev() {
+        match (failed, previous) {
+            (true, Some(link)) => {
+                let _ = std::fs::rename(&link, &destination);
+            }
+            (true, None) => {
+                let _ = std::fs::remove_file(&destination);
+            }
+            (false, Some(link)) => {
+                let _ = std::fs::remove_file(&link);
+            }
+            (false, None) => {}
+        }
+    }
+    result
+}
+
+/// The name that keeps `destination`'s previous file while outputs are
+/// committed together.
+fn previous_link(destination: &Path) -> PathBuf {
+    let name = destination
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    destination.with_file_name(format!(".{name}{PREVIOUS_INFIX}{}", std::process::id()))
+}
 
 /// Removes the temporary files for `name` in `dir` that a killed run left
 /// behind (their process is gone). Linux only: elsewhere they stay, hidden.
 fn remove_stale_temporaries(dir: &Path, name: &str) {
-    let prefix = format!(".{name}{TEMPORARY_INFIX}");
+    let prefixes = [
+        format!(".{name}{TEMPORARY_INFIX}"),
+        format!(".{name}{PREVIOUS_INFIX}"),
+    ];
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -177,7 +249,7 @@ fn remove_stale_temporaries(dir: &Path, name: &str) {
         let file_name = entry.file_name();
         let Some(pid) = file_name
             .to_str()
-            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|n| prefixes.iter().find_map(|p| n.strip_prefix(p.as_str())))
             .and_then(|pid| pid.parse::<u32>().ok())
         else {
             continue;
@@ -296,6 +368,7 @@ impl ParquetSink {
         self.pending.clear();
         self.pending_rows = 0;
         let path = self.file.destination();
+        injected_fault("sink-write", path)?;
         self.writer
             .write(&unit)
             .map_err(|e| HubnormError::parquet(path, e))?;
@@ -309,6 +382,12 @@ impl ParquetSink {
         Ok(())
     }
 
+    /// Adds a `key = value` pair to the footer's metadata.
+    pub fn append_metadata(&mut self, key: &str, value: String) {
+        self.writer
+            .append_key_value_metadata(KeyValue::new(key.to_owned(), value));
+    }
+
     /// Writes the footer and renames the file into place.
     pub fn finish(self) -> Result<PathBuf> {
         self.close_uncommitted()?.commit()
@@ -319,6 +398,7 @@ impl ParquetSink {
     pub fn close_uncommitted(mut self) -> Result<AtomicFile> {
         self.write_pending()?;
         let ParquetSink { file, writer, .. } = self;
+        injected_fault("sink-close", file.destination())?;
         writer
             .close()
             .map_err(|e| HubnormError::parquet(file.destination(), e))?;
@@ -346,11 +426,34 @@ pub fn write_text_atomically(
 ) -> Result<AtomicFile> {
     use std::io::Write;
     let (file, mut handle) = AtomicFile::create(destination, overwrite)?;
+    injected_fault("sink-write", file.destination())?;
     handle
         .write_all(text.as_bytes())
         .and_then(|_| handle.sync_all())
         .map_err(|e| HubnormError::io(file.destination(), e))?;
     Ok(file)
+}
+
+/// A test hook of every output: with the feature `failpoints`, the
+/// environment's `FAILPOINTS` (the `fail` crate's syntax, e.g.
+/// `FAILPOINTS=sink-write=2*off->return(enospc)`) makes a sink's write
+/// (`sink-write`), its footer (`sink-close`) or its rename into place
+/// (`sink-commit`) fail with the error named: `eio` (the default),
+/// `enospc` or `eacces`. Without the feature this is nothing.
+fn injected_fault(point: &str, path: &Path) -> Result<()> {
+    let _ = (point, path);
+    fail::fail_point!(point, |kind: Option<String>| {
+        let code = match kind.as_deref() {
+            Some("enospc") => libc::ENOSPC,
+            Some("eacces") => libc::EACCES,
+            _ => libc::EIO,
+        };
+        Err(HubnormError::io(
+            path,
+            std::io::Error::from_raw_os_error(code),
+        ))
+    });
+    Ok(())
 }
 
 // ------------------------------------------------------------ output guards

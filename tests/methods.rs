@@ -199,6 +199,7 @@ impl Case {
             overwrite: false,
             options: PassOptions::default(),
             cluster: None,
+            checkpoint: Default::default(),
         }
     }
 }

@@ -70,6 +70,7 @@ fn run_job(dir: &Path, out: &str, k: usize, memory: MemoryBudget, threads: usize
             ..PassOptions::default()
         },
         cluster: None,
+        checkpoint: Default::default(),
     }
 }
 

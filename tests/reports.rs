@@ -232,6 +232,7 @@ fn run_job(d: &Data, out: &str, methods: Vec<MethodSpec>) -> RunJob {
         overwrite: false,
         options: PassOptions::default(),
         cluster: None,
+        checkpoint: Default::default(),
     }
 }
 

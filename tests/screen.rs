@@ -383,6 +383,7 @@ fn screened_runs_write_the_exact_runs_results() {
             ..PassOptions::default()
         },
         cluster: None,
+        checkpoint: Default::default(),
     };
     let methods = "is,nnn,csls,dis";
     let exact = pipeline::run(&job(methods, Precision::Exact, "exact"), &Silent).unwrap();

@@ -14,6 +14,7 @@ use hubnorm::bank::sinkhorn::{
     sinkhorn_in_rounds, sinkhorn_potentials, sinkhorn_round, RoundsRequest, SinkhornRequest,
     SinkhornRoundRequest,
 };
+use hubnorm::bank::sinkhorn::{sinkhorn_potentials_from, SinkhornResume};
 use hubnorm::kernel::{lse_sweep, LogSumExp, Rows, Sweep, TileSource, TILE_COLS, TILE_ROWS};
 use hubnorm::options::{MemoryBudget, MethodSpec, PassOptions, ReadOptions};
 use hubnorm::pipeline::{self, RunJob, RunSummary};
@@ -113,6 +114,7 @@ fn job(dir: &Path, out: &str, methods: Vec<MethodSpec>, memory: &str, threads: u
             ..PassOptions::default()
         },
         cluster: None,
+        checkpoint: Default::default(),
     }
 }
 
@@ -198,6 +200,97 @@ fn sn_and_dbsn_match_the_dense_reference_cached_and_streamed() {
         );
     }
     check(&c, dir.path(), "streamed", &streamed, &expected);
+}
+
+/// Iterations resumed from a saved state give the uninterrupted
+/// iterations' potentials, marginal error and counts bit for bit, with the
+/// tiles cached and recomputed, over several strips of targets (the next
+/// update's shifts start from the saved log-sum-exps); the resumed run
+/// computes only the iterations after the saved one, and a finished state
+/// computes nothing.
+#[test]
+fn resumed_iterations_equal_the_uninterrupted_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = case(31, 10, 2 * TILE_COLS + 700, 900, 10, 16);
+    write_case(dir.path(), &c);
+    let (gallery, bank) = (
+        open_table(dir.path(), "gallery"),
+        open_table(dir.path(), "bank"),
+    );
+    let targets = [&gallery];
+    for (budget, cached) in [(1usize << 30, true), (24 << 20, false)] {
+        let request = SinkhornRequest {
+            sources: &bank,
+            targets: &targets,
+            tau: 0.05,
+            iterations: 9,
+            tolerance: None,
+            budget,
+            resident_bytes: 0,
+        };
+        let mut saved: Vec<SinkhornResume> = Vec::new();
+        let whole = sinkhorn_potentials_from(&request, &Silent, None, &mut |p| {
+            saved.push(SinkhornResume {
+                iterations: p.iterations,
+                target_potential: p.target_potential.to_vec(),
+                source_potential: p.source_potential.to_vec(),
+                exact_column_updates: p.exact_column_updates,
+                marginal_error: p.marginal_error,
+                finished: p.finished,
+                row_lse: p.row_lse.to_vec(),
+                col_shift: p.col_shift.map(<[f32]>::to_vec),
+            });
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(saved.len(), 10, "nine iterations and the end");
+        assert_eq!(whole.cached, cached, "budget {budget}");
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for from in [1usize, 4, 8] {
+            let mut seen = Vec::new();
+            let resumed = sinkhorn_potentials_from(
+                &request,
+                &Silent,
+                Some(saved[from - 1].clone()),
+                &mut |p| {
+                    seen.push(p.iterations);
+                    Ok(())
+                },
+            )
+            .unwrap();
+            let label = format!("resumed after iteration {from} (budget {budget})");
+            assert_eq!(
+                bits(&resumed.target_potential),
+                bits(&whole.target_potential),
+                "{label}: f"
+            );
+            assert_eq!(
+                bits(&resumed.source_potential),
+                bits(&whole.source_potential),
+                "{label}: g"
+            );
+            assert_eq!(
+                resumed.marginal_error.to_bits(),
+                whole.marginal_error.to_bits(),
+                "{label}"
+            );
+            assert_eq!(resumed.iterations, whole.iterations, "{label}");
+            assert_eq!(
+                resumed.exact_column_updates, whole.exact_column_updates,
+                "{label}"
+            );
+            let expected: Vec<usize> = (from + 1..=9).chain([9]).collect();
+            assert_eq!(seen, expected, "{label}: iterations computed");
+        }
+        let mut seen = 0;
+        let done = sinkhorn_potentials_from(&request, &Silent, saved.last().cloned(), &mut |_| {
+            seen += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, 0, "a finished state computes nothing");
+        assert_eq!(bits(&done.target_potential), bits(&whole.target_potential));
+    }
 }
 
 /// The potentials of the library, through its API, define a plan whose rows

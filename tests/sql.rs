@@ -306,6 +306,7 @@ fn hubness_aggregate_equals_the_run_summary() {
             overwrite: false,
             options: PassOptions::default(),
             cluster: None,
+            checkpoint: Default::default(),
         },
         &Silent,
     )
@@ -436,6 +437,7 @@ fn scalar_functions_match_f64() {
             overwrite: false,
             options: PassOptions::default(),
             cluster: None,
+            checkpoint: Default::default(),
         },
         &Silent,
     )
@@ -585,6 +587,34 @@ fn table_functions_stream_the_passes() {
     });
     assert!(err.contains("hubnorm_search"), "{err}");
     assert!(err.to_lowercase().contains("resources exhausted"), "{err}");
+
+    // Six table functions in one query: each keeps only what its plan uses
+    // (they would otherwise take a half, a quarter, … of the pool, and the
+    // fifth would be refused), and the pool is whole again afterwards.
+    let one = format!(
+        "SELECT COUNT(*) AS n, SUM(score) AS total FROM hubnorm_search('{}', '{}', '{}', 'is', 7)",
+        s("q.parquet"),
+        s("g.parquet"),
+        s("stats.parquet")
+    );
+    let six = vec![one.clone(); 6].join(" UNION ALL ");
+    let (rows, reserved_after) = runtime.block_on(async {
+        let ctx = session(&small).unwrap();
+        let pool = ctx.runtime_env().memory_pool.clone();
+        let batches = ctx.sql(&six).await.unwrap().collect().await.unwrap();
+        (batches, pool.reserved())
+    });
+    let single = query(&small, &[], &one);
+    let rows = arrow::compute::concat_batches(&rows[0].schema(), &rows).unwrap();
+    assert_eq!(rows.num_rows(), 6);
+    for i in 0..6 {
+        assert_eq!(
+            rows.slice(i, 1).columns(),
+            single.columns(),
+            "table function {i} of six"
+        );
+    }
+    assert_eq!(reserved_after, 0, "the passes kept memory after the query");
 }
 
 fn samples() -> PathBuf {

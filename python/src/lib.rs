@@ -302,6 +302,7 @@ impl RunArgs {
             overwrite: self.overwrite,
             options: options.pass_options(py)?,
             cluster: None,
+            checkpoint: Default::default(),
         })
     }
 }

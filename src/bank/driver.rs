@@ -11,7 +11,7 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
 
 use crate::bank::pass::ResumePoint;
-use crate::bank::sinkhorn::{sinkhorn_potentials, SinkhornRequest};
+use crate::bank::sinkhorn::{sinkhorn_potentials_from, SinkhornRequest};
 use crate::bank::{
     compute_bank_statistics, ActivationBank, ActivationShape, BankInput, BankMoments,
     BankPassOutput, BankPassRequest, RowMoments, StatsChunk, StatsLayout,
@@ -125,6 +125,7 @@ impl StatsSink for FileStatsSink<'_> {
 /// Pass 1 into an uncommitted stats file at `out`, with how each Sinkhorn
 /// method's iterations ended. `metadata` is stored in the footer, with the
 /// methods, the means of `dn`, and the Sinkhorn reports added.
+#[allow(clippy::too_many_arguments)]
 pub fn write_stats(
     inputs: &StatsInputs<'_>,
     methods: &[MethodSpec],
@@ -405,16 +406,16 @@ pub fn stream_stats(
         }
         Ok(())
     });
-    let output = match (output, checkpoint) {
+    let output = match (output, checkpoint.as_deref_mut()) {
         (Err(HubnormError::Interrupted(message)), Some(checkpoint)) => {
             checkpoint.save_on_interrupt()?;
             return Err(HubnormError::Interrupted(message));
         }
         (output, checkpoint) => {
             let output = output?;
-            // Sinkhorn's sweeps follow: keep every chunk, so that a stop
-            // during them repeats only the sweeps.
-            if let Some(checkpoint) = checkpoint.filter(|_| !layout.sinkhorn_methods().is_empty()) {
+            // Keep every chunk: a stop during the sweeps or the rest of the
+            // job then repeats none of them.
+            if let Some(checkpoint) = checkpoint {
                 checkpoint.save_now(&output)?;
             }
             output
@@ -428,7 +429,7 @@ pub fn stream_stats(
     // sweeps over the whole bank × targets, after the single-pass statistics.
     let mut reports = Vec::new();
     let mut potentials = Vec::new();
-    for (method, setup) in layout.sinkhorn_methods() {
+    for (i, (method, setup)) in layout.sinkhorn_methods().into_iter().enumerate() {
         let targets = if setup.with_gallery_bank {
             let gallery_bank = gallery_bank.ok_or_else(|| {
                 HubnormError::Usage(format!(
@@ -441,7 +442,12 @@ pub fn stream_stats(
             vec![gallery]
         };
         let (tau, iterations) = (setup.tau, setup.iterations);
-        let outcome = sinkhorn_potentials(
+        let target_rows = targets.iter().map(|t| t.rows as usize).sum();
+        let resume = match checkpoint.as_deref() {
+            Some(checkpoint) => checkpoint.resumed_sweeps(i, target_rows, bank.rows as usize)?,
+            None => None,
+        };
+        let outcome = sinkhorn_potentials_from(
             &SinkhornRequest {
                 sources: bank,
                 targets: &targets,
@@ -457,6 +463,11 @@ pub fn stream_stats(
                         .sum::<usize>(),
             },
             progress,
+            resume,
+            &mut |state| match checkpoint.as_deref_mut() {
+                Some(checkpoint) => checkpoint.save_sweeps(i, state),
+                None => Ok(()),
+            },
         )?;
         let report = SinkhornReport::new(method, &outcome);
         metadata.push(report.metadata_entry()?);

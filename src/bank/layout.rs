@@ -210,6 +210,13 @@ impl StatsLayout {
         columns
     }
 
+    /// Whether a checkpoint of the pass keeps states across chunks: some
+    /// column is known only after the last chunk (activation sets, Sinkhorn
+    /// potentials).
+    pub fn keeps_activation(&self) -> bool {
+        !self.columns().1.is_empty()
+    }
+
     /// The methods whose statistic comes from Sinkhorn sweeps, in order, with their setup.
     pub fn sinkhorn_methods(&self) -> Vec<(MethodSpec, SinkhornSetup)> {
         self.methods

@@ -49,6 +49,42 @@ pub struct SinkhornRequest<'a> {
     pub resident_bytes: usize,
 }
 
+/// Where Sinkhorn's iterations stand after a full iteration: what a
+/// checkpoint saves.
+#[derive(Debug, Clone, Copy)]
+pub struct SinkhornProgress<'a> {
+    /// Full iterations run.
+    pub iterations: usize,
+    /// f(t), one per target row.
+    pub target_potential: &'a [f64],
+    /// g(b), one per source row.
+    pub source_potential: &'a [f64],
+    pub exact_column_updates: usize,
+    pub marginal_error: f64,
+    /// The iterations ended: these are the final potentials.
+    pub finished: bool,
+    /// Per strip of targets and source row, the row's last log-sum-exp,
+    /// and the target shifts of that update: where the next update's
+    /// bounds on the rows' maxima start (empty and `None` before the first).
+    pub row_lse: &'a [Vec<f32>],
+    pub col_shift: Option<&'a [f32]>,
+}
+
+/// Sinkhorn's iterations as a checkpoint saved them: where a resumed pass
+/// goes on from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SinkhornResume {
+    pub iterations: usize,
+    pub target_potential: Vec<f64>,
+    pub source_potential: Vec<f64>,
+    pub exact_column_updates: usize,
+    pub marginal_error: f64,
+    /// The iterations had ended: nothing is left to compute.
+    pub finished: bool,
+    pub row_lse: Vec<Vec<f32>>,
+    pub col_shift: Option<Vec<f32>>,
+}
+
 /// The potentials and how far the plan is from its marginals.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SinkhornOutcome {
@@ -83,6 +119,31 @@ pub fn sinkhorn_potentials(
     request: &SinkhornRequest<'_>,
     progress: &dyn Progress,
 ) -> Result<SinkhornOutcome> {
+    sinkhorn_potentials_from(request, progress, None, &mut |_| Ok(()))
+}
+
+/// [`sinkhorn_potentials`] from the iteration `resume` saved (when given),
+/// handing the state after each iteration, and the final one, to
+/// `on_iteration`. A resumed run gives the uninterrupted run's potentials
+/// bit for bit: an iteration depends only on the potentials before it.
+pub fn sinkhorn_potentials_from(
+    request: &SinkhornRequest<'_>,
+    progress: &dyn Progress,
+    resume: Option<SinkhornResume>,
+    on_iteration: &mut dyn FnMut(&SinkhornProgress<'_>) -> Result<()>,
+) -> Result<SinkhornOutcome> {
+    if let Some(saved) = resume.as_ref().filter(|saved| saved.finished) {
+        return Ok(SinkhornOutcome {
+            target_potential: saved.target_potential.clone(),
+            source_potential: saved.source_potential.clone(),
+            iterations: saved.iterations,
+            marginal_error: saved.marginal_error,
+            cached: false,
+            exact_column_updates: saved.exact_column_updates,
+            target_chunks: 0,
+            source_blocks: 0,
+        });
+    }
     let sources = request.sources;
     let whole: Vec<(&EmbeddingTable, Range<u64>)> =
         request.targets.iter().map(|t| (*t, 0..t.rows)).collect();
@@ -99,7 +160,24 @@ pub fn sinkhorn_potentials(
     let tau = request.tau;
     let mut f = vec![0f64; n];
     let mut g = vec![0f64; m];
+    let mut iterations = 0;
+    let mut exact_column_updates = 0;
+    let mut marginal_error = f64::INFINITY;
+    if let Some(saved) = resume {
+        if saved.target_potential.len() != n || saved.source_potential.len() != m {
+            return Err(crate::error::HubnormError::Internal(
+                "saved Sinkhorn potentials of another shape".into(),
+            ));
+        }
+        f = saved.target_potential;
+        g = saved.source_potential;
+        sweeps.restore(saved.row_lse, saved.col_shift)?;
+        iterations = saved.iterations;
+        exact_column_updates = saved.exact_column_updates;
+        marginal_error = saved.marginal_error;
+    }
     progress.start("pass 1: sinkhorn sweeps", 2 * request.iterations as u64 + 1);
+    progress.advance(2 * iterations as u64);
     let log_m = (m as f64).ln();
     let log_n = (n as f64).ln();
     // The source update from a row sweep: the new g, and the relative
@@ -117,11 +195,9 @@ pub fn sinkhorn_potentials(
             .fold(0.0, f64::max);
         (g_new, error)
     };
-    let mut iterations = 0;
-    let mut exact_column_updates = 0;
-    let mut marginal_error = f64::INFINITY;
     let mut stopped_early = false;
-    for it in 0..request.iterations {
+    let resumed_iterations = iterations;
+    for it in resumed_iterations..request.iterations {
         crate::cancel::check()?;
         // Once the tiles are cached, both updates share one read of them.
         let (rows, fused_cols) = if sweeps.fused_ready() {
@@ -158,6 +234,16 @@ pub fn sinkhorn_potentials(
         progress.advance(1);
         f = cols.iter().map(|s| tau * s.value() + tau * log_n).collect();
         iterations = it + 1;
+        on_iteration(&SinkhornProgress {
+            iterations,
+            target_potential: &f,
+            source_potential: &g,
+            exact_column_updates,
+            marginal_error,
+            finished: false,
+            row_lse: &sweeps.rows_by_strip.lse,
+            col_shift: sweeps.rows_by_strip.col_shift.as_deref(),
+        })?;
     }
     if !stopped_early && iterations > 0 {
         // Measure the final plan's row marginals (one more row sweep).
@@ -165,6 +251,16 @@ pub fn sinkhorn_potentials(
         marginal_error = source_update(rows, &g).1;
         progress.status(&format!("marginal error {marginal_error:.2e}"));
     }
+    on_iteration(&SinkhornProgress {
+        iterations,
+        target_potential: &f,
+        source_potential: &g,
+        exact_column_updates,
+        marginal_error,
+        finished: true,
+        row_lse: &[],
+        col_shift: None,
+    })?;
     progress.finish();
     Ok(SinkhornOutcome {
         target_potential: f,
@@ -379,6 +475,10 @@ struct Sweeper<'a> {
     tiles: Vec<Vec<f32>>,
     /// Target chunks seen by the first sweep.
     chunks: Vec<Chunk>,
+    /// The target columns of each strip (`TILE_COLS` of a table's rows,
+    /// fewer at its end): the chunks are cut at multiples of `TILE_COLS`,
+    /// so the strips do not depend on the memory limit.
+    strips: Vec<Range<usize>>,
     /// Source blocks per target chunk.
     source_blocks: usize,
     /// What the last source update left per strip and source row.
@@ -429,20 +529,21 @@ impl RowsByStrip {
     /// targets' shift fell, max_t (f_old − f_new)·inv_tau. `None` before
     /// the first update. Both paths (fused and swept) use these same bounds,
     /// so they still give the same bits.
-    fn bounds(&self, chunks: &[Chunk], col_shift: &[f32], inv_tau: f32) -> Option<Vec<Vec<f32>>> {
+    fn bounds(
+        &self,
+        strips: &[Range<usize>],
+        col_shift: &[f32],
+        inv_tau: f32,
+    ) -> Option<Vec<Vec<f32>>> {
         let last = self.col_shift.as_ref()?;
         let mut bounds = Vec::with_capacity(self.lse.len());
-        for chunk in chunks {
-            for c0 in (0..chunk.rows).step_by(TILE_COLS) {
-                let columns = chunk.offset + c0..chunk.offset + (c0 + TILE_COLS).min(chunk.rows);
-                let fall = last[columns.clone()]
-                    .iter()
-                    .zip(&col_shift[columns])
-                    .map(|(&old, &new)| (old - new) * inv_tau)
-                    .fold(f32::NEG_INFINITY, f32::max);
-                let lse = &self.lse[bounds.len()];
-                bounds.push(lse.iter().map(|&l| l + fall).collect());
-            }
+        for (columns, lse) in strips.iter().zip(&self.lse) {
+            let fall = last[columns.clone()]
+                .iter()
+                .zip(&col_shift[columns.clone()])
+                .map(|(&old, &new)| (old - new) * inv_tau)
+                .fold(f32::NEG_INFINITY, f32::max);
+            bounds.push(lse.iter().map(|&l| l + fall).collect());
         }
         Some(bounds)
     }
@@ -514,6 +615,17 @@ impl<'a> Sweeper<'a> {
             Some(plan) => plan,
             None => request_for(false).plan()?,
         };
+        let mut strips = Vec::new();
+        let mut offset = 0;
+        for (_, rows) in targets {
+            let rows = (rows.end - rows.start) as usize;
+            strips.extend(
+                (0..rows)
+                    .step_by(TILE_COLS)
+                    .map(|c| offset + c..offset + (c + TILE_COLS).min(rows)),
+            );
+            offset += rows;
+        }
         Ok(Sweeper {
             sources,
             targets: targets
@@ -527,9 +639,36 @@ impl<'a> Sweeper<'a> {
             cache,
             tiles: Vec::new(),
             chunks: Vec::new(),
+            strips,
             source_blocks: 0,
             rows_by_strip: RowsByStrip::default(),
         })
+    }
+
+    /// Takes up the state a checkpoint saved after an iteration (see
+    /// [`SinkhornProgress`]), so the next update shifts its exps as the
+    /// uninterrupted run's does.
+    fn restore(&mut self, row_lse: Vec<Vec<f32>>, col_shift: Option<Vec<f32>>) -> Result<()> {
+        let m = self.sources.rows as usize;
+        let fits = match &col_shift {
+            None => row_lse.is_empty(),
+            Some(shift) => {
+                shift.len() == self.target_rows
+                    && row_lse.len() == self.strips.len()
+                    && row_lse.iter().all(|lse| lse.len() == m)
+            }
+        };
+        if !fits {
+            return Err(crate::error::HubnormError::Internal(
+                "saved Sinkhorn bounds of another shape".into(),
+            ));
+        }
+        self.rows_by_strip.reserve(self.strips.len(), m);
+        if col_shift.is_some() {
+            self.rows_by_strip.lse = row_lse;
+        }
+        self.rows_by_strip.col_shift = col_shift;
+        Ok(())
     }
 
     /// Whether every tile is cached, so an iteration can be fused.
@@ -551,7 +690,7 @@ impl<'a> Sweeper<'a> {
     ) -> Result<(Vec<LogSumExp>, Vec<LogSumExp>)> {
         let n = f.len();
         let f32s: Vec<f32> = f.iter().map(|&v| v as f32).collect();
-        let bounds = self.rows_by_strip.bounds(&self.chunks, &f32s, self.inv_tau);
+        let bounds = self.rows_by_strip.bounds(&self.strips, &f32s, self.inv_tau);
         let mut col_sum = vec![0f64; n];
         let mut rows = Vec::with_capacity(self.sources.rows as usize);
         let blocks = self.source_blocks;
@@ -625,7 +764,7 @@ impl<'a> Sweeper<'a> {
         let g32: Vec<f32> = g.iter().map(|&v| v as f32).collect();
         let f32s: Vec<f32> = f.iter().map(|&v| v as f32).collect();
         let bounds = match kind {
-            SweepKind::Rows => self.rows_by_strip.bounds(&self.chunks, &f32s, self.inv_tau),
+            SweepKind::Rows => self.rows_by_strip.bounds(&self.strips, &f32s, self.inv_tau),
             SweepKind::Columns | SweepKind::WeightedColumns => None,
         };
         let fold_context = FoldContext {

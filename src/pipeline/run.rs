@@ -10,9 +10,10 @@ pub const RUN_OUTPUTS: [&str; 3] = ["results.parquet", "gallery_stats.parquet", 
 /// Nothing appears under the final names unless every output is complete.
 pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
     let _lock = OutputLock::acquire(&job.out_dir)?;
-    let products = run_uncommitted(job, &[], progress)?;
-    commit_all(products.files)?;
-    Ok(products.summary)
+    let products = run_uncommitted(job, "run", &[], progress)?;
+    let summary = products.summary.clone();
+    products.commit(Vec::new())?;
+    Ok(summary)
 }
 
 /// What `hubnorm run` produced, before its files take their final names.
@@ -23,21 +24,32 @@ pub(crate) struct RunProducts {
     pub index: IdIndex,
     /// gallery_stats, results, summary.json: uncommitted.
     pub files: Vec<AtomicFile>,
+    /// The run's checkpoint, removed once the outputs are committed.
+    pub checkpoint: Option<RunCheckpoint>,
 }
 
 impl RunProducts {
+    /// Commits the run's files, then the caller's `more`, and removes the
+    /// checkpoint.
+    pub fn commit(self, more: Vec<AtomicFile>) -> Result<()> {
+        commit_all(self.files.into_iter().chain(more).collect())?;
+        match self.checkpoint {
+            Some(checkpoint) => checkpoint.remove(),
+            None => Ok(()),
+        }
+    }
+
     /// The stats file as written so far (its temporary name).
     pub fn stats_path(&self) -> &Path {
         self.files[0].temporary_path()
     }
 }
 
-/// Gives every file its final name, in the order written.
+/// Gives every file its final name, in the order written; when one fails,
+/// those already renamed are put back as they were (see
+/// [`crate::sink::commit_together`]).
 pub(crate) fn commit_all(files: Vec<AtomicFile>) -> Result<()> {
-    for file in files {
-        file.commit()?;
-    }
-    Ok(())
+    crate::sink::commit_together(files)
 }
 
 /// Both passes and the summary into uncommitted files; `extra_outputs`
@@ -45,6 +57,7 @@ pub(crate) fn commit_all(files: Vec<AtomicFile>) -> Result<()> {
 /// exist, as run's own).
 pub(crate) fn run_uncommitted(
     job: &RunJob,
+    command: &'static str,
     extra_outputs: &[&str],
     progress: &dyn Progress,
 ) -> Result<RunProducts> {
@@ -76,9 +89,13 @@ pub(crate) fn run_uncommitted(
     if let Some(cluster) = &job.cluster {
         check_run_on_cluster(job, cluster)?;
     }
+    // The run that left a checkpoint was allowed its outputs (none existed,
+    // or --overwrite): a resume may replace those it committed before it
+    // stopped.
+    let resuming = job.checkpoint.resume && RunCheckpoint::exists(&job.out_dir)?;
     for name in RUN_OUTPUTS.iter().chain(extra_outputs) {
         refuse_output_in_inputs(&job.out_dir.join(name), &inputs)?;
-        refuse_existing(&job.out_dir.join(name), job.overwrite)?;
+        refuse_existing(&job.out_dir.join(name), job.overwrite || resuming)?;
     }
     with_threads(job.options.threads, || {
         let queries = open_table("queries", &job.queries, &job.options, true)?;
@@ -103,7 +120,7 @@ pub(crate) fn run_uncommitted(
         let index = IdIndex::build(&gallery)?;
         let mut metadata = banks.stats_metadata(&gallery, job.bank_sample, &job.options);
         metadata.push(("hubnorm.transductive".into(), job.transductive.to_string()));
-        let run_id = {
+        let run_pairs = {
             let mut pairs = metadata.clone();
             pairs.extend(table_metadata("queries", &queries));
             pairs.push(("hubnorm.methods".into(), methods_json(&methods)));
@@ -112,12 +129,32 @@ pub(crate) fn run_uncommitted(
             let o = &job.options;
             let options = format!("{:?} {:?} {:?}", o.read, o.sinkhorn_tolerance, o.report);
             pairs.push(("hubnorm.options".into(), options));
-            run_fingerprint(&pairs)
+            pairs
         };
+        let run_id = run_fingerprint(&run_pairs);
         metadata.push((RUN_KEY.into(), run_id.clone()));
+        // A cluster's run is not checkpointed (refused with --resume above).
+        let checkpoint = match &job.cluster {
+            None => RunCheckpoint::open(
+                &job.out_dir,
+                command,
+                run_pairs.into_iter().collect(),
+                &job.checkpoint,
+            )?,
+            Some(_) => None,
+        };
+        let mut pass1 = checkpoint
+            .as_ref()
+            .map(|c| c.pass1(StatsLayout::new(&methods).keeps_activation()))
+            .transpose()?;
+        let failed =
+            |err: HubnormError, checkpoint: Option<RunCheckpoint>, saved: bool| match checkpoint {
+                Some(checkpoint) => checkpoint.after_failure(err, saved),
+                None => err,
+            };
         let stats_out = job.out_dir.join("gallery_stats.parquet");
         let (stats_file, sinkhorn) = match &job.cluster {
-            None => write_stats(
+            None => match write_stats(
                 &banks.inputs(&gallery, &index),
                 &methods,
                 &stats_out,
@@ -125,8 +162,14 @@ pub(crate) fn run_uncommitted(
                 &job.options,
                 metadata,
                 progress,
-                None,
-            )?,
+                pass1.as_mut(),
+            ) {
+                Ok(written) => written,
+                Err(err) => {
+                    let saved = pass1.as_ref().is_some_and(|p| p.saved_rows() > 0);
+                    return Err(failed(err, checkpoint, saved));
+                }
+            },
             #[cfg(feature = "cluster")]
             Some(cluster) => {
                 let stats_job = StatsJob {
@@ -161,8 +204,30 @@ pub(crate) fn run_uncommitted(
             .into_iter()
             .chain([(RUN_KEY.to_owned(), run_id.clone())])
             .collect();
-        let (results_file, outcomes, screen) = match &job.cluster {
-            None => {
+        let (results_file, outcomes, screen) = match (&job.cluster, &checkpoint) {
+            (None, Some(run_checkpoint)) => {
+                let written = run_checkpoint.pass2().and_then(|mut pass2| {
+                    write_results_checkpointed(
+                        &queries,
+                        &gallery,
+                        &index,
+                        &plan,
+                        job.k,
+                        &results_out,
+                        job.overwrite,
+                        &job.options,
+                        results_metadata,
+                        protocol.as_ref(),
+                        progress,
+                        &mut pass2,
+                    )
+                });
+                match written {
+                    Ok(written) => written,
+                    Err(err) => return Err(failed(err, checkpoint, true)),
+                }
+            }
+            (None, None) => {
                 let (file, outcomes, screen) = write_results(
                     &queries,
                     &gallery,
@@ -179,7 +244,7 @@ pub(crate) fn run_uncommitted(
                 (file.expect("a destination"), outcomes, screen)
             }
             #[cfg(feature = "cluster")]
-            Some(cluster) => {
+            (Some(cluster), _) => {
                 // The executors read the statistics from the stats file
                 // under its temporary name, beside the outputs.
                 let search_job = SearchJob {
@@ -208,7 +273,7 @@ pub(crate) fn run_uncommitted(
                 )?
             }
             #[cfg(not(feature = "cluster"))]
-            Some(cluster) => return Err(without_cluster(&cluster.scheduler)),
+            (Some(cluster), _) => return Err(without_cluster(&cluster.scheduler)),
         };
         let mut summaries: Vec<MethodSummary> = outcomes
             .iter()
@@ -241,6 +306,7 @@ pub(crate) fn run_uncommitted(
             outcomes,
             index,
             files: vec![stats_file, results_file, summary_file],
+            checkpoint,
         })
     })
 }
@@ -252,6 +318,11 @@ pub(crate) fn run_uncommitted(
 fn check_run_on_cluster(job: &RunJob, cluster: &ClusterJob) -> Result<()> {
     if !cfg!(feature = "cluster") {
         return Err(without_cluster(&cluster.scheduler));
+    }
+    if job.checkpoint.resume {
+        return Err(HubnormError::Usage(
+            "--resume: a run on a cluster keeps no checkpoint (its tasks are retried by the cluster); run again without --resume".into(),
+        ));
     }
     if crate::storage::is_remote(&job.out_dir) {
         return Err(HubnormError::Usage(format!(

@@ -46,6 +46,98 @@ pub(super) fn write_results(
     Ok((file, outcomes, screen.map(ScreenSummary::of)))
 }
 
+/// Pass 2 into an uncommitted results file, as [`write_results`], saving
+/// each finished query block to `checkpoint` and replaying the blocks it
+/// holds first. The blocks are saved with the report columns, and the
+/// figures are rebuilt from the rows (replayed and new alike, in query
+/// order), so a resumed run's summary counts every query once.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn write_results_checkpointed(
+    queries: &EmbeddingTable,
+    gallery: &EmbeddingTable,
+    index: &IdIndex,
+    plan: &ScoringPlan,
+    k: usize,
+    out: &Path,
+    overwrite: bool,
+    options: &PassOptions,
+    metadata: Vec<(String, String)>,
+    protocol: Option<&SingleQuerySinkhorn>,
+    progress: &dyn Progress,
+    checkpoint: &mut Checkpoint,
+) -> Result<(AtomicFile, Vec<MethodOutcome>, Option<ScreenSummary>)> {
+    let mut sink = results_sink(queries, gallery, plan, k, out, overwrite, options, metadata)?;
+    let mut figures = OutcomesFromRows::new(
+        plan,
+        k,
+        gallery.rows as usize,
+        options.report.hubness_k,
+        queries.has_targets,
+    );
+    let rows = ResultRows::WithReportColumns {
+        depth: figures.depth(),
+    };
+    let schema = rows_schema(queries.id_kind, gallery.id_kind, rows);
+    let results = results_schema(queries.id_kind, gallery.id_kind);
+    let write = |sink: &mut ParquetSink, figures: &mut OutcomesFromRows, batch: &RecordBatch| {
+        let kept = figures.take(batch)?;
+        sink.write(&RecordBatch::try_new(
+            results.clone(),
+            kept.columns().to_vec(),
+        )?)
+    };
+    let mut counts = checkpoint.resumed_screen_counts()?;
+    for path in checkpoint.resumed_segments() {
+        let reader = crate::source::open_parquet(path)?
+            .build()
+            .map_err(|e| HubnormError::parquet(path, e))?;
+        for batch in reader {
+            let batch = batch.map_err(|e| HubnormError::parquet(path, e.into()))?;
+            let batch =
+                RecordBatch::try_new(schema.clone(), batch.columns().to_vec()).map_err(|_| {
+                    HubnormError::input(path, None, None, "corrupt checkpoint: unexpected columns")
+                })?;
+            write(&mut sink, &mut figures, &batch)?;
+        }
+    }
+    let screen = crate::query::pass::screens(options.precision, &plan.scorings)?;
+    let start = checkpoint.resumed_rows();
+    if start < queries.rows {
+        let searched = search_blocks_into(
+            queries,
+            start..queries.rows,
+            gallery,
+            index,
+            plan,
+            k,
+            rows,
+            options,
+            protocol,
+            progress,
+            &mut |batch, extent| {
+                write(&mut sink, &mut figures, batch)?;
+                checkpoint.record_queries(batch, extent.query_rows, extent.screen)
+            },
+        );
+        match searched {
+            Err(HubnormError::Interrupted(message)) => {
+                // Every recorded block is whole: keep them.
+                checkpoint.save_queries_now()?;
+                return Err(HubnormError::Interrupted(message));
+            }
+            Err(err) => return Err(err),
+            Ok((_, searched)) => counts.add(searched.unwrap_or_default()),
+        }
+    }
+    checkpoint.save_queries_now()?;
+    let file = sink.close_uncommitted()?;
+    Ok((
+        file,
+        figures.finish(),
+        screen.then_some(ScreenSummary::of(counts)),
+    ))
+}
+
 /// The writer of a results file, with its footer's metadata.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn results_sink(

@@ -44,10 +44,7 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome
     let _lock = OutputLock::acquire(&job.out)?;
     with_stats_inputs(job, &methods, |inputs, metadata| {
         let manifest = checkpoint_manifest(&metadata, &methods, &job.options);
-        let saves_activation = !crate::bank::StatsLayout::new(&methods)
-            .columns()
-            .1
-            .is_empty();
+        let saves_activation = StatsLayout::new(&methods).keeps_activation();
         let mut checkpoint =
             Checkpoint::open(&job.out, &manifest, &job.checkpoint, saves_activation)?;
         let resumed_rows = checkpoint.as_ref().map_or(0, Checkpoint::resumed_rows);

@@ -62,6 +62,8 @@ pub struct QueryBlockResult<'a> {
     pub scorings: usize,
     /// Each query's ground-truth gallery rows.
     pub positives: &'a Positives,
+    /// What the screen did for this block (zeros when not screened).
+    pub screen: ScreenCounts,
 }
 
 /// Runs pass 2 and hands each query block's results to `on_block` in
@@ -166,6 +168,7 @@ pub fn search(
                 _ => QueryState::new(k, t.map(|(score, _)| score)),
             })
             .collect();
+        let mut block_screen_counts = ScreenCounts::default();
         gallery_blocks.for_each(|g_block| {
             let start = g_block.first_row as usize;
             let block_corrections: Vec<ColumnScoring<'_>> = scorings
@@ -185,7 +188,7 @@ pub fn search(
                 .as_ref()
                 .zip(screened_gallery.as_ref())
                 .map(|(q, g)| Screen::new(q, g));
-            screened.add(search_block_screened(
+            block_screen_counts.add(search_block_screened(
                 query_rows,
                 gallery_rows,
                 g_block.first_row as u32,
@@ -197,11 +200,13 @@ pub fn search(
             rows_done.advance(block.rows, g_block.rows);
             Ok(())
         })?;
+        screened.add(block_screen_counts);
         on_block(QueryBlockResult {
             queries: &block,
             states: &states,
             scorings: nm,
             positives: &positives,
+            screen: block_screen_counts,
         })?;
     }
     rows_done.finish();

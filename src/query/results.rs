@@ -357,6 +357,43 @@ pub(crate) fn search_into(
     progress: &dyn Progress,
     emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
 ) -> Result<(Vec<MethodOutcome>, Option<ScreenCounts>)> {
+    search_blocks_into(
+        queries,
+        query_rows,
+        gallery,
+        index,
+        plan,
+        k,
+        rows,
+        options,
+        protocol,
+        progress,
+        &mut |batch, _| emit(batch),
+    )
+}
+
+/// A query block's place among the queries, and what the screen did for it.
+#[derive(Debug, Clone)]
+pub(crate) struct BlockExtent {
+    pub query_rows: std::ops::Range<u64>,
+    pub screen: ScreenCounts,
+}
+
+/// [`search_into`], handing each block's rows to `emit` with its extent.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn search_blocks_into(
+    queries: &EmbeddingTable,
+    query_rows: std::ops::Range<u64>,
+    gallery: &EmbeddingTable,
+    index: &IdIndex,
+    plan: &ScoringPlan,
+    k: usize,
+    rows: ResultRows,
+    options: &PassOptions,
+    protocol: Option<&SingleQuerySinkhorn>,
+    progress: &dyn Progress,
+    emit: &mut dyn FnMut(&RecordBatch, BlockExtent) -> Result<()>,
+) -> Result<(Vec<MethodOutcome>, Option<ScreenCounts>)> {
     let screen = crate::query::pass::screens(options.precision, &plan.scorings)?;
     let schema = rows_schema(queries.id_kind, gallery.id_kind, rows);
     let hubness_k = options.report.hubness_k;
@@ -395,7 +432,14 @@ pub(crate) fn search_into(
         output_row_bytes: plan.methods.len() * depth * (48 + 24 * rows.report_columns() as usize),
         screen,
     };
-    let counts = search(&request, progress, |block| emit(&collector.batch(&block)?))?;
+    let counts = search(&request, progress, |block| {
+        let first = block.queries.first_row;
+        let extent = BlockExtent {
+            query_rows: first..first + block.queries.rows as u64,
+            screen: block.screen,
+        };
+        emit(&collector.batch(&block)?, extent)
+    })?;
     Ok((collector.outcomes, screen.then_some(counts)))
 }
 

@@ -679,30 +679,123 @@ fn shards_of(list: SendableRecordBatchStream, count: usize) -> Result<Vec<usize>
     Ok(shards)
 }
 
-/// Reserves a pass's budget from `pool`: half of what the pool has left
-/// (half of its limit when it is free), so that the operators around the
-/// pass and other passes sharing the pool (partitions of one query, or two
-/// table functions) get the rest. Two partitions get a half and a quarter,
-/// less what the operators around them hold by then (a sort's buffers):
-/// refused only when the budget is below a sixteenth of the limit, where
-/// the pool is mostly taken.
-fn reserve_budget(pool: &Arc<dyn MemoryPool>, name: &str) -> Result<(MemoryReservation, usize)> {
-    let limit = match pool.memory_limit() {
-        MemoryLimit::Finite(bytes) => bytes,
-        _ => MemoryBudget::DEFAULT.bytes(),
-    };
-    let free = limit.saturating_sub(pool.reserved());
-    let budget = (limit / 2).min(free / 2);
-    if budget < limit / 16 {
-        return Err(DataFusionError::ResourcesExhausted(format!(
-            "{name} needs half of what is free in the memory pool, at least a sixteenth of it ({}), and only {} of it are free; raise --memory-limit",
-            human_bytes(limit as u64 / 16),
-            human_bytes(free as u64)
-        )));
+/// One pass's share of the query's memory pool: reserved whole when the
+/// pass starts (half of what the pool has left, half of its limit when it
+/// is free), then cut down to what its plans use as soon as it has planned
+/// ([`crate::plan::PlanLedger`]), so that the operators around it and the
+/// other passes sharing the pool (partitions of one query, or several table
+/// functions) get the rest. Passes take their budgets in turn: each starts
+/// once the one before it has planned, so the free share it sees is real.
+struct PassReservation {
+    name: String,
+    reservation: std::sync::Mutex<Option<MemoryReservation>>,
+    /// The most any plan of the pass uses; `None` before the first plan.
+    planned: std::sync::Mutex<Option<usize>>,
+    /// Whether this pass still holds the planning turn.
+    holds_turn: std::sync::atomic::AtomicBool,
+}
+
+/// Whether some pass holds the planning turn, and its waiters.
+static PLANNING_TURN: (std::sync::Mutex<bool>, std::sync::Condvar) =
+    (std::sync::Mutex::new(false), std::sync::Condvar::new());
+
+fn take_planning_turn() {
+    let (held, released) = &PLANNING_TURN;
+    let mut held = held.lock().unwrap_or_else(|e| e.into_inner());
+    while *held {
+        held = released.wait(held).unwrap_or_else(|e| e.into_inner());
     }
-    let reservation = MemoryConsumer::new(name).register(pool);
-    reservation.try_grow(budget)?;
-    Ok((reservation, budget))
+    *held = true;
+}
+
+fn give_back_planning_turn() {
+    let (held, released) = &PLANNING_TURN;
+    *held.lock().unwrap_or_else(|e| e.into_inner()) = false;
+    released.notify_one();
+}
+
+impl PassReservation {
+    /// Reserves a pass's budget from `pool` (after the passes before it have
+    /// planned): refused only when the budget is below a sixteenth of the
+    /// limit, where the pool is mostly taken.
+    fn reserve(pool: &Arc<dyn MemoryPool>, name: &str) -> Result<(Arc<PassReservation>, usize)> {
+        take_planning_turn();
+        let limit = match pool.memory_limit() {
+            MemoryLimit::Finite(bytes) => bytes,
+            _ => MemoryBudget::DEFAULT.bytes(),
+        };
+        let free = limit.saturating_sub(pool.reserved());
+        let budget = (limit / 2).min(free / 2);
+        let reservation = MemoryConsumer::new(name).register(pool);
+        let reserved = if budget < limit / 16 {
+            Err(DataFusionError::ResourcesExhausted(format!(
+                "{name} needs half of what is free in the memory pool, at least a sixteenth of it ({}), and only {} of it are free; raise --memory-limit",
+                human_bytes(limit as u64 / 16),
+                human_bytes(free as u64)
+            )))
+        } else {
+            reservation.try_grow(budget)
+        };
+        if let Err(e) = reserved {
+            give_back_planning_turn();
+            return Err(e);
+        }
+        let pass = PassReservation {
+            name: name.to_owned(),
+            reservation: std::sync::Mutex::new(Some(reservation)),
+            planned: std::sync::Mutex::new(None),
+            holds_turn: std::sync::atomic::AtomicBool::new(true),
+        };
+        Ok((Arc::new(pass), budget))
+    }
+
+    fn give_back_turn(&self) {
+        if self.holds_turn.swap(false, Ordering::AcqRel) {
+            give_back_planning_turn();
+        }
+    }
+
+    /// Returns the pass's memory to the pool (the pass ended).
+    fn release(&self) {
+        self.give_back_turn();
+        self.reservation
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+    }
+}
+
+impl crate::plan::PlanLedger for PassReservation {
+    fn planned(&self, bytes: usize) -> crate::Result<()> {
+        let mut planned = self.planned.lock().unwrap_or_else(|e| e.into_inner());
+        let most = planned.map_or(bytes, |p| p.max(bytes));
+        if let Some(reservation) = self
+            .reservation
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            reservation.try_resize(most).map_err(|e| {
+                HubnormError::Budget(format!(
+                    "{}: the query's memory pool cannot hold this pass's plan ({e}); raise --memory-limit",
+                    self.name
+                ))
+            })?;
+        }
+        *planned = Some(most);
+        drop(planned);
+        self.give_back_turn();
+        Ok(())
+    }
+}
+
+/// Releases a pass's reservation however the pass ends (a panic too).
+struct ReleaseOnDrop(Arc<PassReservation>);
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        self.0.release();
+    }
 }
 
 impl ExecutionPlan for PassExec {
@@ -759,7 +852,9 @@ impl ExecutionPlan for PassExec {
         let schema = self.schema.clone();
         builder.spawn_blocking(move || {
             let shards = shards_of(shard_list, spec.partitions())?;
-            let (_reservation, budget) = reserve_budget(&pool, spec.name())?;
+            let (reservation, budget) = PassReservation::reserve(&pool, spec.name())?;
+            let _release = ReleaseOnDrop(reservation.clone());
+            let ledger: Arc<dyn crate::plan::PlanLedger> = reservation;
             for shard in shards {
                 let tag = spec.shard_column.then_some(shard as u32);
                 let closed = || HubnormError::Interrupted("the query stopped reading".into());
@@ -774,7 +869,10 @@ impl ExecutionPlan for PassExec {
                     let batch = RecordBatch::try_new(schema.clone(), columns)?;
                     tx.blocking_send(Ok(batch)).map_err(|_| closed())
                 };
-                match spec.run(shard, budget, &mut send) {
+                let ran = crate::plan::with_ledger(Some(ledger.clone()), || {
+                    spec.run(shard, budget, &mut send)
+                });
+                match ran {
                     // A consumer that stopped early (LIMIT) is not an error.
                     Err(HubnormError::Interrupted(_)) if tx.is_closed() => return Ok(()),
                     other => other.map_err(external)?,

@@ -273,6 +273,20 @@ pub struct RunArgs {
     /// Output directory (results.parquet, gallery_stats.parquet, summary.json).
     #[arg(long)]
     pub out: PathBuf,
+    /// Continue an interrupted run from its checkpoint (OUT/run.checkpoint/):
+    /// finished gallery chunks, Sinkhorn iterations and query blocks are
+    /// kept, the rest is computed. The inputs and options must be the same;
+    /// starts afresh when there is no checkpoint.
+    #[arg(long)]
+    pub resume: bool,
+    /// Save finished work to OUT/run.checkpoint/ at most every SECONDS (0:
+    /// after every chunk, iteration and query block; the folder is removed
+    /// once the outputs are written).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    pub checkpoint_interval: f64,
+    /// Write no checkpoint.
+    #[arg(long, conflicts_with_all = ["resume", "checkpoint_interval"])]
+    pub no_checkpoint: bool,
     #[command(flatten)]
     pub cluster: ClusterJobArgs,
     #[command(flatten)]
@@ -543,7 +557,7 @@ pub struct SqlArgs {
     /// List every hubnorm SQL function with its syntax and an example, and exit.
     #[arg(long)]
     pub functions: bool,
-    /// Memory pool of the SQL session, e.g. 2GiB; a table function's pass gets half.
+    /// Memory pool of the SQL session, e.g. 2GiB; a table function's pass reserves half of what is free and keeps what its plan uses.
     #[arg(long, default_value = "2GiB", value_parser = parse_memory)]
     pub memory_limit: MemoryBudget,
     /// Worker threads (0 = one per core); with --cluster, the partitions of
@@ -656,8 +670,30 @@ impl RunArgs {
             overwrite: self.overwrite,
             options: self.quality.apply(self.method.pass_options(&self.common))?,
             cluster: self.cluster.job(),
+            checkpoint: checkpoint_options(
+                !self.no_checkpoint && self.cluster.job().is_none(),
+                self.checkpoint_interval,
+                self.resume,
+            )?,
         })
     }
+}
+
+/// The checkpoints of `--checkpoint-interval SECONDS` (when `save`) and `--resume`.
+fn checkpoint_options(
+    save: bool,
+    seconds: f64,
+    resume: bool,
+) -> hubnorm::Result<hubnorm::checkpoint::CheckpointOptions> {
+    if !seconds.is_finite() || seconds < 0.0 {
+        return Err(hubnorm::HubnormError::Usage(format!(
+            "--checkpoint-interval must be a number of seconds ≥ 0, not {seconds}"
+        )));
+    }
+    Ok(hubnorm::checkpoint::CheckpointOptions {
+        interval: save.then(|| std::time::Duration::from_secs_f64(seconds)),
+        resume,
+    })
 }
 
 impl StatsArgs {
@@ -679,17 +715,11 @@ impl StatsArgs {
         } else {
             self.method.specs(MethodKind::default())?
         };
-        let seconds = self.checkpoint_interval;
-        if !seconds.is_finite() || seconds < 0.0 {
-            return Err(hubnorm::HubnormError::Usage(format!(
-                "--checkpoint-interval must be a number of seconds ≥ 0, not {seconds}"
-            )));
-        }
-        let checkpoint = hubnorm::checkpoint::CheckpointOptions {
-            interval: (!self.no_checkpoint && !self.update)
-                .then(|| std::time::Duration::from_secs_f64(seconds)),
-            resume: self.resume,
-        };
+        let checkpoint = checkpoint_options(
+            !self.no_checkpoint && !self.update,
+            self.checkpoint_interval,
+            self.resume,
+        )?;
         Ok(hubnorm::pipeline::StatsJob {
             gallery: self.gallery.clone(),
             bank: self.bank.clone(),

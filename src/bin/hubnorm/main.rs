@@ -24,6 +24,8 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // Test builds only (`failpoints`): faults the environment asks for.
+    let _faults = fail::FailScenario::setup();
     let cli = cli::Cli::parse();
     // The cluster's servers listen for SIGINT and SIGTERM themselves (and
     // Ballista's executor too), to leave the cluster cleanly.

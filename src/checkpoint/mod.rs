@@ -1,17 +1,23 @@
-//! Checkpoints of pass 1, so that `hubnorm stats --resume` continues an
-//! interrupted statistics pass instead of starting again.
+//! Checkpoints, so that `hubnorm stats --resume` and `hubnorm run --resume`
+//! continue an interrupted job instead of starting again.
 //!
 //! Pass 1 finishes the gallery chunk by chunk: once the banks have streamed
 //! past a chunk, its rows of the stats file are final. A checkpoint keeps
-//! those rows, and the one state that spans chunks (each bank item's top-k_A
-//! gallery items, for `dis` and `dual-dis`), in a folder beside the output:
+//! those rows, the one state that spans chunks (each bank item's top-k_A
+//! gallery items, for `dis` and `dual-dis`), and the Sinkhorn potentials
+//! after the last saved iteration of `sn` and `dbsn`, in a folder beside the
+//! output:
 //!
 //! ```text
 //! gallery_stats.parquet.checkpoint/
 //!   manifest.json                  inputs (paths, sizes, modification times) and parameters
 //!   rows-<first>-<end>.parquet     finished rows of gallery rows [first, end)
 //!   activation-<end>.parquet       activation states after gallery row `end`
+//!   sweeps-<method>.parquet        Sinkhorn potentials of the method-th Sinkhorn method
 //! ```
+//!
+//! Pass 2 finishes query block by query block; [`run`] keeps its rows the
+//! same way (the `rows-` files then count query rows).
 //!
 //! The folder may be a prefix in an object store, beside an output there
 //! (each file is then an object, uploaded once complete).
@@ -20,9 +26,7 @@
 //! an activation file is renamed before the rows it goes with, so a crash at
 //! any point leaves a consistent prefix. A resume refuses a checkpoint whose
 //! manifest differs from the current inputs and parameters, and replays the
-//! saved rows, so its stats file is byte-identical to an uninterrupted run's.
-//! Sinkhorn's sweeps (`sn`, `dbsn`) come after the chunks and are not
-//! checkpointed: a resumed run repeats them.
+//! saved rows, so its outputs are byte-identical to an uninterrupted run's.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -35,8 +39,11 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use crate::bank::pass::{BankPassOutput, ResumePoint};
 use crate::bank::states::ActivationState;
 use crate::error::{HubnormError, Result};
-use crate::kernel::Candidate;
+use crate::kernel::{Candidate, ScreenCounts};
 use crate::sink::{write_text_atomically, ParquetSink};
+
+pub mod run;
+mod sweeps;
 
 /// How `hubnorm stats` checkpoints its progress.
 #[derive(Debug, Clone, Default)]
@@ -93,7 +100,12 @@ struct Segment {
     first_row: u64,
     end_row: u64,
     sink: ParquetSink,
+    /// What pass 2's screen did for these rows (kept in the file's footer).
+    screen: ScreenCounts,
 }
+
+/// The footer key of a segment's screen counts (`screened rescored`).
+const SCREEN_KEY: &str = "hubnorm.checkpoint.screen";
 
 impl Checkpoint {
     /// Opens the checkpoint of the stats file `out` computed from inputs and
@@ -106,12 +118,29 @@ impl Checkpoint {
         options: &CheckpointOptions,
         saves_activation: bool,
     ) -> Result<Option<Checkpoint>> {
+        Self::open_dir(
+            &checkpoint_dir(out),
+            "stats",
+            manifest,
+            options,
+            saves_activation,
+        )
+    }
+
+    /// Opens the checkpoint folder `dir` of `hubnorm COMMAND`, as [`Self::open`].
+    pub fn open_dir(
+        dir: &Path,
+        command: &'static str,
+        manifest: &BTreeMap<String, String>,
+        options: &CheckpointOptions,
+        saves_activation: bool,
+    ) -> Result<Option<Checkpoint>> {
         let interval = match (options.interval, options.resume) {
             (Some(interval), _) => interval,
             (None, true) => CheckpointOptions::DEFAULT_INTERVAL,
             (None, false) => return Ok(None),
         };
-        let dir = checkpoint_dir(out);
+        let dir = dir.to_path_buf();
         let mut checkpoint = Checkpoint {
             dir: dir.clone(),
             interval,
@@ -126,23 +155,22 @@ impl Checkpoint {
         if crate::storage::is_dir(&dir)? {
             if !options.resume {
                 return Err(HubnormError::Usage(format!(
-                    "an interrupted `hubnorm stats` left a checkpoint at {}: pass --resume to continue it, or delete that folder to start afresh",
+                    "an interrupted `hubnorm {command}` left a checkpoint at {}: pass --resume to continue it, or delete that folder to start afresh",
                     dir.display()
                 )));
             }
-            checkpoint.check_manifest(manifest)?;
+            check_manifest(&dir, manifest)?;
             checkpoint.find_resume_point()?;
             checkpoint.resumed_rows = checkpoint.saved_rows;
         } else {
-            crate::storage::create_dir_all(&dir)?;
-            let text = serde_json::to_string_pretty(&serde_json::json!({
-                "version": VERSION,
-                "inputs_and_parameters": manifest,
-            }))
-            .map_err(|e| HubnormError::Internal(e.to_string()))?;
-            write_text_atomically(&dir.join(MANIFEST), &text, false)?.commit()?;
+            write_manifest(&dir, manifest)?;
         }
         Ok(Some(checkpoint))
+    }
+
+    /// The checkpoint's folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Gallery rows a resumed pass skips (0 when starting afresh).
@@ -194,27 +222,96 @@ impl Checkpoint {
         first_row: u64,
         activations: &BankPassOutput,
     ) -> Result<()> {
+        let end_row = first_row + batch.num_rows() as u64;
+        self.record_rows(
+            batch,
+            first_row..end_row,
+            Some(activations),
+            ScreenCounts::default(),
+        )
+    }
+
+    /// Records `batch`, the finished rows of pass 2's query rows `rows`
+    /// (several rows per query), and what the screen did for them; saves
+    /// when the interval has passed.
+    pub fn record_queries(
+        &mut self,
+        batch: &RecordBatch,
+        rows: std::ops::Range<u64>,
+        screen: ScreenCounts,
+    ) -> Result<()> {
+        self.record_rows(batch, rows, None, screen)
+    }
+
+    fn record_rows(
+        &mut self,
+        batch: &RecordBatch,
+        rows: std::ops::Range<u64>,
+        activations: Option<&BankPassOutput>,
+        screen: ScreenCounts,
+    ) -> Result<()> {
         if self.segment.is_none() {
+            let first_row = rows.start;
             let path = self.dir.join(format!("rows-{first_row:020}.open.parquet"));
             self.segment = Some(Segment {
                 first_row,
                 end_row: first_row,
                 sink: ParquetSink::create(&path, batch.schema(), Vec::new(), true)?,
+                screen: ScreenCounts::default(),
             });
         }
         let segment = self.segment.as_mut().expect("opened above");
-        if first_row != segment.end_row {
+        if rows.start != segment.end_row {
             return Err(HubnormError::Internal(format!(
-                "checkpoint rows out of order: {first_row} after {}",
-                segment.end_row
+                "checkpoint rows out of order: {} after {}",
+                rows.start, segment.end_row
             )));
         }
         segment.sink.write(batch)?;
-        segment.end_row += batch.num_rows() as u64;
+        segment.end_row = rows.end;
+        segment.screen.add(screen);
         if self.last_saved.elapsed() >= self.interval {
-            self.save(Some(activations))?;
+            self.save(activations)?;
         }
         Ok(())
+    }
+
+    /// Saves pass 2's rows recorded since the last save now.
+    pub fn save_queries_now(&mut self) -> Result<()> {
+        self.save(None)
+    }
+
+    /// What the screen did for the resumed rows (their files' footers).
+    pub fn resumed_screen_counts(&self) -> Result<ScreenCounts> {
+        let mut total = ScreenCounts::default();
+        for path in &self.resumed_segments {
+            let builder = crate::source::open_parquet(path)?;
+            let Some(value) = builder
+                .metadata()
+                .file_metadata()
+                .key_value_metadata()
+                .and_then(|kv| kv.iter().find(|e| e.key == SCREEN_KEY))
+                .and_then(|e| e.value.clone())
+            else {
+                continue;
+            };
+            let counts: Option<Vec<u64>> = value.split(' ').map(|n| n.parse().ok()).collect();
+            match counts.as_deref() {
+                Some([screened, rescored]) => total.add(ScreenCounts {
+                    screened: *screened,
+                    rescored: *rescored,
+                }),
+                _ => {
+                    return Err(HubnormError::input(
+                        path,
+                        None,
+                        None,
+                        "corrupt checkpoint: unreadable screen counts",
+                    ))
+                }
+            }
+        }
+        Ok(total)
     }
 
     /// Saves the rows recorded since the last save now, with `activations`.
@@ -239,8 +336,15 @@ impl Checkpoint {
         let Segment {
             first_row,
             end_row,
-            sink,
+            mut sink,
+            screen,
         } = segment;
+        if screen != ScreenCounts::default() {
+            sink.append_metadata(
+                SCREEN_KEY,
+                format!("{} {}", screen.screened, screen.rescored),
+            );
+        }
         let file = sink.close_uncommitted()?;
         let previous_activation = self.activation_path(self.saved_rows);
         if self.saves_activation {
@@ -274,42 +378,56 @@ impl Checkpoint {
     fn activation_path(&self, end: u64) -> PathBuf {
         self.dir.join(format!("activation-{end:020}.parquet"))
     }
+}
 
-    fn check_manifest(&self, current: &BTreeMap<String, String>) -> Result<()> {
-        let path = self.dir.join(MANIFEST);
-        let text = crate::storage::read_to_string(&path)?;
-        let stored: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+/// Creates the checkpoint folder `dir` with its manifest.
+fn write_manifest(dir: &Path, manifest: &BTreeMap<String, String>) -> Result<()> {
+    crate::storage::create_dir_all(dir)?;
+    let text = serde_json::to_string_pretty(&serde_json::json!({
+        "version": VERSION,
+        "inputs_and_parameters": manifest,
+    }))
+    .map_err(|e| HubnormError::Internal(e.to_string()))?;
+    write_text_atomically(&dir.join(MANIFEST), &text, false)?.commit()?;
+    Ok(())
+}
+
+/// Refuses the checkpoint folder `dir` unless its manifest is `current`.
+fn check_manifest(dir: &Path, current: &BTreeMap<String, String>) -> Result<()> {
+    let path = dir.join(MANIFEST);
+    let text = crate::storage::read_to_string(&path)?;
+    let stored: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        HubnormError::input(&path, None, None, format!("not a checkpoint manifest: {e}"))
+    })?;
+    if stored["version"].as_u64() != Some(VERSION) {
+        return Err(HubnormError::input(
+            &path,
+            None,
+            None,
+            "written by another version of hubnorm; delete the checkpoint to start afresh",
+        ));
+    }
+    let stored: BTreeMap<String, String> =
+        serde_json::from_value(stored["inputs_and_parameters"].clone()).map_err(|e| {
             HubnormError::input(&path, None, None, format!("not a checkpoint manifest: {e}"))
         })?;
-        if stored["version"].as_u64() != Some(VERSION) {
-            return Err(HubnormError::input(
-                &path,
-                None,
-                None,
-                "written by another version of hubnorm; delete the checkpoint to start afresh",
-            ));
-        }
-        let stored: BTreeMap<String, String> =
-            serde_json::from_value(stored["inputs_and_parameters"].clone()).map_err(|e| {
-                HubnormError::input(&path, None, None, format!("not a checkpoint manifest: {e}"))
-            })?;
-        let keys: std::collections::BTreeSet<&String> =
-            stored.keys().chain(current.keys()).collect();
-        let changed: Vec<String> = keys
-            .into_iter()
-            .filter(|k| stored.get(*k) != current.get(*k))
-            .map(|k| describe_key(k))
-            .collect();
-        if changed.is_empty() {
-            return Ok(());
-        }
-        Err(HubnormError::Usage(format!(
+    let keys: std::collections::BTreeSet<&String> = stored.keys().chain(current.keys()).collect();
+    let changed: Vec<String> = keys
+        .into_iter()
+        .filter(|k| stored.get(*k) != current.get(*k))
+        .map(|k| describe_key(k))
+        .collect();
+    if changed.is_empty() {
+        return Ok(());
+    }
+    Err(HubnormError::Usage(format!(
             "cannot resume from {}: it was made with other inputs or parameters ({}); run with the same ones, or delete the checkpoint to start afresh",
-            self.dir.display(),
+            dir.display(),
             changed.join("; ")
         )))
-    }
+}
 
+impl Checkpoint {
     /// The longest run of saved rows from gallery row 0 (with its activation
     /// file, when one is needed); files past it are removed.
     fn find_resume_point(&mut self) -> Result<()> {
@@ -337,6 +455,8 @@ impl Checkpoint {
                     activations.insert(a[0], path);
                 }
                 _ if name == MANIFEST => {}
+                // Written only once every chunk is saved.
+                _ if numbers("sweeps-").is_some_and(|n| n.len() == 1) => {}
                 _ => other.push(path),
             }
         }
