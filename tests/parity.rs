@@ -579,10 +579,12 @@ fn inverted_softmax_state_merges_like_one_pass() {
         }
         for (m, w) in merged.iter().zip(&whole) {
             // Each block's terms are f32 exps relative to that block's own max
-            // (error ≤ 3e-7 relative each), so partitions cut off the tile
-            // grid agree with one pass to ~1e-7 in log space, not bitwise.
+            // (error ≤ 3e-7 relative each), and that max is an f32 (β s up to
+            // 20, one ulp 1.9e-6 there), so partitions cut off the tile grid
+            // agree with one pass to within an ulp of the max, not bitwise
+            // (the AVX2 kernel's rounding reaches 1.01e-6).
             assert!(
-                (m.value() - w.value()).abs() < 1e-6,
+                (m.value() - w.value()).abs() <= f32::EPSILON as f64 * w.value().abs().max(1.0),
                 "order {order:?}: {} vs {}",
                 m.value(),
                 w.value()
@@ -605,7 +607,7 @@ fn inverted_softmax_state_merges_like_one_pass() {
         &merge(&parts[2], &merge(&parts[3], &parts[4])),
     );
     for (m, w) in tree.iter().zip(&whole) {
-        assert!((m.value() - w.value()).abs() < 1e-6);
+        assert!((m.value() - w.value()).abs() <= f32::EPSILON as f64 * w.value().abs().max(1.0));
     }
 }
 

@@ -588,9 +588,14 @@ fn table_functions_stream_the_passes() {
     assert!(err.contains("hubnorm_search"), "{err}");
     assert!(err.to_lowercase().contains("resources exhausted"), "{err}");
 
-    // Six table functions in one query: each keeps only what its plan uses
-    // (they would otherwise take a half, a quarter, … of the pool, and the
-    // fifth would be refused), and the pool is whole again afterwards.
+    // Six table functions in one query under a 256 MiB pool: each keeps
+    // only what its plan uses (about 20 MiB here), so all run; reserving a
+    // half, a quarter, … of the pool, the fifth would get 8 MiB, below the
+    // sixteenth it needs, and be refused. The pool is whole again afterwards.
+    let pooled = SqlOptions {
+        memory: MemoryBudget(256 << 20),
+        ..small.clone()
+    };
     let one = format!(
         "SELECT COUNT(*) AS n, SUM(score) AS total FROM hubnorm_search('{}', '{}', '{}', 'is', 7)",
         s("q.parquet"),
@@ -599,12 +604,12 @@ fn table_functions_stream_the_passes() {
     );
     let six = vec![one.clone(); 6].join(" UNION ALL ");
     let (rows, reserved_after) = runtime.block_on(async {
-        let ctx = session(&small).unwrap();
+        let ctx = session(&pooled).unwrap();
         let pool = ctx.runtime_env().memory_pool.clone();
         let batches = ctx.sql(&six).await.unwrap().collect().await.unwrap();
         (batches, pool.reserved())
     });
-    let single = query(&small, &[], &one);
+    let single = query(&pooled, &[], &one);
     let rows = arrow::compute::concat_batches(&rows[0].schema(), &rows).unwrap();
     assert_eq!(rows.num_rows(), 6);
     for i in 0..6 {
