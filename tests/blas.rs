@@ -263,7 +263,22 @@ fn runs_with_a_blas_are_reproducible() {
         &["--threads", "2"],
         "t2",
     ));
-    assert!(threads == reference, "1 and 2 threads differ");
+    // The thread count changes how a block's tiles are shared out, hence
+    // their shapes too: OpenBLAS's AVX2 kernels (0.3.21 on Zen 3) round
+    // such products differently, its AVX-512 ones did not.
+    if blas.shape_independent() {
+        assert!(threads == reference, "1 and 2 threads differ");
+    } else {
+        eprintln!(
+            "{}: not shape-independent; thread-count bits: {}",
+            path.display(),
+            if threads == reference {
+                "same"
+            } else {
+                "differ"
+            }
+        );
+    }
     // A small limit changes the blocks, hence the tile edges: the bits stay
     // the same only where the library promises shape-independent products.
     let small = read(&run_with_blas(

@@ -362,27 +362,10 @@ pub fn stream_stats(
     // A resumed pass: the saved rows first, then the pass from after them.
     let mut resume = None;
     if let Some(checkpoint) = checkpoint.as_deref() {
-        for path in checkpoint.resumed_segments() {
-            let reader = crate::source::open_parquet(path)?
-                .build()
-                .map_err(|e| HubnormError::parquet(path, e))?;
-            for batch in reader {
-                let batch = batch.map_err(|e| HubnormError::parquet(path, e.into()))?;
-                let batch = RecordBatch::try_new(early_schema.clone(), batch.columns().to_vec())
-                    .map_err(|_| {
-                        HubnormError::input(
-                            path,
-                            None,
-                            None,
-                            "corrupt checkpoint: unexpected columns",
-                        )
-                    })?;
-                match &mut spool_sink {
-                    Some(spool) => spool.write(&batch)?,
-                    None => sink.write(&batch)?,
-                }
-            }
-        }
+        checkpoint.replay(&early_schema, |batch| match &mut spool_sink {
+            Some(spool) => spool.write(&batch),
+            None => sink.write(&batch),
+        })?;
         let shape = |input: Option<&EmbeddingTable>, k: usize| {
             input.filter(|_| k > 0).map(|t| (t.rows as usize, k))
         };

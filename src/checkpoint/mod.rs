@@ -183,9 +183,32 @@ impl Checkpoint {
         self.saved_rows
     }
 
-    /// The saved rows files to replay before the pass goes on, in order.
-    pub fn resumed_segments(&self) -> &[PathBuf] {
-        &self.resumed_segments
+    /// Hands the saved rows to `each` in order, as batches of `schema`
+    /// (the columns the pass recorded).
+    pub fn replay(
+        &self,
+        schema: &SchemaRef,
+        mut each: impl FnMut(RecordBatch) -> Result<()>,
+    ) -> Result<()> {
+        for path in &self.resumed_segments {
+            let reader = crate::source::open_parquet(path)?
+                .build()
+                .map_err(|e| HubnormError::parquet(path, e))?;
+            for batch in reader {
+                let batch = batch.map_err(|e| HubnormError::parquet(path, e.into()))?;
+                let batch = RecordBatch::try_new(schema.clone(), batch.columns().to_vec())
+                    .map_err(|_| {
+                        HubnormError::input(
+                            path,
+                            None,
+                            None,
+                            "corrupt checkpoint: unexpected columns",
+                        )
+                    })?;
+                each(batch)?;
+            }
+        }
+        Ok(())
     }
 
     /// Where the pass restarts, with the activation states restored for

@@ -87,19 +87,7 @@ pub(super) fn write_results_checkpointed(
         )?)
     };
     let mut counts = checkpoint.resumed_screen_counts()?;
-    for path in checkpoint.resumed_segments() {
-        let reader = crate::source::open_parquet(path)?
-            .build()
-            .map_err(|e| HubnormError::parquet(path, e))?;
-        for batch in reader {
-            let batch = batch.map_err(|e| HubnormError::parquet(path, e.into()))?;
-            let batch =
-                RecordBatch::try_new(schema.clone(), batch.columns().to_vec()).map_err(|_| {
-                    HubnormError::input(path, None, None, "corrupt checkpoint: unexpected columns")
-                })?;
-            write(&mut sink, &mut figures, &batch)?;
-        }
-    }
+    checkpoint.replay(&schema, |batch| write(&mut sink, &mut figures, &batch))?;
     let screen = crate::query::pass::screens(options.precision, &plan.scorings)?;
     let start = checkpoint.resumed_rows();
     if start < queries.rows {
