@@ -155,8 +155,8 @@ pub fn compare(job: &CompareJob, progress: &dyn Progress) -> Result<CompareOutco
     };
     let dir = &run_job.out_dir;
     let mut written = Vec::new();
-    written.extend(files.write_comparison(&comparison, dir, run_job.overwrite)?);
-    written.extend(files.write_reports(dir, run_job.overwrite)?);
+    written.extend(files.write_comparison(&comparison, dir, products.overwrite)?);
+    written.extend(files.write_reports(dir, products.overwrite)?);
     if let Some(path) = &job.html {
         let summary = &products.summary;
         let context = vec![
@@ -186,7 +186,7 @@ pub fn compare(job: &CompareJob, progress: &dyn Progress) -> Result<CompareOutco
         written.push(write_text_atomically(
             path,
             &html::render(&page),
-            run_job.overwrite,
+            products.overwrite,
         )?);
     }
     let summary = products.summary.clone();

@@ -173,11 +173,15 @@ pub(crate) fn common_metadata(kind: &str, options: &PassOptions) -> Vec<(String,
 
 pub(crate) fn table_metadata(role: &str, table: &EmbeddingTable) -> Vec<(String, String)> {
     let key = role.replace(' ', "_");
-    vec![
+    let mut metadata = vec![
         (format!("hubnorm.{key}.path"), table.spec.clone()),
         (format!("hubnorm.{key}.rows"), table.rows.to_string()),
         (format!("hubnorm.{key}.parts"), PartRecord::list_json(table)),
-    ]
+    ];
+    if let Some(version) = table.delta_version {
+        metadata.push((format!("hubnorm.{key}.delta_version"), version.to_string()));
+    }
+    metadata
 }
 
 /// The sizes methods check their inputs against ([`crate::method::Method::check_inputs`]).

@@ -29,6 +29,8 @@
 //! the registry every stage loops over). [`update`] merges new input parts
 //! into a stored stats file, and
 //! [`export`] writes gallery vectors with h(g) appended for vector indexes.
+//! [`storage`] resolves every path (local or object store), and `delta`
+//! (feature `delta`) reads and writes Delta Lake tables through their log.
 //!
 //! ```no_run
 //! use hubnorm::options::MethodSpec;
@@ -53,6 +55,8 @@ pub mod cancel;
 pub mod checkpoint;
 #[cfg(feature = "cluster")]
 pub mod cluster;
+#[cfg(feature = "delta")]
+pub mod delta;
 pub mod error;
 pub mod evaluate;
 pub mod export;

@@ -279,6 +279,13 @@ pub fn recorded_run(path: &Path) -> Result<Option<String>> {
             .map_err(|e| HubnormError::input(path, None, None, format!("not JSON: {e}")))?;
         return Ok(json.get("run").and_then(|r| r.as_str()).map(str::to_owned));
     }
+    #[cfg(feature = "delta")]
+    if let Some(table) = crate::delta::parse_spec(&path.to_string_lossy()) {
+        if crate::delta::files(&table)?.files.len() > 1 {
+            // Rows appended by several writes: no one run's output.
+            return Ok(None);
+        }
+    }
     Ok(crate::stats_file::file_metadata(path)?.remove(RUN_KEY))
 }
 

@@ -22,6 +22,53 @@ use parquet::schema::types::ColumnPath;
 
 use crate::error::{HubnormError, Result};
 
+/// How a `--format delta` output meets a Delta table already at its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeltaMode {
+    /// A new table; an existing one is refused.
+    Create,
+    /// A new version holding only the new rows (`--overwrite`).
+    Overwrite,
+    /// A new version adding the new rows to the table's (`--append`).
+    Append,
+}
+
+/// The outputs this process writes as Delta tables (`--format delta`), by
+/// final path. Every other Parquet file (checkpoints, spools, scratch
+/// files, and outputs when none is declared) is a plain file.
+static DELTA_OUTPUTS: std::sync::Mutex<Vec<(PathBuf, DeltaMode)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Declares `paths` as outputs to write as Delta tables (feature `delta`):
+/// each [`ParquetSink`] and [`AtomicFile`] whose destination is one of them
+/// commits its rows to the table at that path as a new version.
+pub fn write_as_delta_tables(
+    paths: impl IntoIterator<Item = PathBuf>,
+    mode: DeltaMode,
+) -> Result<()> {
+    if !cfg!(feature = "delta") {
+        return Err(HubnormError::Usage(
+            "--format delta needs a hubnorm built with the cargo feature `delta`".into(),
+        ));
+    }
+    let mut outputs = DELTA_OUTPUTS.lock().unwrap_or_else(|e| e.into_inner());
+    for path in paths {
+        outputs.retain(|(p, _)| *p != path);
+        outputs.push((path, mode));
+    }
+    Ok(())
+}
+
+/// How the output at `destination` is written as a Delta table, if it is one.
+pub fn delta_mode_of(destination: &Path) -> Option<DeltaMode> {
+    DELTA_OUTPUTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .find(|(p, _)| p == destination)
+        .map(|&(_, mode)| mode)
+}
+
 /// A file that appears under its final name only when [`AtomicFile::commit`]
 /// is called; dropped without commit, its temporary file is removed.
 #[derive(Debug)]
@@ -30,6 +77,8 @@ pub struct AtomicFile {
     destination: PathBuf,
     /// The object the destination names, when it is a URL.
     remote: Option<crate::storage::ObjectUrl>,
+    /// Committed as a new version of the Delta table at the destination.
+    delta: Option<DeltaMode>,
     committed: bool,
 }
 
@@ -37,6 +86,18 @@ impl AtomicFile {
     /// Creates the temporary file for `destination`. Fails when the
     /// destination exists and `overwrite` is false.
     pub fn create(destination: &Path, overwrite: bool) -> Result<(Self, File)> {
+        if let Some(mode) = delta_mode_of(destination) {
+            #[cfg(feature = "delta")]
+            crate::delta::check_output(destination, mode)?;
+            // The table's folder may exist: the file is written beside it.
+            let (mut file, handle) = Self::create_plain(destination, true)?;
+            file.delta = Some(mode);
+            return Ok((file, handle));
+        }
+        Self::create_plain(destination, overwrite)
+    }
+
+    fn create_plain(destination: &Path, overwrite: bool) -> Result<(Self, File)> {
         if let crate::storage::Location::Remote(url) = crate::storage::locate(destination)? {
             return Self::create_remote(destination, url, overwrite);
         }
@@ -74,6 +135,7 @@ impl AtomicFile {
                 temporary,
                 destination: destination.to_path_buf(),
                 remote: None,
+                delta: None,
                 committed: false,
             },
             file,
@@ -107,6 +169,7 @@ impl AtomicFile {
                 temporary,
                 destination: destination.to_path_buf(),
                 remote: Some(url),
+                delta: None,
                 committed: false,
             },
             file,
@@ -117,6 +180,16 @@ impl AtomicFile {
     /// that after a crash the final name holds either the old file or the
     /// whole new one.
     pub fn commit(mut self) -> Result<PathBuf> {
+        if let Some(mode) = self.delta {
+            injected_fault("sink-commit", &self.destination)?;
+            #[cfg(feature = "delta")]
+            crate::delta::commit_file(&self.temporary, &self.destination, mode)?;
+            #[cfg(not(feature = "delta"))]
+            let _ = mode;
+            self.committed = true;
+            let _ = std::fs::remove_file(&self.temporary);
+            return Ok(self.destination.clone());
+        }
         if let Some(url) = &self.remote {
             crate::storage::upload(&self.temporary, url)?;
             self.committed = true;
@@ -297,6 +370,9 @@ pub struct ParquetSink {
     unit_rows: Option<usize>,
     pending: Vec<RecordBatch>,
     pending_rows: usize,
+    /// Rows are cast to this schema's types before writing (a Delta
+    /// table's, which lack unsigned integers and fixed-size lists).
+    cast_to: Option<SchemaRef>,
 }
 
 impl ParquetSink {
@@ -308,6 +384,16 @@ impl ParquetSink {
         overwrite: bool,
     ) -> Result<Self> {
         let (file, handle) = AtomicFile::create(destination, overwrite)?;
+        #[cfg(feature = "delta")]
+        let (schema, cast_to) = match file.delta {
+            Some(_) => {
+                let delta = crate::delta::output_schema(&schema);
+                (delta.clone(), Some(delta))
+            }
+            None => (schema, None),
+        };
+        #[cfg(not(feature = "delta"))]
+        let cast_to = None;
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(
                 ZstdLevel::try_new(1).expect("valid level"),
@@ -335,6 +421,7 @@ impl ParquetSink {
             unit_rows: None,
             pending: Vec::new(),
             pending_rows: 0,
+            cast_to,
         })
     }
 
@@ -343,6 +430,15 @@ impl ParquetSink {
         if batch.num_rows() == 0 {
             return Ok(());
         }
+        #[cfg(feature = "delta")]
+        if let Some(schema) = &self.cast_to {
+            let cast = crate::delta::to_output(batch, schema)?;
+            return self.write_rows(&cast);
+        }
+        self.write_rows(batch)
+    }
+
+    fn write_rows(&mut self, batch: &RecordBatch) -> Result<()> {
         let unit = *self
             .unit_rows
             .get_or_insert_with(|| unit_rows_for(&batch.slice(0, 1)));
@@ -440,7 +536,7 @@ pub fn write_text_atomically(
 /// (`sink-write`), its footer (`sink-close`) or its rename into place
 /// (`sink-commit`) fail with the error named: `eio` (the default),
 /// `enospc` or `eacces`. Without the feature this is nothing.
-fn injected_fault(point: &str, path: &Path) -> Result<()> {
+pub(crate) fn injected_fault(point: &str, path: &Path) -> Result<()> {
     let _ = (point, path);
     fail::fail_point!(point, |kind: Option<String>| {
         let code = match kind.as_deref() {

@@ -73,6 +73,8 @@ pub struct EmbeddingTable {
     pub id_kind: IdKind,
     /// Whether the table has the ground-truth column (queries only).
     pub has_targets: bool,
+    /// The version read, when the table is a Delta table.
+    pub delta_version: Option<u64>,
     options: ReadOptions,
     /// The rows kept by [`EmbeddingTable::sampled`] (all when `None`).
     sample: Option<Arc<RowSample>>,
@@ -117,8 +119,38 @@ impl EmbeddingBlock {
 
 /// Expands a path, directory or glob into the Parquet files it names, sorted.
 /// An object-store URL names an object, a prefix (a directory of parts) or
-/// a glob on keys ([`crate::storage`]); its files are URLs too.
+/// a glob on keys ([`crate::storage`]); its files are URLs too. A Delta
+/// table (feature `delta`) names the files of the version asked for
+/// ([`crate::delta`]).
 pub fn expand_spec(spec: &str) -> Result<Vec<PathBuf>> {
+    Ok(resolve_spec(spec)?.files)
+}
+
+/// The Parquet files a table PATH names, and the Delta table version they
+/// are (when it names a Delta table).
+#[derive(Debug, Clone)]
+pub struct ResolvedSpec {
+    pub files: Vec<PathBuf>,
+    pub delta_version: Option<u64>,
+}
+
+/// [`expand_spec`], with the Delta table version read.
+pub fn resolve_spec(spec: &str) -> Result<ResolvedSpec> {
+    #[cfg(feature = "delta")]
+    if let Some(table) = crate::delta::parse_spec(spec) {
+        let found = crate::delta::files(&table)?;
+        return Ok(ResolvedSpec {
+            files: found.files,
+            delta_version: Some(found.version),
+        });
+    }
+    Ok(ResolvedSpec {
+        files: expand_files(spec)?,
+        delta_version: None,
+    })
+}
+
+fn expand_files(spec: &str) -> Result<Vec<PathBuf>> {
     if memory::is_memory(Path::new(spec)) {
         memory::lookup(Path::new(spec))?;
         return Ok(vec![PathBuf::from(spec)]);
@@ -214,7 +246,10 @@ impl EmbeddingTable {
     /// Opens a table and checks its schema. `want_targets` reads the
     /// ground-truth column when the table has it.
     pub fn open(role: &str, spec: &str, options: &ReadOptions, want_targets: bool) -> Result<Self> {
-        let files = expand_spec(spec)?;
+        let ResolvedSpec {
+            files,
+            delta_version,
+        } = resolve_spec(spec)?;
         let mut parts = Vec::with_capacity(files.len());
         let mut rows = 0u64;
         let mut id_kind = None;
@@ -276,6 +311,7 @@ impl EmbeddingTable {
             rows,
             id_kind: id_kind.expect("at least one part"),
             has_targets: has_targets.unwrap_or(false),
+            delta_version,
             options: options.clone(),
             sample: None,
             _remote: crate::storage::is_remote(Path::new(spec))
@@ -552,8 +588,51 @@ fn part_schema(path: &Path) -> Result<(arrow::datatypes::SchemaRef, u64)> {
     Ok((builder.schema().clone(), rows))
 }
 
+/// Whether `path` holds a Parquet file or a Delta table (an output hubnorm
+/// wrote in either format).
+pub fn holds_table(path: &Path) -> Result<bool> {
+    if crate::storage::is_file(path)? {
+        return Ok(true);
+    }
+    #[cfg(feature = "delta")]
+    if crate::delta::is_table(&path.to_string_lossy()) {
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// The one Parquet file of the Delta table at `path` (hubnorm's own
+/// one-file outputs, e.g. a stats file written with `--format delta`).
+fn single_file_of_table(path: &Path) -> Result<PathBuf> {
+    let spec = path.to_string_lossy();
+    let files = match resolve_spec(&spec) {
+        Ok(resolved) if resolved.delta_version.is_some() => resolved.files,
+        _ => {
+            return Err(HubnormError::input(
+                path,
+                None,
+                None,
+                "is a folder, not a Parquet file",
+            ))
+        }
+    };
+    match <[PathBuf; 1]>::try_from(files) {
+        Ok([file]) => Ok(file),
+        Err(files) => Err(HubnormError::input(
+            path,
+            None,
+            None,
+            format!(
+                "is a Delta table of {} files, read here as one file (write it with --overwrite, not --append)",
+                files.len()
+            ),
+        )),
+    }
+}
+
 /// Opens a Parquet file (or object) for reading. A missing or unreadable
-/// file is bad input (exit code 2), naming the file.
+/// file is bad input (exit code 2), naming the file. A Delta table of one
+/// file opens as that file.
 pub(crate) fn open_parquet(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<InputFile>> {
     Ok(open_parquet_probed(path)?.0)
 }
@@ -567,6 +646,9 @@ pub(crate) fn open_parquet_probed(
     Option<crate::storage::RemoteFile>,
 )> {
     let input = match crate::storage::locate(path)? {
+        crate::storage::Location::Local(local) if local.is_dir() => {
+            return open_parquet_probed(&single_file_of_table(path)?);
+        }
         crate::storage::Location::Local(local) => {
             InputFile::Local(File::open(&local).map_err(|e| match e.kind() {
                 std::io::ErrorKind::NotFound => {
@@ -575,9 +657,14 @@ pub(crate) fn open_parquet_probed(
                 _ => HubnormError::io(path, e),
             })?)
         }
-        crate::storage::Location::Remote(url) => {
-            InputFile::Remote(crate::storage::RemoteFile::open(&url)?)
-        }
+        crate::storage::Location::Remote(url) => match crate::storage::RemoteFile::open(&url) {
+            Ok(file) => InputFile::Remote(file),
+            // A prefix: a Delta table written by hubnorm (a stats file)?
+            Err(e) => match single_file_of_table(path) {
+                Ok(file) => return open_parquet_probed(&file),
+                Err(_) => return Err(e),
+            },
+        },
     };
     let unreadable = |why: String, input: &InputFile| {
         // A failed request is the store's failure, not bad data.

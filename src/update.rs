@@ -57,6 +57,18 @@ pub struct UpdateSummary {
     /// Methods merged, and methods recomputed in full.
     pub merged: Vec<MethodSpec>,
     pub recomputed: Vec<MethodSpec>,
+    /// Whether a Delta input was compacted since the stored file's version
+    /// (the same rows in other files: nothing to compute for them).
+    pub compacted: bool,
+}
+
+/// Whether `method`'s stored state lists bank rows by number.
+fn stores_bank_rows(method: &MethodSpec) -> bool {
+    let (early, late) = StatsLayout::new(&[*method]).columns();
+    early
+        .iter()
+        .chain(&late)
+        .any(|(_, kind)| *kind == crate::method::ColumnKind::ListUInt64)
 }
 
 /// Sorts `table`'s parts into recorded (unchanged) and new; a recorded part
@@ -66,6 +78,7 @@ fn split_parts(
     stats: &Path,
     metadata: &HashMap<String, String>,
     key: &str,
+    rewritten: &Rewritten,
 ) -> Result<Vec<bool>> {
     let Some(json) = metadata.get(&format!("hubnorm.{key}.parts")) else {
         return Err(HubnormError::input(
@@ -80,6 +93,7 @@ fn split_parts(
     let current: Vec<PartRecord> = table.parts.iter().map(PartRecord::of).collect();
     for old in &recorded {
         match current.iter().find(|c| c.path == old.path) {
+            None if rewritten.removed(&old.path) => {}
             Some(now) if now == old => {}
             Some(_) => {
                 return Err(HubnormError::Usage(format!(
@@ -100,8 +114,95 @@ fn split_parts(
     }
     Ok(current
         .iter()
-        .map(|c| !recorded.iter().any(|r| r.path == c.path))
+        .map(|c| !recorded.iter().any(|r| r.path == c.path) && !rewritten.added(&c.path))
         .collect())
+}
+
+/// Files of a Delta input that a compaction rewrote since the stats file's
+/// version: the rows of the removed files are those of the added ones, so
+/// neither counts as new (file names: unique within a Delta table).
+#[derive(Debug, Default)]
+struct Rewritten {
+    removed: std::collections::HashSet<String>,
+    added: std::collections::HashSet<String>,
+}
+
+impl Rewritten {
+    fn removed(&self, path: &str) -> bool {
+        self.removed.contains(file_name(path))
+    }
+    fn added(&self, path: &str) -> bool {
+        self.added.contains(file_name(path))
+    }
+    fn any(&self) -> bool {
+        !self.removed.is_empty()
+    }
+}
+
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// For a Delta input, what its log says happened since the version the
+/// stats file records: files only added (the new parts), or compacted
+/// (`dataChange: false`: the same rows in other files, nothing to
+/// compute). A commit that removed rows (delete, update, overwrite), or
+/// compacted rows added since, is refused: merging cannot take rows out.
+fn delta_rewrites(
+    table: &EmbeddingTable,
+    stats: &Path,
+    metadata: &HashMap<String, String>,
+    key: &str,
+) -> Result<Rewritten> {
+    let mut rewritten = Rewritten::default();
+    let recorded = metadata
+        .get(&format!("hubnorm.{key}.delta_version"))
+        .and_then(|v| v.parse::<u64>().ok());
+    let (Some(from), Some(to)) = (recorded, table.delta_version) else {
+        return Ok(rewritten);
+    };
+    if to < from {
+        return Err(HubnormError::Usage(format!(
+            "{} was computed from version {from} of the {key} table {}, later than the version {to} read now; recompute without --update",
+            stats.display(),
+            table.spec
+        )));
+    }
+    #[cfg(feature = "delta")]
+    {
+        let root = crate::delta::parse_spec(&table.spec)
+            .map(|s| s.root)
+            .unwrap_or_else(|| table.spec.clone());
+        let mut added_since = std::collections::HashSet::new();
+        for change in crate::delta::changes(&root, from, to)? {
+            let name = |p: &PathBuf| file_name(&p.to_string_lossy()).to_owned();
+            for (path, data_change) in &change.removed {
+                let refuse = |what: &str| {
+                    Err(HubnormError::Usage(format!(
+                        "version {} ({}) of the {key} table {root} {what}, since version {from} that {} was computed from; --update only adds rows: recompute without --update",
+                        change.version,
+                        if change.operation.is_empty() { "no operation recorded" } else { &change.operation },
+                        stats.display()
+                    )))
+                };
+                if *data_change {
+                    return refuse("removed or rewrote rows");
+                }
+                if added_since.contains(&name(path)) {
+                    return refuse("compacted rows added since");
+                }
+                rewritten.removed.insert(name(path));
+            }
+            for (path, data_change) in &change.added {
+                if *data_change {
+                    added_since.insert(name(path));
+                } else {
+                    rewritten.added.insert(name(path));
+                }
+            }
+        }
+    }
+    Ok(rewritten)
 }
 
 /// The parts of `table` for which `keep` is true, as a table (`None` when
@@ -126,7 +227,7 @@ fn subset(table: &EmbeddingTable, keep: &[bool]) -> Option<EmbeddingTable> {
 
 /// Reads a Parquet file's rows in order, `n` at a time.
 struct RowCursor {
-    reader: parquet::arrow::arrow_reader::ParquetRecordBatchReader,
+    reader: Box<dyn Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>>>,
     pending: Option<RecordBatch>,
     path: PathBuf,
 }
@@ -137,10 +238,66 @@ impl RowCursor {
             .build()
             .map_err(|e| HubnormError::parquet(path, e))?;
         Ok(RowCursor {
-            reader,
+            reader: Box::new(reader),
             pending: None,
             path: path.to_path_buf(),
         })
+    }
+
+    /// The rows of the stats file at `path` put in the order of the old
+    /// (not `new`) parts of `gallery`, matched by gallery id. Reads the
+    /// whole file: one row per gallery item, as `search` holds it.
+    fn reordered(
+        path: &Path,
+        gallery: &EmbeddingTable,
+        new: &[bool],
+        index: &IdIndex,
+    ) -> Result<Self> {
+        let mut cursor = RowCursor::open(path)?;
+        let mut batches = Vec::new();
+        for batch in cursor.reader.by_ref() {
+            batches.push(batch?);
+        }
+        let Some(first) = batches.first() else {
+            return Ok(cursor);
+        };
+        let stored = arrow::compute::concat_batches(&first.schema(), &batches)?;
+        let as_text = |ids: &ArrayRef| arrow::compute::cast(ids, &arrow::datatypes::DataType::Utf8);
+        let stored_ids = as_text(stored.column(0))?;
+        let stored_ids = stored_ids
+            .as_any()
+            .downcast_ref::<arrow::array::StringArray>()
+            .expect("utf8");
+        let position: HashMap<&str, u32> = (0..stored_ids.len())
+            .map(|i| (stored_ids.value(i), i as u32))
+            .collect();
+        let gallery_ids = as_text(index.ids())?;
+        let gallery_ids = gallery_ids
+            .as_any()
+            .downcast_ref::<arrow::array::StringArray>()
+            .expect("utf8");
+        let mut order = Vec::with_capacity(stored.num_rows());
+        for (part, &is_new) in gallery.parts.iter().zip(new) {
+            if is_new {
+                continue;
+            }
+            for row in part.first_row..part.first_row + part.rows {
+                let id = gallery_ids.value(row as usize);
+                let at = position.get(id).ok_or_else(|| {
+                    HubnormError::input(path, None, Some("gallery_id"), format!("has no row for gallery item {id}, which the compacted gallery holds; recompute without --update"))
+                })?;
+                order.push(*at);
+            }
+        }
+        let order = arrow::array::UInt32Array::from(order);
+        let columns = stored
+            .columns()
+            .iter()
+            .map(|c| arrow::compute::take(c, &order, None))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let batch = RecordBatch::try_new(stored.schema(), columns)?;
+        cursor.reader = Box::new(std::iter::once(Ok(batch)));
+        Ok(cursor)
     }
 
     /// The next `n` rows (fewer only at the end of the file).
@@ -227,7 +384,7 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
         ));
     }
     let stored = job.out.as_path();
-    if !crate::storage::is_file(stored)? {
+    if !crate::source::holds_table(stored)? {
         return Err(HubnormError::Usage(format!(
             "--update merges into an existing stats file, and {} does not exist",
             stored.display()
@@ -267,8 +424,10 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
         )?;
         // Refuses duplicate ids across old and new parts, as a full run would.
         let index = IdIndex::build(&gallery)?;
-        let new_gallery = split_parts(&gallery, stored, &metadata, "gallery")?;
-        let new_bank = split_parts(&banks.bank, stored, &metadata, "bank")?;
+        let gallery_rewritten = delta_rewrites(&gallery, stored, &metadata, "gallery")?;
+        let bank_rewritten = delta_rewrites(&banks.bank, stored, &metadata, "bank")?;
+        let new_gallery = split_parts(&gallery, stored, &metadata, "gallery", &gallery_rewritten)?;
+        let new_bank = split_parts(&banks.bank, stored, &metadata, "bank", &bank_rewritten)?;
         let mut summary = UpdateSummary {
             new_gallery_parts: new_gallery.iter().filter(|&&n| n).count(),
             new_bank_parts: new_bank.iter().filter(|&&n| n).count(),
@@ -276,13 +435,20 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
             ..UpdateSummary::default()
         };
         if let Some(gb) = &banks.gallery_bank {
-            summary.new_gallery_bank_parts = split_parts(gb, stored, &metadata, "gallery_bank")?
-                .iter()
-                .filter(|&&n| n)
-                .count();
+            let rewritten = delta_rewrites(gb, stored, &metadata, "gallery_bank")?;
+            summary.new_gallery_bank_parts =
+                split_parts(gb, stored, &metadata, "gallery_bank", &rewritten)?
+                    .iter()
+                    .filter(|&&n| n)
+                    .count();
         }
+        // A compacted bank numbers its rows anew: states that store bank
+        // rows (dissim-local's lists) are recomputed rather than merged.
         let (merged, recomputed): (Vec<MethodSpec>, Vec<MethodSpec>) =
-            methods.iter().partition(|m| m.method().mergeable());
+            methods.iter().partition(|m| {
+                m.method().mergeable() && !(bank_rewritten.any() && stores_bank_rows(m))
+            });
+        summary.compacted = gallery_rewritten.any() || bank_rewritten.any();
         summary.merged = merged.clone();
         if summary.new_gallery_parts == 0
             && summary.new_bank_parts == 0
@@ -360,7 +526,12 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
                 }
             }
         }
-        let mut stored_rows = RowCursor::open(stored)?;
+        // A compacted gallery holds the stored items in another order.
+        let mut stored_rows = if gallery_rewritten.any() {
+            RowCursor::reordered(stored, &gallery, &new_gallery, &index)?
+        } else {
+            RowCursor::open(stored)?
+        };
         let mut a_rows = pass_a
             .as_ref()
             .map(|f| RowCursor::open(f.temporary_path()))

@@ -434,3 +434,687 @@ fn export_and_update_commands_on_the_samples() {
     assert_eq!(out.code(), Some(2));
     assert!(out.stderr().contains("stored file's methods"));
 }
+
+/// Delta Lake tables (feature `delta`), made, changed and read back by a
+/// client no one here wrote ([`common::delta`]).
+#[cfg(feature = "delta")]
+mod delta {
+    use super::*;
+
+    use common::delta::{client, python, write_delta_case};
+    use common::valid_case;
+    use serde_json::Value;
+
+    fn path(p: &Path) -> String {
+        p.display().to_string()
+    }
+
+    /// The rows of a JSON `read` as (method, query, rank, gallery id, score).
+    fn result_rows(read: &Value) -> Vec<(String, String, i64, String, f64)> {
+        let columns: Vec<&str> = read["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_str().unwrap())
+            .collect();
+        let at = |name: &str| columns.iter().position(|c| *c == name).unwrap();
+        let (m, q, r, g, s) = (
+            at("method"),
+            at("query_id"),
+            at("rank"),
+            at("gallery_id"),
+            at("score"),
+        );
+        let mut rows: Vec<_> = read["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| {
+                (
+                    row[m].as_str().unwrap().to_owned(),
+                    row[q].as_str().unwrap().to_owned(),
+                    row[r].as_i64().unwrap(),
+                    row[g].as_str().unwrap().to_owned(),
+                    // The scores are f32s; serde_json parses their decimal
+                    // text to within an f64 ulp, which rounding to f32 removes.
+                    row[s].as_f64().unwrap() as f32 as f64,
+                )
+            })
+            .collect();
+        rows.sort_by(|a, b| (&a.0, &a.1, a.2).cmp(&(&b.0, &b.1, b.2)));
+        rows
+    }
+
+    fn plain_rows(results: &Path) -> Vec<(String, String, i64, String, f64)> {
+        let mut rows: Vec<_> = read_results(results)
+            .into_iter()
+            .map(|r| {
+                (
+                    r.method,
+                    r.query_id,
+                    r.rank as i64,
+                    r.gallery_id,
+                    r.score as f64,
+                )
+            })
+            .collect();
+        rows.sort_by(|a, b| (&a.0, &a.1, a.2).cmp(&(&b.0, &b.1, b.2)));
+        rows
+    }
+
+    fn metadata_value(file: &Path, key: &str) -> Option<String> {
+        parquet_metadata(file)
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+    }
+
+    /// Tables deltalake wrote are read at their latest version and at
+    /// `@VERSION`, as the same rows a glob over their files gives, with the
+    /// version recorded; SQL registers them; a missing version is refused.
+    #[test]
+    fn delta_inputs_are_read_at_any_version() {
+        let Some(py) = python("delta_inputs_are_read_at_any_version") else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write_delta_case(&py, d);
+        let lake = d.join("lake");
+        let table = |name: &str| path(&lake.join(name));
+
+        let run = |gallery: &str, bank: &str, queries: &str, out: &str| {
+            hubnorm([
+                "run",
+                "--queries",
+                queries,
+                "--gallery",
+                gallery,
+                "--bank",
+                bank,
+                "--methods",
+                "is,nnn",
+                "--nnn-k",
+                "5",
+                "--quiet",
+                "--skip-missing",
+                "--out",
+                out,
+            ])
+            .output()
+        };
+        let glob = |name: &str| format!("{}/*.parquet", table(name));
+        run(
+            &table("gallery"),
+            &table("bank"),
+            &table("queries"),
+            &path(&d.join("delta")),
+        )
+        .assert_success();
+        run(
+            &glob("gallery"),
+            &glob("bank"),
+            &glob("queries"),
+            &path(&d.join("glob")),
+        )
+        .assert_success();
+        let results = d.join("delta/results.parquet");
+        assert_eq!(
+            plain_rows(&results),
+            plain_rows(&d.join("glob/results.parquet"))
+        );
+        assert_eq!(
+            metadata_value(&results, "hubnorm.gallery.delta_version").as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            metadata_value(&results, "hubnorm.gallery.rows").as_deref(),
+            Some("40")
+        );
+        let stats = d.join("delta/gallery_stats.parquet");
+        assert_eq!(
+            metadata_value(&stats, "hubnorm.bank.delta_version").as_deref(),
+            Some("0")
+        );
+
+        // Version 0: the first 25 items only.
+        let at0 = format!("{}@0", table("gallery"));
+        run(
+            &at0,
+            &table("bank"),
+            &table("queries"),
+            &path(&d.join("v0")),
+        )
+        .assert_success();
+        let results0 = d.join("v0/results.parquet");
+        assert_eq!(
+            metadata_value(&results0, "hubnorm.gallery.delta_version").as_deref(),
+            Some("0")
+        );
+        assert_eq!(
+            metadata_value(&results0, "hubnorm.gallery.rows").as_deref(),
+            Some("25")
+        );
+        assert_eq!(
+            metadata_value(&results0, "hubnorm.gallery.path").as_deref(),
+            Some(at0.as_str())
+        );
+
+        // SQL: both versions, and a version the table does not have.
+        let count = |spec: &str| {
+            let out = hubnorm([
+                "sql",
+                "SELECT count(*) AS n FROM g",
+                "--format",
+                "csv",
+                "--table",
+                &format!("g={spec}"),
+            ])
+            .output();
+            out.assert_success();
+            out.stdout()
+        };
+        assert_eq!(count(&table("gallery")), "n\n40\n");
+        assert_eq!(count(&at0), "n\n25\n");
+        let out = hubnorm([
+            "sql",
+            "SELECT count(*) FROM g",
+            "--table",
+            &format!("g={}@7", table("gallery")),
+        ])
+        .output();
+        assert_eq!(out.code(), Some(2), "{}", out.stderr());
+        assert!(
+            out.stderr().contains("version 7") && out.stderr().contains("gallery"),
+            "{}",
+            out.stderr()
+        );
+        let out = run(
+            &format!("{}@7", table("gallery")),
+            &table("bank"),
+            &table("queries"),
+            &path(&d.join("v7")),
+        );
+        assert_eq!(out.code(), Some(2), "{}", out.stderr());
+        assert!(!d.join("v7").exists());
+    }
+
+    /// `--format delta` outputs of every command are Delta tables that
+    /// deltalake and polars read as the rows the Parquet outputs hold; a new
+    /// table, then new versions by `--append` and `--overwrite`; an existing
+    /// table is refused without either; hubnorm reads its Delta stats back.
+    #[test]
+    fn delta_outputs_are_read_back_by_deltalake_and_polars() {
+        let Some(py) = python("delta_outputs_are_read_back_by_deltalake_and_polars") else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        valid_case(d);
+        let input = |n: &str| path(&d.join(format!("{n}.parquet")));
+        let (q_in, g_in, b_in) = (input("queries"), input("gallery"), input("bank"));
+        let run = |out: &str, extra: &[&str]| {
+            let mut args = vec![
+                "run",
+                "--queries",
+                &q_in,
+                "--gallery",
+                &g_in,
+                "--bank",
+                &b_in,
+                "--methods",
+                "is,nnn,dissim-local",
+                "--nnn-k",
+                "5",
+                "--quiet",
+                "--out",
+                out,
+            ];
+            args.extend_from_slice(extra);
+            hubnorm(args).output()
+        };
+        let plain = d.join("plain");
+        let lake = d.join("lake");
+        run(&path(&plain), &[]).assert_success();
+        run(&path(&lake), &["--format", "delta"]).assert_success();
+
+        let results = lake.join("results.parquet");
+        let read = client(&py, &["read", &path(&results)]);
+        assert_eq!(read["version"], 0);
+        assert_eq!(
+            result_rows(&read),
+            plain_rows(&plain.join("results.parquet"))
+        );
+        let plain_stats = read_parquet(&plain.join("gallery_stats.parquet"));
+        let stats_read = client(&py, &["read", &path(&lake.join("gallery_stats.parquet"))]);
+        assert_eq!(
+            stats_read["rows"].as_array().unwrap().len(),
+            plain_stats.num_rows()
+        );
+        let info = client(&py, &["info", &path(&lake.join("gallery_stats.parquet"))]);
+        // u64 bank rows become Delta longs.
+        assert!(
+            info["schema"].as_str().unwrap().contains("\"long\""),
+            "{info}"
+        );
+
+        // The run folder of Delta tables registers in SQL as the Parquet one does.
+        let out = hubnorm([
+            "sql",
+            "SELECT count(*) AS n FROM results",
+            "--format",
+            "csv",
+            "--run",
+            lake.to_str().unwrap(),
+        ])
+        .output();
+        out.assert_success();
+        assert_eq!(
+            out.stdout(),
+            format!("n\n{}\n", plain_rows(&plain.join("results.parquet")).len())
+        );
+
+        // hubnorm reads its Delta stats table back.
+        let lake_stats = path(&lake.join("gallery_stats.parquet"));
+        let search = |out: &str, extra: &[&str]| {
+            let mut args = vec![
+                "search",
+                "--queries",
+                &q_in,
+                "--gallery",
+                &g_in,
+                "--stats",
+                &lake_stats,
+                "--methods",
+                "is,nnn,dissim-local",
+                "--nnn-k",
+                "5",
+                "--quiet",
+                "--out",
+                out,
+            ];
+            args.extend_from_slice(extra);
+            hubnorm(args).output()
+        };
+        let search_args = |out: &str| {
+            vec![
+                "search".to_owned(),
+                "--queries".into(),
+                input("queries"),
+                "--gallery".into(),
+                input("gallery"),
+                "--stats".into(),
+                path(&lake.join("gallery_stats.parquet")),
+                "--methods".into(),
+                "is,nnn,dissim-local".into(),
+                "--nnn-k".into(),
+                "5".into(),
+                "--quiet".into(),
+                "--format".into(),
+                "delta".into(),
+                "--append".into(),
+                "--out".into(),
+                out.to_owned(),
+            ]
+        };
+        let hubnorm_with_faults =
+            |args: &[String], faults: &str| hubnorm(args).env("FAILPOINTS", faults).output();
+        let searched = d.join("searched.parquet");
+        search(&path(&searched), &[]).assert_success();
+        // The same lists as the run's (which adds the baseline's).
+        let once = plain_rows(&searched);
+        let mut corrected = plain_rows(&plain.join("results.parquet"));
+        corrected.retain(|r| r.0 != "none");
+        assert_eq!(once, corrected);
+
+        // A second write: refused, appended, overwritten.
+        let out = search(&path(&results), &["--format", "delta"]);
+        assert_eq!(out.code(), Some(2), "{}", out.stderr());
+        assert!(out.stderr().contains("already"), "{}", out.stderr());
+        search(&path(&results), &["--format", "delta", "--append"]).assert_success();
+        let appended = client(&py, &["read", &path(&results)]);
+        assert_eq!(appended["version"], 1);
+        assert_eq!(appended["files"], 2);
+        assert_eq!(
+            result_rows(&appended).len(),
+            plain_rows(&plain.join("results.parquet")).len() + once.len()
+        );
+        search(&path(&results), &["--format", "delta", "--overwrite"]).assert_success();
+        let overwritten = client(&py, &["read", &path(&results)]);
+        assert_eq!(overwritten["version"], 2);
+        assert_eq!(result_rows(&overwritten), once);
+        let first = client(&py, &["read", &path(&results), "--version", "0"]);
+        assert_eq!(
+            result_rows(&first),
+            plain_rows(&plain.join("results.parquet")),
+            "time travel to the first version"
+        );
+        let out = search(&path(&results), &["--append"]);
+        assert_eq!(out.code(), Some(2), "--append without --format delta");
+        // A write that fails before its commit (the file written, or moved
+        // into the table) adds no version, no row and no file.
+        let data_files = || {
+            std::fs::read_dir(&results)
+                .unwrap()
+                .filter(|e| {
+                    e.as_ref()
+                        .unwrap()
+                        .path()
+                        .extension()
+                        .is_some_and(|x| x == "parquet")
+                })
+                .count()
+        };
+        let files_before = data_files();
+        let faults: &[&str] = if cfg!(feature = "failpoints") {
+            &["sink-commit=return(enospc)", "delta-commit=return(eio)"]
+        } else {
+            &[]
+        };
+        for fault in faults {
+            let out = hubnorm_with_faults(&search_args(&path(&results)), fault);
+            assert_eq!(out.code(), Some(1), "{fault}: {}", out.stderr());
+            let after = client(&py, &["read", &path(&results)]);
+            assert_eq!(after["version"], 2, "{fault}");
+            assert_eq!(result_rows(&after), once, "{fault}");
+            assert_eq!(data_files(), files_before, "{fault}");
+        }
+
+        // stats, export, sql and compare.
+        let stats = d.join("stats_delta");
+        let stats_cmd = |extra: &[&str]| {
+            let mut args = vec![
+                "stats",
+                "--gallery",
+                &g_in,
+                "--bank",
+                &b_in,
+                "--method",
+                "is",
+                "--quiet",
+                "--out",
+                stats.to_str().unwrap(),
+                "--format",
+                "delta",
+            ];
+            args.extend_from_slice(extra);
+            hubnorm(args).output()
+        };
+        stats_cmd(&[]).assert_success();
+        let out = stats_cmd(&["--append"]);
+        assert_eq!(out.code(), Some(2), "{}", out.stderr());
+        stats_cmd(&["--overwrite"]).assert_success();
+        assert_eq!(client(&py, &["info", &path(&stats)])["version"], 1);
+
+        let exported = d.join("exported");
+        hubnorm([
+            "export",
+            "--gallery",
+            &g_in,
+            "--stats",
+            stats.to_str().unwrap(),
+            "--method",
+            "is",
+            "--format",
+            "delta",
+            "--out",
+            exported.to_str().unwrap(),
+        ])
+        .output()
+        .assert_success();
+        let read = client(&py, &["read", &path(&exported)]);
+        let rows = read["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 40);
+        assert!(
+            rows.iter().all(|r| r[1].as_array().unwrap().len() == 5),
+            "d + 1 values"
+        );
+
+        let queried = d.join("queried");
+        hubnorm([
+            "sql",
+            "SELECT method, count(*) AS n FROM results GROUP BY method ORDER BY method",
+            "--run",
+            plain.to_str().unwrap(),
+            "--format",
+            "delta",
+            "--out",
+            queried.to_str().unwrap(),
+        ])
+        .output()
+        .assert_success();
+        let read = client(&py, &["read", &path(&queried)]);
+        let ran = plain_rows(&plain.join("results.parquet"));
+        let mut methods: Vec<&String> = ran.iter().map(|r| &r.0).collect();
+        methods.dedup();
+        assert_eq!(
+            read["rows"].as_array().unwrap().len(),
+            methods.len(),
+            "{read}"
+        );
+        // COPY ... TO ... STORED AS DELTA: a new table, then an appended version.
+        let copied = d.join("copied");
+        let copy = |options: &str| {
+            let out = hubnorm([
+                "sql",
+                &format!(
+                    "COPY (SELECT method, query_id, gallery_id FROM results WHERE rank = 1) TO '{}' STORED AS DELTA {options}",
+                    copied.display()
+                ),
+                "--run", plain.to_str().unwrap(), "--format", "csv",
+            ])
+            .output();
+            out.assert_success();
+            out.stdout()
+        };
+        let firsts = ran.iter().filter(|r| r.2 == 1).count();
+        assert_eq!(copy(""), format!("count\n{firsts}\n"));
+        copy("OPTIONS ('mode' 'append')");
+        let read = client(&py, &["read", &path(&copied)]);
+        assert_eq!(
+            (
+                read["version"].as_i64(),
+                read["rows"].as_array().unwrap().len()
+            ),
+            (Some(1), 2 * firsts)
+        );
+
+        let compared = d.join("compared");
+        hubnorm([
+            "compare",
+            "--queries",
+            &q_in,
+            "--gallery",
+            &g_in,
+            "--bank",
+            &b_in,
+            "--methods",
+            "none,is",
+            "--bootstrap",
+            "10",
+            "--quiet",
+            "--format",
+            "delta",
+            "--out",
+            compared.to_str().unwrap(),
+        ])
+        .output()
+        .assert_success();
+        for table in [
+            "compare.parquet",
+            "report.parquet",
+            "gallery_report.parquet",
+        ] {
+            let read = client(&py, &["read", &path(&compared.join(table))]);
+            assert!(
+                !read["rows"].as_array().unwrap().is_empty(),
+                "{table}: {read}"
+            );
+        }
+    }
+
+    /// `stats --update` on Delta inputs follows the log: appended files are
+    /// merged (equal to a full recomputation), a compaction computes
+    /// nothing, a compacted gallery's items are found again by id, and a
+    /// delete is refused with the version and operation named.
+    #[test]
+    fn stats_update_follows_the_delta_log() {
+        let Some(py) = python("stats_update_follows_the_delta_log") else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let mut r = rng(73);
+        let gallery = random_table(&mut r, "g", 130, 12);
+        let bank = random_table(&mut r, "b", 290, 12);
+        write_part(d, "gallery_all.parquet", &gallery);
+        write_part(d, "bank_all.parquet", &bank);
+        let (g_all, b_all) = (
+            path(&d.join("gallery_all.parquet")),
+            path(&d.join("bank_all.parquet")),
+        );
+        let (g, b) = (path(&d.join("lake/gallery")), path(&d.join("lake/bank")));
+        client(&py, &["write", &g, &g_all, "--rows", "0:80"]);
+        client(&py, &["write", &b, &b_all, "--rows", "0:150"]);
+        let methods = vec![
+            MethodSpec::new("is", &[("beta", 20.0)]).unwrap(),
+            MethodSpec::new("nnn", &[("alpha", 0.75), ("k", 9.0)]).unwrap(),
+            MethodSpec::new("dissim-local", &[("k", 3.0)]).unwrap(),
+            MethodSpec::new("sn", &[("tau", 0.05), ("t", 5.0)]).unwrap(),
+        ];
+        let job = |methods: &[MethodSpec], out: &Path| StatsJob {
+            gallery: g.clone(),
+            bank: b.clone(),
+            ..stats_job(d, methods, out)
+        };
+        let stored = d.join("gallery_stats.parquet");
+        let full = d.join("full.parquet");
+        run_stats(&job(&methods, &stored), &Silent).unwrap();
+
+        // Appended bank rows: merged.
+        client(
+            &py,
+            &["write", &b, &b_all, "--rows", "150:230", "--mode", "append"],
+        );
+        let summary = update_stats(&job(&[], &stored), &Silent).unwrap();
+        assert_eq!((summary.new_bank_parts, summary.new_gallery_parts), (1, 0));
+        assert!(!summary.compacted);
+        run_stats(&job(&methods, &full), &Silent).unwrap();
+        assert_same_stats(
+            &read_parquet(&stored),
+            &read_parquet(&full),
+            "appended bank",
+        );
+
+        // The bank compacted: nothing to compute, the file untouched.
+        let compacted = client(&py, &["compact", &b]);
+        assert!(
+            compacted["metrics"]["numFilesRemoved"].as_i64().unwrap() >= 2,
+            "{compacted}"
+        );
+        let before = std::fs::read(&stored).unwrap();
+        let summary = update_stats(&job(&[], &stored), &Silent).unwrap();
+        assert!(summary.compacted);
+        assert_eq!((summary.new_bank_parts, summary.new_gallery_parts), (0, 0));
+        assert_eq!(std::fs::read(&stored).unwrap(), before);
+
+        // The gallery compacted, then new items: merged, the stored items
+        // found by id in the compacted file; dissim-local, whose state
+        // numbers bank rows, recomputed since the bank was compacted.
+        client(
+            &py,
+            &["write", &g, &g_all, "--rows", "80:100", "--mode", "append"],
+        );
+        let summary = update_stats(&job(&[], &stored), &Silent).unwrap();
+        assert!(summary.compacted);
+        assert!(summary
+            .recomputed
+            .iter()
+            .any(|m| m.kind().name() == "dissim-local"));
+        run_stats(&job(&methods, &full), &Silent).unwrap();
+        assert_same_stats(
+            &read_parquet(&stored),
+            &read_parquet(&full),
+            "compacted bank + new items",
+        );
+        client(&py, &["compact", &g]);
+        client(
+            &py,
+            &["write", &g, &g_all, "--rows", "100:130", "--mode", "append"],
+        );
+        let summary = update_stats(&job(&[], &stored), &Silent).unwrap();
+        assert!(summary.compacted);
+        assert_eq!((summary.new_bank_parts, summary.new_gallery_parts), (0, 1));
+        run_stats(&job(&methods, &full), &Silent).unwrap();
+        assert_same_stats(
+            &read_parquet(&stored),
+            &read_parquet(&full),
+            "compacted gallery + new items",
+        );
+
+        // A real delete: refused, naming the version and the operation.
+        let deleted = client(&py, &["delete", &b, "id = 'b3'"]);
+        let before = std::fs::read(&stored).unwrap();
+        let err = update_stats(&job(&[], &stored), &Silent).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("version {}", deleted["version"]))
+                && message.contains("DELETE")
+                && message.contains("recompute without --update"),
+            "{message}"
+        );
+        assert_eq!(std::fs::read(&stored).unwrap(), before);
+    }
+
+    /// README's Iceberg recipe: pyiceberg's `add_files` registers a run's
+    /// Parquet outputs in an Iceberg catalog (SQLite, in a folder), and
+    /// reading the Iceberg table gives the results' rows.
+    #[test]
+    fn iceberg_registers_the_parquet_outputs() {
+        let Some(py) = python("iceberg_registers_the_parquet_outputs") else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        valid_case(d);
+        let input = |n: &str| path(&d.join(format!("{n}.parquet")));
+        let (q_in, g_in, b_in) = (input("queries"), input("gallery"), input("bank"));
+        let out = d.join("out");
+        hubnorm([
+            "run",
+            "--queries",
+            &q_in,
+            "--gallery",
+            &g_in,
+            "--bank",
+            &b_in,
+            "--method",
+            "is",
+            "--quiet",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .assert_success();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/iceberg_add_files.py");
+        let warehouse = d.join("warehouse");
+        let ran = std::process::Command::new(&py)
+            .arg(&script)
+            .arg(&warehouse)
+            .arg(out.join("results.parquet"))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&ran.stdout);
+        assert!(
+            ran.status.success(),
+            "{}\n{stdout}",
+            String::from_utf8_lossy(&ran.stderr)
+        );
+        let rows = read_results(&out.join("results.parquet")).len();
+        assert!(
+            stdout.contains(&format!("hubnorm.results: {rows} rows")),
+            "{stdout}"
+        );
+    }
+}

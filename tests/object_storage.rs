@@ -1206,3 +1206,114 @@ fn http_inputs_are_read_by_ranges() {
         &out.join("local/results.parquet"),
     );
 }
+
+/// Delta tables in an object store (feature `delta`): tables deltalake
+/// wrote, uploaded to the server, are read at their latest version and at
+/// `@VERSION`; `--format delta` outputs are committed there, new table and
+/// appended version, and deltalake and polars read them (downloaded) as the
+/// rows the same run on local files writes.
+#[cfg(feature = "delta")]
+#[test]
+fn delta_tables_in_an_object_store() {
+    use common::delta::{client, python, write_delta_case};
+    let test = "delta_tables_in_an_object_store";
+    let Some(py) = python(test) else { return };
+    let Some(server) = S3Server::start_or_skip(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_delta_case(&py, d);
+    let local = |p: &str| d.join(p).display().to_string();
+    server.create_bucket(BUCKET);
+    server.put_dir(BUCKET, "delta", &d.join("lake"));
+
+    let run = |queries: &str, gallery: &str, bank: &str, out: &str, extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--queries",
+            queries,
+            "--gallery",
+            gallery,
+            "--bank",
+            bank,
+            "--methods",
+            "is,nnn",
+            "--nnn-k",
+            "5",
+            "--skip-missing",
+            "--quiet",
+            "--out",
+            out,
+        ];
+        args.extend_from_slice(extra);
+        run_with(&server, &args)
+    };
+    let url = |p: &str| format!("s3://{BUCKET}/{p}");
+    run(
+        &url("delta/queries"),
+        &url("delta/gallery"),
+        &url("delta/bank"),
+        &url("out"),
+        &["--format", "delta"],
+    )
+    .assert_success();
+    run(
+        &local("lake/queries"),
+        &local("lake/gallery"),
+        &local("lake/bank"),
+        &local("local"),
+        &[],
+    )
+    .assert_success();
+    let download = |prefix: &str, to: &Path| {
+        let _ = std::fs::remove_dir_all(to);
+        for key in server.keys(BUCKET) {
+            if let Some(rest) = key.strip_prefix(prefix) {
+                let file = to.join(rest);
+                std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+                server.get_file(BUCKET, &key, &file);
+            }
+        }
+    };
+    let down = d.join("down");
+    download("out/", &down);
+    let read = client(
+        &py,
+        &["read", &down.join("results.parquet").display().to_string()],
+    );
+    let rows = read["rows"].as_array().unwrap().len();
+    assert_eq!(rows, read_results(&d.join("local/results.parquet")).len());
+    let out = run_with(
+        &server,
+        &[
+            "sql",
+            "SELECT count(*) AS n FROM r",
+            "--format",
+            "csv",
+            "--table",
+            &format!("r={}", url("out/results.parquet")),
+        ],
+    );
+    out.assert_success();
+    assert_eq!(out.stdout(), format!("n\n{rows}\n"));
+
+    // Version 0 of the gallery, appended to the output table as version 1.
+    run(
+        &url("delta/queries"),
+        &url("delta/gallery@0"),
+        &url("delta/bank"),
+        &url("out"),
+        &["--format", "delta", "--append"],
+    )
+    .assert_success();
+    download("out/", &down);
+    let appended = client(
+        &py,
+        &["read", &down.join("results.parquet").display().to_string()],
+    );
+    assert_eq!(appended["version"], 1);
+    assert_eq!(appended["files"], 2);
+    assert!(appended["rows"].as_array().unwrap().len() > rows);
+    assert_clean_bucket(&server);
+}

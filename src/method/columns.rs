@@ -378,7 +378,8 @@ impl<'a> StoredRows<'a> {
         let list = self.column(name)?.as_list::<i32>();
         (0..list.len())
             .map(|i| {
-                let stored = list.value(i);
+                // A Delta table stores them as i64 (Delta has no unsigned types).
+                let stored = arrow::compute::cast(&list.value(i), &DataType::UInt64)?;
                 let stored = stored.as_primitive::<UInt64Type>().values();
                 match &self.bank {
                     Some(bank) => stored.iter().map(|&r| bank.rows.bank_row(r)).collect(),

@@ -26,6 +26,9 @@ pub(crate) struct RunProducts {
     pub files: Vec<AtomicFile>,
     /// The run's checkpoint, removed once the outputs are committed.
     pub checkpoint: Option<RunCheckpoint>,
+    /// Whether the outputs may replace existing files: `--overwrite`, or a
+    /// resume (which may replace what the stopped run committed).
+    pub overwrite: bool,
 }
 
 impl RunProducts {
@@ -93,9 +96,10 @@ pub(crate) fn run_uncommitted(
     // or --overwrite): a resume may replace those it committed before it
     // stopped.
     let resuming = job.checkpoint.resume && RunCheckpoint::exists(&job.out_dir)?;
+    let overwrite = job.overwrite || resuming;
     for name in RUN_OUTPUTS.iter().chain(extra_outputs) {
         refuse_output_in_inputs(&job.out_dir.join(name), &inputs)?;
-        refuse_existing(&job.out_dir.join(name), job.overwrite || resuming)?;
+        refuse_existing(&job.out_dir.join(name), overwrite)?;
     }
     with_threads(job.options.threads, || {
         let queries = open_table("queries", &job.queries, &job.options, true)?;
@@ -158,7 +162,7 @@ pub(crate) fn run_uncommitted(
                 &banks.inputs(&gallery, &index),
                 &methods,
                 &stats_out,
-                job.overwrite,
+                overwrite,
                 &job.options,
                 metadata,
                 progress,
@@ -179,7 +183,7 @@ pub(crate) fn run_uncommitted(
                     bank_sample: job.bank_sample,
                     methods: methods.clone(),
                     out: stats_out.clone(),
-                    overwrite: job.overwrite,
+                    overwrite,
                     options: job.options.clone(),
                     checkpoint: Default::default(),
                 };
@@ -214,7 +218,7 @@ pub(crate) fn run_uncommitted(
                         &plan,
                         job.k,
                         &results_out,
-                        job.overwrite,
+                        overwrite,
                         &job.options,
                         results_metadata,
                         protocol.as_ref(),
@@ -235,7 +239,7 @@ pub(crate) fn run_uncommitted(
                     &plan,
                     job.k,
                     Some(&results_out),
-                    job.overwrite,
+                    overwrite,
                     &job.options,
                     results_metadata,
                     protocol.as_ref(),
@@ -254,7 +258,7 @@ pub(crate) fn run_uncommitted(
                     methods: methods.clone(),
                     k: job.k,
                     out: results_out,
-                    overwrite: job.overwrite,
+                    overwrite,
                     options: job.options.clone(),
                 };
                 // sinkhorn-pp's executors read the bank as this run does.
@@ -300,13 +304,14 @@ pub(crate) fn run_uncommitted(
         })
         .map_err(|e| HubnormError::Internal(e.to_string()))?;
         let summary_file =
-            write_text_atomically(&job.out_dir.join("summary.json"), &json, job.overwrite)?;
+            write_text_atomically(&job.out_dir.join("summary.json"), &json, overwrite)?;
         Ok(RunProducts {
             summary,
             outcomes,
             index,
             files: vec![stats_file, results_file, summary_file],
             checkpoint,
+            overwrite,
         })
     })
 }

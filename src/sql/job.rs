@@ -127,7 +127,7 @@ pub fn run_tables(dir: &Path) -> Result<(NamedTables, Vec<String>)> {
     let mut skipped = Vec::new();
     for (name, file) in RUN_OUTPUT_TABLES {
         let path = dir.join(file);
-        if crate::storage::is_file(&path)? {
+        if crate::source::holds_table(&path)? {
             tables.push((name.to_owned(), path.display().to_string()));
         }
     }
@@ -143,14 +143,14 @@ pub fn run_tables(dir: &Path) -> Result<(NamedTables, Vec<String>)> {
     let mut written = Vec::new();
     for file in ["results.parquet", "gallery_stats.parquet", "summary.json"] {
         let path = dir.join(file);
-        if crate::storage::is_file(&path)? {
+        if crate::source::holds_table(&path)? {
             written.push(path);
         }
     }
     crate::pipeline::check_same_run(&written.iter().map(|p| p.as_path()).collect::<Vec<_>>())?;
     for (name, file, key) in RUN_INPUT_TABLES {
         let path = dir.join(file);
-        if !crate::storage::is_file(&path)? {
+        if !crate::source::holds_table(&path)? {
             continue;
         }
         let metadata = crate::stats_file::file_metadata(&path)?;
@@ -168,8 +168,8 @@ pub fn run_tables(dir: &Path) -> Result<(NamedTables, Vec<String>)> {
     Ok((tables, skipped))
 }
 
-/// Registers the Parquet files of `spec` (file, directory or glob), or the
-/// in-memory table it names, as `name`.
+/// Registers the Parquet files of `spec` (file, directory or glob), the
+/// Delta table or the in-memory table it names, as `name`.
 async fn register_parquet(ctx: &SessionContext, name: &str, spec: &str) -> Result<()> {
     if crate::source::memory::is_memory(Path::new(spec)) {
         let table = crate::source::memory::lookup(Path::new(spec))?;
@@ -180,6 +180,14 @@ async fn register_parquet(ctx: &SessionContext, name: &str, spec: &str) -> Resul
         )
         .map_err(|e| sql_error(e, None))?;
         ctx.register_table(name, Arc::new(table))
+            .map_err(|e| sql_error(e, None))?;
+        return Ok(());
+    }
+    #[cfg(feature = "delta")]
+    if let Some(table) = crate::delta::parse_spec(spec) {
+        // delta-rs's own provider: partition columns and the table's schema.
+        let provider = crate::delta::table_provider(&table)?;
+        ctx.register_table(name, provider)
             .map_err(|e| sql_error(e, None))?;
         return Ok(());
     }
@@ -278,6 +286,9 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
     }
     let last = statements.len() - 1;
     for (i, statement) in statements.into_iter().enumerate() {
+        // `COPY ... TO ... STORED AS DELTA`: its query's rows go to a Delta
+        // table (DataFusion has no Delta writer), the count to the output.
+        let (statement, mut delta_copy) = delta_copy_of(statement, source)?;
         // A fresh state per statement: views made by earlier ones are visible.
         let plan = ctx
             .state()
@@ -294,6 +305,14 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
             .await
             .map_err(|e| sql_error(e, source))?;
         let schema = Arc::new(frame.schema().as_arrow().clone());
+        let mut copy_sink = delta_copy
+            .take()
+            .map(|target| target.sink(schema.clone()))
+            .transpose()?;
+        let (schema, mut copied) = match &copy_sink {
+            Some(_) => (copy_count_schema(), Some(0u64)),
+            None => (schema, None),
+        };
         let plan = frame
             .create_physical_plan()
             .await
@@ -320,9 +339,25 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
             };
             let Some(batch) = next else { break };
             let batch = batch.map_err(|e| sql_error(e, source))?;
+            if let (Some(sink), Some(count)) = (&mut copy_sink, &mut copied) {
+                *count += batch.num_rows() as u64;
+                sink.write(&batch)?;
+                continue;
+            }
             if let Some(output) = &mut output {
                 outcome.rows += batch.num_rows();
                 output.write(batch)?;
+            }
+        }
+        if let (Some(sink), Some(count)) = (copy_sink, copied) {
+            sink.finish()?;
+            if let Some(output) = &mut output {
+                let counted = datafusion::arrow::array::UInt64Array::from(vec![count]);
+                output.write(RecordBatch::try_new(
+                    copy_count_schema(),
+                    vec![Arc::new(counted)],
+                )?)?;
+                outcome.rows += 1;
             }
         }
         if let Some(output) = output {
@@ -330,6 +365,100 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
         }
     }
     Ok(outcome)
+}
+
+/// A `COPY ... TO 'PATH' STORED AS DELTA [OPTIONS ('mode' 'append')]`:
+/// where its rows go.
+struct DeltaCopy {
+    target: PathBuf,
+    mode: crate::sink::DeltaMode,
+}
+
+impl DeltaCopy {
+    fn sink(self, schema: datafusion::arrow::datatypes::SchemaRef) -> Result<ParquetSink> {
+        crate::sink::write_as_delta_tables([self.target.clone()], self.mode)?;
+        ParquetSink::create(&self.target, schema, vec![], true)
+    }
+}
+
+/// The row a COPY outputs: how many rows it wrote (as DataFusion's COPY).
+fn copy_count_schema() -> datafusion::arrow::datatypes::SchemaRef {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    Arc::new(Schema::new(vec![Field::new(
+        "count",
+        DataType::UInt64,
+        false,
+    )]))
+}
+
+/// `statement`, or for a COPY to a Delta table, the query whose rows it
+/// copies and where they go. The mode is an option: `'mode'` `'error'`
+/// (the default: a new table), `'append'` or `'overwrite'`.
+fn delta_copy_of(
+    statement: datafusion::sql::parser::Statement,
+    source: Option<&Path>,
+) -> Result<(datafusion::sql::parser::Statement, Option<DeltaCopy>)> {
+    use datafusion::sql::parser::{CopyToSource, Statement};
+    use datafusion::sql::sqlparser::ast::Value;
+    let Statement::CopyTo(copy) = statement else {
+        return Ok((statement, None));
+    };
+    if !copy
+        .stored_as
+        .as_deref()
+        .is_some_and(|f| f.eq_ignore_ascii_case("delta"))
+    {
+        return Ok((Statement::CopyTo(copy), None));
+    }
+    let usage = |what: String| HubnormError::Usage(format!("COPY ... STORED AS DELTA: {what}"));
+    if !cfg!(feature = "delta") {
+        return Err(usage(
+            "needs a hubnorm built with the cargo feature `delta`".into(),
+        ));
+    }
+    if !copy.partitioned_by.is_empty() {
+        return Err(usage("PARTITIONED BY is not supported".into()));
+    }
+    let mut mode = crate::sink::DeltaMode::Create;
+    for (key, value) in &copy.options {
+        let text = match value {
+            Value::SingleQuotedString(s) | Value::DoubleQuotedString(s) => s.as_str(),
+            other => {
+                return Err(usage(format!(
+                    "option {key}: expected a quoted string, not {other}"
+                )))
+            }
+        };
+        mode = match (
+            key.to_ascii_lowercase().trim_start_matches("format."),
+            text.to_ascii_lowercase().as_str(),
+        ) {
+            ("mode", "error") => crate::sink::DeltaMode::Create,
+            ("mode", "append") => crate::sink::DeltaMode::Append,
+            ("mode", "overwrite") => crate::sink::DeltaMode::Overwrite,
+            _ => {
+                return Err(usage(format!(
+                    "unknown option {key} '{text}' (only 'mode' 'error', 'append' or 'overwrite')"
+                )))
+            }
+        };
+    }
+    let query = match copy.source {
+        CopyToSource::Query(query) => Statement::Statement(Box::new(
+            datafusion::sql::sqlparser::ast::Statement::Query(query),
+        )),
+        CopyToSource::Relation(name) => DFParser::parse_sql(&format!("SELECT * FROM {name}"))
+            .map_err(|e| sql_error(e, source))?
+            .pop_front()
+            .expect("one statement"),
+    };
+    Ok((
+        query,
+        Some(DeltaCopy {
+            target: PathBuf::from(copy.target),
+            mode,
+        }),
+    ))
 }
 
 /// Where the last statement's rows go.

@@ -315,6 +315,17 @@ pub fn block_sigpipe_on_this_thread() {
     }
 }
 
+/// Runs `future` (object-store or Delta log requests) on the shared I/O
+/// runtime and waits for it, or until a stop is requested.
+#[cfg(feature = "delta")]
+pub(crate) fn block_on_io<F>(future: F) -> Result<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    remote::block_on(future)
+}
+
 /// Uploads the finished local file `spool` to the object `url`: it appears
 /// under its name only once complete (one PUT, or a multipart upload
 /// completed at the end and aborted on failure or Ctrl-C).

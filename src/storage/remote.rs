@@ -691,7 +691,7 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 /// hold the run, so the future is then dropped, which cancels its request.
 /// Usable from any thread, a tokio worker included (the future runs on the
 /// shared runtime's threads; the caller only waits).
-fn block_on<F>(future: F) -> Result<F::Output>
+pub(super) fn block_on<F>(future: F) -> Result<F::Output>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod delta;
 pub mod s3;
 
 use std::ffi::OsStr;

@@ -142,6 +142,45 @@ pub struct CommonArgs {
     pub quiet: bool,
 }
 
+/// How the tabular outputs are written.
+#[derive(Debug, Clone, Args)]
+pub struct TableArgs {
+    /// Tabular outputs as Parquet files, or as Delta Lake tables (feature
+    /// `delta`): a folder with `_delta_log/` at each output's path, every
+    /// write one atomic commit (a new table, or a new version with
+    /// --overwrite or --append).
+    #[arg(long, default_value = "parquet", value_parser = ["parquet", "delta"])]
+    pub format: String,
+    /// With --format delta: add the rows to existing tables as a new version
+    /// (without it, an existing table is refused; --overwrite replaces its rows).
+    #[arg(long, conflicts_with = "overwrite")]
+    pub append: bool,
+}
+
+impl TableArgs {
+    /// Declares `outputs` as Delta tables under `--format delta`. Returns
+    /// whether existing outputs may be written to (`--overwrite`, or a new
+    /// version by `--append`).
+    pub fn apply(&self, outputs: Vec<PathBuf>, overwrite: bool) -> hubnorm::Result<bool> {
+        use hubnorm::sink::DeltaMode;
+        if self.format != "delta" {
+            if self.append {
+                return Err(hubnorm::HubnormError::Usage(
+                    "--append adds a version to a Delta table: it needs --format delta".into(),
+                ));
+            }
+            return Ok(overwrite);
+        }
+        let mode = match (self.append, overwrite) {
+            (true, _) => DeltaMode::Append,
+            (false, true) => DeltaMode::Overwrite,
+            (false, false) => DeltaMode::Create,
+        };
+        hubnorm::sink::write_as_delta_tables(outputs, mode)?;
+        Ok(overwrite || self.append)
+    }
+}
+
 /// Which methods, and their hyperparameters (defaults as in METHODS.md).
 #[derive(Debug, Clone, Args)]
 pub struct MethodArgs {
@@ -270,6 +309,8 @@ pub struct RunArgs {
     /// Replace outputs that already exist.
     #[arg(long)]
     pub overwrite: bool,
+    #[command(flatten)]
+    pub table: TableArgs,
     /// Output directory (results.parquet, gallery_stats.parquet, summary.json).
     #[arg(long)]
     pub out: PathBuf,
@@ -308,6 +349,8 @@ pub struct StatsArgs {
     /// Replace the output if it exists.
     #[arg(long)]
     pub overwrite: bool,
+    #[command(flatten)]
+    pub table: TableArgs,
     /// Merge new gallery and bank parts into the existing --out file instead
     /// of recomputing (its methods are kept; is, nnn, csls, gc and dsl merge,
     /// the others are recomputed in full).
@@ -384,6 +427,8 @@ pub struct SearchArgs {
     /// Replace the output if it exists.
     #[arg(long)]
     pub overwrite: bool,
+    #[command(flatten)]
+    pub table: TableArgs,
     /// Output file (results.parquet).
     #[arg(long)]
     pub out: PathBuf,
@@ -439,6 +484,8 @@ pub struct ReportArgs {
     /// Replace outputs that already exist.
     #[arg(long)]
     pub overwrite: bool,
+    #[command(flatten)]
+    pub table: TableArgs,
     /// Output directory (report.parquet, gallery_report.parquet).
     #[arg(long)]
     pub out: PathBuf,
@@ -516,6 +563,8 @@ pub struct ExportArgs {
     /// Replace the output if it exists.
     #[arg(long)]
     pub overwrite: bool,
+    #[command(flatten)]
+    pub table: TableArgs,
     /// Output file: id, embedding (d + 1 values: the normalised embedding, then h(g)).
     #[arg(long)]
     pub out: PathBuf,
@@ -532,8 +581,9 @@ pub struct SqlArgs {
     /// Read the SQL from a file (e.g. one of queries/*.sql).
     #[arg(long, value_name = "FILE")]
     pub file: Option<PathBuf>,
-    /// A table: NAME=PATH, PATH a Parquet file, a directory of parts or a
-    /// glob (repeatable; replaces a run table of the same name).
+    /// A table: NAME=PATH, PATH a Parquet file, a directory of parts, a glob,
+    /// or a Delta table (PATH@VERSION for an older version; repeatable;
+    /// replaces a run table of the same name).
     #[arg(long = "table", value_name = "NAME=PATH")]
     pub tables: Vec<String>,
     /// A run's output directory: registers results, gallery_stats, report,
@@ -541,9 +591,14 @@ pub struct SqlArgs {
     /// recorded: queries, gallery, bank, gallery_bank.
     #[arg(long, value_name = "DIR")]
     pub run: Option<PathBuf>,
-    /// Output: an aligned table, CSV, or Parquet (needs --out).
-    #[arg(long, default_value = "table", value_parser = ["table", "csv", "parquet"])]
+    /// Output: an aligned table, CSV, Parquet (needs --out), or a Delta Lake
+    /// table (needs --out; feature `delta`): a new table, or a new version
+    /// with --overwrite or --append.
+    #[arg(long, default_value = "table", value_parser = ["table", "csv", "parquet", "delta"])]
     pub format: String,
+    /// With --format delta: add the rows to an existing table as a new version.
+    #[arg(long, conflicts_with = "overwrite")]
+    pub append: bool,
     /// Write the rows to this file (atomically) instead of standard output.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -657,6 +712,18 @@ impl MethodArgs {
 impl RunArgs {
     /// The run these arguments describe, with `methods`.
     pub fn job(&self, methods: Vec<MethodSpec>) -> hubnorm::Result<hubnorm::pipeline::RunJob> {
+        let overwrite = self.table.apply(
+            RUN_TABLES.iter().map(|name| self.out.join(name)).collect(),
+            self.overwrite,
+        )?;
+        if self.table.append {
+            // Statistics are of the inputs as they are now: a new version
+            // replaces them, where results and reports append.
+            hubnorm::sink::write_as_delta_tables(
+                [self.out.join("gallery_stats.parquet")],
+                hubnorm::sink::DeltaMode::Overwrite,
+            )?;
+        }
         Ok(hubnorm::pipeline::RunJob {
             queries: self.queries.clone(),
             gallery: self.gallery.clone(),
@@ -667,7 +734,7 @@ impl RunArgs {
             methods,
             k: self.k,
             out_dir: self.out.clone(),
-            overwrite: self.overwrite,
+            overwrite,
             options: self.quality.apply(self.method.pass_options(&self.common))?,
             cluster: self.cluster.job(),
             checkpoint: checkpoint_options(
@@ -678,6 +745,15 @@ impl RunArgs {
         })
     }
 }
+
+/// The tabular outputs `run` and `compare` may write in their folder.
+const RUN_TABLES: [&str; 5] = [
+    "results.parquet",
+    "gallery_stats.parquet",
+    "report.parquet",
+    "gallery_report.parquet",
+    "compare.parquet",
+];
 
 /// The checkpoints of `--checkpoint-interval SECONDS` (when `save`) and `--resume`.
 fn checkpoint_options(
@@ -715,6 +791,11 @@ impl StatsArgs {
         } else {
             self.method.specs(MethodKind::default())?
         };
+        if self.table.append {
+            return Err(hubnorm::HubnormError::Usage(
+                "a stats table holds one file per version, read whole by search, export and --update: write a new version with --overwrite (or --update), not --append".into(),
+            ));
+        }
         let checkpoint = checkpoint_options(
             !self.no_checkpoint && !self.update,
             self.checkpoint_interval,
@@ -727,7 +808,11 @@ impl StatsArgs {
             bank_sample: self.banks.sample(),
             methods,
             out: self.out.clone(),
-            overwrite: self.overwrite,
+            // --update writes a new version of a Delta stats table.
+            overwrite: self
+                .table
+                .apply(vec![self.out.clone()], self.overwrite || self.update)?
+                && !self.update,
             options: self.method.pass_options(&self.common),
             checkpoint,
         })

@@ -72,7 +72,13 @@ pub fn report(args: ReportArgs) -> Result<()> {
         out_dir: args.out.clone(),
         html: args.html.clone(),
         text_column: args.text_column,
-        overwrite: args.overwrite,
+        overwrite: args.table.apply(
+            REPORT_OUTPUTS
+                .iter()
+                .map(|name| args.out.join(name))
+                .collect(),
+            args.overwrite,
+        )?,
         options,
     };
     let progress = reporter(args.common.quiet);

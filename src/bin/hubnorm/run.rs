@@ -42,7 +42,15 @@ pub fn stats(args: StatsArgs) -> Result<()> {
                 && summary.new_gallery_parts == 0
                 && summary.new_gallery_bank_parts == 0
             {
-                println!("{} is up to date (no new parts)", job.out.display());
+                let compacted = if summary.compacted {
+                    "; the Delta inputs were compacted since, the same rows in other files: nothing recomputed"
+                } else {
+                    ""
+                };
+                println!(
+                    "{} is up to date (no new parts{compacted})",
+                    job.out.display()
+                );
             } else {
                 println!(
                     "merged {} new bank part(s), {} new gallery-bank part(s) and {} new gallery part(s) ({} new items) into {}: merged [{}], recomputed [{}]",
@@ -108,7 +116,7 @@ pub fn export(args: ExportArgs) -> Result<()> {
         stats: args.stats,
         method,
         out: args.out.clone(),
-        overwrite: args.overwrite,
+        overwrite: args.table.apply(vec![args.out.clone()], args.overwrite)?,
         options: args.common.pass_options(),
     };
     let progress = reporter(args.common.quiet);
@@ -133,7 +141,7 @@ fn search_with(args: SearchArgs, methods: Vec<MethodSpec>) -> Result<()> {
         methods,
         k: args.k,
         out: args.out.clone(),
-        overwrite: args.overwrite,
+        overwrite: args.table.apply(vec![args.out.clone()], args.overwrite)?,
         options: args.quality.apply(args.common.pass_options())?,
     };
     let summary = match args.cluster.job() {

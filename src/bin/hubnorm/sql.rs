@@ -46,15 +46,40 @@ pub fn sql(args: SqlArgs) -> Result<()> {
             ))),
         })
         .collect::<Result<Vec<_>>>()?;
+    // A Delta table is written as the Parquet output is, then committed.
+    let delta = args.format == "delta";
+    if delta && args.out.is_none() {
+        return Err(HubnormError::Usage(
+            "--format delta needs --out TABLE".into(),
+        ));
+    }
+    let overwrite = match &args.out {
+        Some(out) => crate::cli::TableArgs {
+            format: if delta { "delta" } else { "parquet" }.into(),
+            append: args.append,
+        }
+        .apply(vec![out.clone()], args.overwrite)?,
+        None if args.append => {
+            return Err(HubnormError::Usage(
+                "--append needs --format delta and --out TABLE".into(),
+            ))
+        }
+        None => args.overwrite,
+    };
     let job = SqlJob {
         tables,
         run_dir: args.run.clone(),
         sql,
         source,
-        format: args.format.parse()?,
+        format: if delta {
+            "parquet"
+        } else {
+            args.format.as_str()
+        }
+        .parse()?,
         max_table_rows: args.max_table_rows,
         out: args.out.clone(),
-        overwrite: args.overwrite,
+        overwrite,
         options: SqlOptions {
             memory: args.memory_limit,
             threads: args.threads,
