@@ -372,6 +372,7 @@ pub struct ParquetSink {
     pending_rows: usize,
     /// Rows are cast to this schema's types before writing (a Delta
     /// table's, which lack unsigned integers and fixed-size lists).
+    #[cfg_attr(not(feature = "delta"), allow(dead_code))]
     cast_to: Option<SchemaRef>,
 }
 

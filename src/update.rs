@@ -154,6 +154,7 @@ fn delta_rewrites(
     metadata: &HashMap<String, String>,
     key: &str,
 ) -> Result<Rewritten> {
+    #[cfg_attr(not(feature = "delta"), allow(unused_mut))]
     let mut rewritten = Rewritten::default();
     let recorded = metadata
         .get(&format!("hubnorm.{key}.delta_version"))
