@@ -107,7 +107,11 @@ fn chrono_like(text: &str) -> bool {
 /// The Parquet files of the version of the table `spec` asks for, sorted by
 /// path. Refuses tables whose rows are not just their files' rows.
 pub fn files(spec: &DeltaSpec) -> Result<DeltaFiles> {
-    let table = load(spec)?;
+    checked_files(&load(spec)?, spec)
+}
+
+/// [`files`] of a loaded table.
+fn checked_files(table: &DeltaTable, spec: &DeltaSpec) -> Result<DeltaFiles> {
     let state = table.snapshot().map_err(|e| error(&spec.root, e))?;
     let version = state.version();
     let shown = shown(spec, version);
@@ -137,7 +141,7 @@ pub fn files(spec: &DeltaSpec) -> Result<DeltaFiles> {
                 ),
             ));
         }
-        files.push(file_path(&table, &file.object_store_path()));
+        files.push(file_path(table, &file.object_store_path()));
     }
     if files.is_empty() {
         return Err(HubnormError::input(
@@ -154,9 +158,9 @@ pub fn files(spec: &DeltaSpec) -> Result<DeltaFiles> {
 /// The table `spec` names as a DataFusion table (delta-rs's provider, which
 /// reads partition columns and follows the table's schema), for `hubnorm sql`.
 pub fn table_provider(spec: &DeltaSpec) -> Result<Arc<dyn datafusion::catalog::TableProvider>> {
-    // The same checks as every other input.
-    files(spec)?;
     let table = load(spec)?;
+    // The same checks as every other input.
+    checked_files(&table, spec)?;
     let root = spec.root.clone();
     crate::storage::block_on_io(async move { table.table_provider().await })?.map_err(|e| {
         HubnormError::input(
@@ -166,16 +170,6 @@ pub fn table_provider(spec: &DeltaSpec) -> Result<Arc<dyn datafusion::catalog::T
             format!("Delta table: {}", crate::storage::redact(&e.to_string())),
         )
     })
-}
-
-/// The latest version of the Delta table at `root`.
-pub fn latest_version(root: &str) -> Result<u64> {
-    let spec = DeltaSpec {
-        root: root.to_owned(),
-        at: At::Latest,
-    };
-    let table = load(&spec)?;
-    Ok(table.snapshot().map_err(|e| error(root, e))?.version())
 }
 
 /// `root@version`, as messages show a table at a version.
@@ -259,13 +253,8 @@ pub fn changes(root: &str, from: u64, to: u64) -> Result<Vec<Change>> {
 
 /// Loads the table `spec` names at the version it asks for.
 fn load(spec: &DeltaSpec) -> Result<DeltaTable> {
-    let url = table_url(&spec.root)?;
-    let mut builder = DeltaTableBuilder::from_url(url.clone()).map_err(|e| error(&spec.root, e))?;
-    if crate::storage::is_remote(Path::new(&spec.root)) {
-        register_log_stores();
-        builder = builder.with_storage_backend(crate::storage::store_for_url(&url)?, url);
-    }
-    builder = match &spec.at {
+    let builder = builder(&spec.root)?;
+    let builder = match &spec.at {
         At::Latest => builder,
         At::Version(v) => builder.with_version(*v),
         At::Timestamp(t) => builder.with_datestring(t).map_err(|e| {
@@ -287,6 +276,18 @@ fn load(spec: &DeltaSpec) -> Result<DeltaTable> {
         ),
         _ => error(&spec.root, e),
     })
+}
+
+/// A delta-rs builder of the table at `root`, on hubnorm's own object store
+/// (with its `--storage-option`s) when `root` is a URL.
+fn builder(root: &str) -> Result<DeltaTableBuilder> {
+    let url = table_url(root)?;
+    let mut builder = DeltaTableBuilder::from_url(url.clone()).map_err(|e| error(root, e))?;
+    if crate::storage::is_remote(Path::new(root)) {
+        register_log_stores();
+        builder = builder.with_storage_backend(crate::storage::store_for_url(&url)?, url);
+    }
+    Ok(builder)
 }
 
 /// The URL delta-rs opens the table at `root` by (a folder's `file://` URL).
@@ -483,13 +484,7 @@ fn commit_add(root: &str, add: Add, schema: &SchemaRef, mode: DeltaMode) -> Resu
             .try_into_kernel()
             .map_err(|e| HubnormError::Internal(format!("no Delta schema for the output: {e}")))?
     };
-    let url = table_url(root)?;
-    let mut builder = DeltaTableBuilder::from_url(url.clone()).map_err(|e| error(root, e))?;
-    if crate::storage::is_remote(Path::new(root)) {
-        register_log_stores();
-        builder = builder.with_storage_backend(crate::storage::store_for_url(&url)?, url);
-    }
-    let mut table = builder.build().map_err(|e| error(root, e))?;
+    let mut table = builder(root)?.build().map_err(|e| error(root, e))?;
     let exists = crate::storage::block_on_io(async move {
         let found = table.verify_deltatable_existence().await?;
         if found {
