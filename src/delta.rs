@@ -37,10 +37,14 @@ use deltalake_core::{DeltaTable, DeltaTableBuilder, DeltaTableError};
 use url::Url;
 
 use crate::error::{HubnormError, Result};
-use crate::sink::DeltaMode;
+use crate::sink::{DeltaMode, DeltaOutput};
 
 /// The folder of a table's transaction log.
 const LOG_DIR: &str = "_delta_log";
+
+/// The commit-info key holding the resume tag of the checkpointed job that
+/// wrote a commit ([`DeltaOutput::resume_tag`]).
+const RESUME_TAG_KEY: &str = "hubnorm.checkpoint";
 
 /// Which version of a Delta table to read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -207,25 +211,16 @@ pub fn changes(root: &str, from: u64, to: u64) -> Result<Vec<Change>> {
         at: At::Version(to),
     };
     let table = load(&spec)?;
-    let log_store = table.log_store();
     let mut out = Vec::new();
     for version in from + 1..=to {
-        let store = log_store.clone();
-        let bytes =
-            crate::storage::block_on_io(async move { store.read_commit_entry(version).await })?
-                .map_err(|e| error(root, e))?
-                .ok_or_else(|| {
-                    HubnormError::input(
-                        root,
-                        None,
-                        None,
-                        format!(
-                            "the log no longer holds version {version} (removed by log retention)"
-                        ),
-                    )
-                })?;
-        let actions =
-            deltalake_core::logstore::get_actions(version, &bytes).map_err(|e| error(root, e))?;
+        let actions = commit_actions(&table, root, version)?.ok_or_else(|| {
+            HubnormError::input(
+                root,
+                None,
+                None,
+                format!("the log no longer holds version {version} (removed by log retention)"),
+            )
+        })?;
         let mut change = Change {
             version,
             ..Change::default()
@@ -249,6 +244,58 @@ pub fn changes(root: &str, from: u64, to: u64) -> Result<Vec<Change>> {
         out.push(change);
     }
     Ok(out)
+}
+
+/// The actions of commit `version` of `table` (at `root`), or `None` when
+/// the log no longer holds it.
+fn commit_actions(table: &DeltaTable, root: &str, version: u64) -> Result<Option<Vec<Action>>> {
+    let store = table.log_store();
+    let bytes = crate::storage::block_on_io(async move { store.read_commit_entry(version).await })?
+        .map_err(|e| error(root, e))?;
+    bytes
+        .map(|bytes| deltalake_core::logstore::get_actions(version, &bytes))
+        .transpose()
+        .map_err(|e| error(root, e))
+}
+
+/// The version of the table at `root` committed with the resume tag `tag`
+/// (by a job that was stopped and is now resumed), if any. Searches the
+/// commits from the newest back to those older than the tag (with ten
+/// minutes' room for other writers' clocks; the tag begins with its time
+/// in Unix milliseconds, see `checkpoint::new_resume_tag`).
+fn committed_with(root: &str, tag: &str) -> Result<Option<u64>> {
+    const CLOCK_SKEW_MS: i64 = 10 * 60 * 1000;
+    if !is_table(root) {
+        return Ok(None);
+    }
+    let since = tag
+        .split('-')
+        .next()
+        .and_then(|t| t.parse::<i64>().ok())
+        .unwrap_or(0);
+    let table = load(&DeltaSpec {
+        root: root.to_owned(),
+        at: At::Latest,
+    })?;
+    let latest = table.version().unwrap_or(0) as u64;
+    for version in (0..=latest).rev() {
+        let Some(actions) = commit_actions(&table, root, version)? else {
+            break;
+        };
+        let Some(info) = actions.into_iter().find_map(|a| match a {
+            Action::CommitInfo(info) => Some(info),
+            _ => None,
+        }) else {
+            continue;
+        };
+        if info.info.get(RESUME_TAG_KEY).and_then(|v| v.as_str()) == Some(tag) {
+            return Ok(Some(version));
+        }
+        if info.timestamp.is_some_and(|t| t < since - CLOCK_SKEW_MS) {
+            break;
+        }
+    }
+    Ok(None)
 }
 
 /// Loads the table `spec` names at the version it asks for.
@@ -411,13 +458,18 @@ pub fn to_output(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch>
     Ok(RecordBatch::try_new(schema.clone(), columns)?)
 }
 
-/// Refuses to start an output at `path` that `mode` cannot write: an
-/// existing table without `--overwrite`/`--append`, or something that is
-/// not a Delta table.
-pub fn check_output(path: &Path, mode: DeltaMode) -> Result<()> {
+/// Refuses to start an output at `path` that `output` cannot write: an
+/// existing table without `--overwrite`/`--append` (unless the stopped run
+/// that a resumed one continues created it), or something that is not a
+/// Delta table.
+pub fn check_output(path: &Path, output: &DeltaOutput) -> Result<()> {
     let text = path.to_string_lossy();
     if is_table(&text) {
-        if mode == DeltaMode::Create {
+        let resumed = match &output.resume_tag {
+            Some(tag) => committed_with(text.trim_end_matches('/'), tag)?.is_some(),
+            None => false,
+        };
+        if output.mode == DeltaMode::Create && !resumed {
             return Err(HubnormError::Usage(format!(
                 "{} is already a Delta table (pass --overwrite to write a new version with only these rows, or --append to add them)",
                 path.display()
@@ -425,7 +477,14 @@ pub fn check_output(path: &Path, mode: DeltaMode) -> Result<()> {
         }
         return Ok(());
     }
-    if crate::storage::exists(path)? || crate::storage::is_dir(path)? && !is_empty_dir(path) {
+    // An empty folder is no one's data (a failed first commit removes the
+    // folder it made, but a user may have made one).
+    let occupied = if crate::storage::is_dir(path)? {
+        !is_empty_dir(path)
+    } else {
+        crate::storage::exists(path)?
+    };
+    if occupied {
         return Err(HubnormError::Usage(format!(
             "{} exists and is not a Delta table; remove it or choose another path for a --format delta output",
             path.display()
@@ -442,17 +501,33 @@ fn is_empty_dir(path: &Path) -> bool {
 /// of the Delta table at `table` (created when absent): the file moves into
 /// the table's folder, then one log commit adds it (and removes the previous
 /// files when overwriting). Returns the version written.
-pub fn commit_file(finished: &Path, table: &Path, mode: DeltaMode) -> Result<u64> {
-    let (schema, rows) = parquet_schema_and_rows(finished)?;
+///
+/// A resumed job's output that the stopped job already committed (a commit
+/// with its resume tag) is not committed again: `finished` (the same rows)
+/// is removed and that commit's version returned.
+pub fn commit_file(finished: &Path, table: &Path, output: &DeltaOutput) -> Result<u64> {
     let root = table.to_string_lossy().trim_end_matches('/').to_owned();
+    if let Some(tag) = &output.resume_tag {
+        if let Some(version) = committed_with(&root, tag)? {
+            std::fs::remove_file(finished).map_err(|e| HubnormError::io(finished, e))?;
+            return Ok(version);
+        }
+    }
+    let (schema, rows) = parquet_schema_and_rows(finished)?;
     let name = format!("part-00000-{}-c000.zstd.parquet", random_uuid());
     let data_path = Path::new(&root).join(&name);
     let size = std::fs::metadata(finished)
         .map_err(|e| HubnormError::io(finished, e))?
         .len();
+    // The table's folder, when this commit makes it (removed again if the
+    // commit fails, so that a retry does not meet a folder that is no table).
+    let mut made_dir = None;
     match crate::storage::locate(&data_path)? {
         crate::storage::Location::Local(local) => {
             let dir = Path::new(&root);
+            if !dir.exists() {
+                made_dir = Some(dir);
+            }
             std::fs::create_dir_all(dir).map_err(|e| HubnormError::io(dir, e))?;
             std::fs::rename(finished, &local).map_err(|e| HubnormError::io(&local, e))?;
         }
@@ -468,15 +543,25 @@ pub fn commit_file(finished: &Path, table: &Path, mode: DeltaMode) -> Result<u64
         ..Default::default()
     };
     let committed = crate::sink::injected_fault("delta-commit", table)
-        .and_then(|()| commit_add(&root, add, &schema, mode));
+        .and_then(|()| commit_add(&root, add, &schema, output));
     if committed.is_err() {
         // Never referenced by the log: remove it (a leftover would be invisible).
         let _ = crate::storage::remove_file(&data_path);
+        if let Some(dir) = made_dir {
+            // Only an empty folder goes (a failed creation may have begun a log).
+            let _ = std::fs::remove_dir(dir);
+        }
     }
     committed
 }
 
-fn commit_add(root: &str, add: Add, schema: &SchemaRef, mode: DeltaMode) -> Result<u64> {
+fn commit_add(root: &str, add: Add, schema: &SchemaRef, output: &DeltaOutput) -> Result<u64> {
+    let mode = output.mode;
+    let app_metadata: HashMap<String, serde_json::Value> = output
+        .resume_tag
+        .iter()
+        .map(|tag| (RESUME_TAG_KEY.to_owned(), tag.as_str().into()))
+        .collect();
     let delta_schema: StructType = {
         use deltalake_core::kernel::engine::arrow_conversion::TryIntoKernel;
         schema
@@ -499,7 +584,11 @@ fn commit_add(root: &str, add: Add, schema: &SchemaRef, mode: DeltaMode) -> Resu
             .with_log_store(table.log_store())
             .with_columns(delta_schema.fields().cloned())
             .with_actions([Action::Add(add)])
-            .with_save_mode(SaveMode::ErrorIfExists);
+            .with_save_mode(SaveMode::ErrorIfExists)
+            .with_commit_properties(
+                deltalake_core::kernel::transaction::CommitProperties::default()
+                    .with_metadata(app_metadata),
+            );
         let created =
             crate::storage::block_on_io(create.into_future())?.map_err(|e| error(root, e))?;
         return Ok(created.version().unwrap_or(0) as u64);
@@ -556,6 +645,7 @@ fn commit_add(root: &str, add: Add, schema: &SchemaRef, mode: DeltaMode) -> Resu
         let state = table.snapshot()?;
         CommitBuilder::default()
             .with_actions(actions)
+            .with_app_metadata(app_metadata)
             .build(Some(state), log_store, operation)
             .await
             .map(|done| done.version())

@@ -33,10 +33,20 @@ pub enum DeltaMode {
     Append,
 }
 
+/// How one output is written as a Delta table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeltaOutput {
+    pub mode: DeltaMode,
+    /// The checkpoint of the job writing it ([`tag_delta_outputs`]): each
+    /// commit carries the tag, so that a resumed job finds the tables the
+    /// stopped one already committed and does not commit them twice.
+    pub resume_tag: Option<String>,
+}
+
 /// The outputs this process writes as Delta tables (`--format delta`), by
 /// final path. Every other Parquet file (checkpoints, spools, scratch
 /// files, and outputs when none is declared) is a plain file.
-static DELTA_OUTPUTS: std::sync::Mutex<Vec<(PathBuf, DeltaMode)>> =
+static DELTA_OUTPUTS: std::sync::Mutex<Vec<(PathBuf, DeltaOutput)>> =
     std::sync::Mutex::new(Vec::new());
 
 /// Declares `paths` as outputs to write as Delta tables (feature `delta`):
@@ -54,19 +64,32 @@ pub fn write_as_delta_tables(
     let mut outputs = DELTA_OUTPUTS.lock().unwrap_or_else(|e| e.into_inner());
     for path in paths {
         outputs.retain(|(p, _)| *p != path);
-        outputs.push((path, mode));
+        let output = DeltaOutput {
+            mode,
+            resume_tag: None,
+        };
+        outputs.push((path, output));
     }
     Ok(())
 }
 
+/// Marks the Delta outputs at or under `path` as written by the checkpointed
+/// job whose checkpoint carries `tag` (see [`DeltaOutput::resume_tag`]).
+pub fn tag_delta_outputs(path: &Path, tag: &str) {
+    let mut outputs = DELTA_OUTPUTS.lock().unwrap_or_else(|e| e.into_inner());
+    for (_, output) in outputs.iter_mut().filter(|(p, _)| p.starts_with(path)) {
+        output.resume_tag = Some(tag.to_owned());
+    }
+}
+
 /// How the output at `destination` is written as a Delta table, if it is one.
-pub fn delta_mode_of(destination: &Path) -> Option<DeltaMode> {
+pub fn delta_output_of(destination: &Path) -> Option<DeltaOutput> {
     DELTA_OUTPUTS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .iter()
         .find(|(p, _)| p == destination)
-        .map(|&(_, mode)| mode)
+        .map(|(_, output)| output.clone())
 }
 
 /// A file that appears under its final name only when [`AtomicFile::commit`]
@@ -78,7 +101,7 @@ pub struct AtomicFile {
     /// The object the destination names, when it is a URL.
     remote: Option<crate::storage::ObjectUrl>,
     /// Committed as a new version of the Delta table at the destination.
-    delta: Option<DeltaMode>,
+    delta: Option<DeltaOutput>,
     committed: bool,
 }
 
@@ -86,12 +109,12 @@ impl AtomicFile {
     /// Creates the temporary file for `destination`. Fails when the
     /// destination exists and `overwrite` is false.
     pub fn create(destination: &Path, overwrite: bool) -> Result<(Self, File)> {
-        if let Some(mode) = delta_mode_of(destination) {
+        if let Some(output) = delta_output_of(destination) {
             #[cfg(feature = "delta")]
-            crate::delta::check_output(destination, mode)?;
+            crate::delta::check_output(destination, &output)?;
             // The table's folder may exist: the file is written beside it.
             let (mut file, handle) = Self::create_plain(destination, true)?;
-            file.delta = Some(mode);
+            file.delta = Some(output);
             return Ok((file, handle));
         }
         Self::create_plain(destination, overwrite)
@@ -180,12 +203,12 @@ impl AtomicFile {
     /// that after a crash the final name holds either the old file or the
     /// whole new one.
     pub fn commit(mut self) -> Result<PathBuf> {
-        if let Some(mode) = self.delta {
+        if let Some(output) = self.delta.take() {
             injected_fault("sink-commit", &self.destination)?;
             #[cfg(feature = "delta")]
-            crate::delta::commit_file(&self.temporary, &self.destination, mode)?;
+            crate::delta::commit_file(&self.temporary, &self.destination, &output)?;
             #[cfg(not(feature = "delta"))]
-            let _ = mode;
+            let _ = output;
             self.committed = true;
             let _ = std::fs::remove_file(&self.temporary);
             return Ok(self.destination.clone());
@@ -249,7 +272,8 @@ const PREVIOUS_INFIX: &str = ".prev-";
 /// permission change leaves either every new output or every previous one.
 /// (A SIGKILL in between can still leave a mix, which the run fingerprint
 /// in each output tells apart.) Object-store outputs are uploaded in turn
-/// without this undo.
+/// without this undo, and a Delta table keeps the version it committed (a
+/// resumed run finds it by its resume tag and does not commit it again).
 pub fn commit_together(files: Vec<AtomicFile>) -> Result<()> {
     // (final name, the link keeping the file it replaced)
     let mut committed: Vec<(PathBuf, Option<PathBuf>)> = Vec::new();
@@ -386,7 +410,7 @@ impl ParquetSink {
     ) -> Result<Self> {
         let (file, handle) = AtomicFile::create(destination, overwrite)?;
         #[cfg(feature = "delta")]
-        let (schema, cast_to) = match file.delta {
+        let (schema, cast_to) = match &file.delta {
             Some(_) => {
                 let delta = crate::delta::output_schema(&schema);
                 (delta.clone(), Some(delta))

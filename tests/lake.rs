@@ -1117,4 +1117,133 @@ mod delta {
             "{stdout}"
         );
     }
+
+    /// The state of a Delta table from its log alone: the latest version
+    /// and the data files of that version (adds minus removes, in order).
+    fn table_state(table: &Path) -> (u64, Vec<String>) {
+        let log = table.join("_delta_log");
+        let mut commits: Vec<(u64, std::path::PathBuf)> = std::fs::read_dir(&log)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .map(|p| (p.file_stem().unwrap().to_str().unwrap().parse().unwrap(), p))
+            .collect();
+        commits.sort();
+        let mut files = Vec::new();
+        for (_, commit) in &commits {
+            for line in std::fs::read_to_string(commit).unwrap().lines() {
+                let action: Value = serde_json::from_str(line).unwrap();
+                if let Some(path) = action["add"]["path"].as_str() {
+                    files.push(path.to_owned());
+                }
+                if let Some(path) = action["remove"]["path"].as_str() {
+                    files.retain(|f| f != path);
+                }
+            }
+        }
+        files.sort();
+        (commits.last().expect("a commit").0, files)
+    }
+
+    /// A checkpointed `run --format delta` that fails between its tables'
+    /// commits (the first committed, the second refused by an injected I/O
+    /// error) resumes without committing any table twice: as new tables
+    /// and as an `--append` to existing ones, each table ends one version
+    /// past where it started, holding files with the bytes an uninterrupted
+    /// run writes (two for appended results, one for replaced statistics).
+    #[cfg(feature = "failpoints")]
+    #[test]
+    fn a_resumed_delta_run_commits_each_table_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        valid_case(d);
+        let input = |n: &str| path(&d.join(format!("{n}.parquet")));
+        let run = |out: &Path, extra: &[&str], faults: &str| {
+            let mut args = vec![
+                "run".to_owned(),
+                "--queries".into(),
+                input("queries"),
+                "--gallery".into(),
+                input("gallery"),
+                "--bank".into(),
+                input("bank"),
+                "--methods".into(),
+                "is,nnn".into(),
+                "--nnn-k".into(),
+                "5".into(),
+                "--quiet".into(),
+                "--format".into(),
+                "delta".into(),
+                "--out".into(),
+                path(out),
+            ];
+            args.extend(extra.iter().map(|s| s.to_string()));
+            hubnorm(args).env("FAILPOINTS", faults).output()
+        };
+        let tables = ["results.parquet", "gallery_stats.parquet"];
+        let reference = d.join("reference");
+        run(&reference, &["--no-checkpoint"], "").assert_success();
+        let bytes = |table: &Path, file: &str| std::fs::read(table.join(file)).unwrap();
+        let expected: Vec<Vec<u8>> = tables
+            .iter()
+            .map(|t| {
+                let table = reference.join(t);
+                let (version, files) = table_state(&table);
+                assert_eq!((version, files.len()), (0, 1), "{t}");
+                bytes(&table, &files[0])
+            })
+            .collect();
+
+        for append in [false, true] {
+            let out = d.join(if append { "appended" } else { "created" });
+            let mode: &[&str] = if append { &["--append"] } else { &[] };
+            if append {
+                run(&out, &["--no-checkpoint"], "").assert_success();
+            }
+            let first_version = u64::from(append);
+            let saving = [mode, &["--checkpoint-interval", "0"]].concat();
+            let stopped = run(&out, &saving, "delta-commit=1*off->return(eio)");
+            assert_eq!(stopped.code(), Some(1), "{}", stopped.stderr());
+            assert!(out.join("run.checkpoint").join("manifest.json").exists());
+            let committed: Vec<bool> = tables
+                .iter()
+                .map(|t| {
+                    let table = out.join(t);
+                    table.join("_delta_log").exists() && table_state(&table).0 == first_version
+                })
+                .collect();
+            assert_eq!(
+                committed.iter().filter(|&&c| c).count(),
+                1,
+                "append {append}: one table committed before the fault: {committed:?}"
+            );
+            if !append {
+                // The refused table's folder went with its file.
+                for (t, committed) in tables.iter().zip(&committed) {
+                    assert!(*committed || !out.join(t).exists(), "{t} left behind");
+                }
+            }
+
+            let resuming = [mode, &["--resume"]].concat();
+            run(&out, &resuming, "").assert_success();
+            assert!(!out.join("run.checkpoint").exists());
+            for (t, expected) in tables.iter().zip(&expected) {
+                let table = out.join(t);
+                let (version, files) = table_state(&table);
+                assert_eq!(
+                    version, first_version,
+                    "append {append}: {t} committed twice"
+                );
+                // --append adds results; a run's statistics are replaced.
+                let kept = usize::from(append && *t == "results.parquet");
+                assert_eq!(files.len(), 1 + kept, "append {append}: {t}");
+                for file in &files {
+                    assert!(
+                        bytes(&table, file) == *expected,
+                        "append {append}: {t}: {file} differs from the uninterrupted run's"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -94,6 +94,8 @@ pub struct Checkpoint {
     resumed_segments: Vec<PathBuf>,
     /// The activation file of the resume point.
     resumed_activation: Option<PathBuf>,
+    /// The manifest's resume tag.
+    resume_tag: Option<String>,
 }
 
 struct Segment {
@@ -118,13 +120,17 @@ impl Checkpoint {
         options: &CheckpointOptions,
         saves_activation: bool,
     ) -> Result<Option<Checkpoint>> {
-        Self::open_dir(
+        let checkpoint = Self::open_dir(
             &checkpoint_dir(out),
             "stats",
             manifest,
             options,
             saves_activation,
-        )
+        )?;
+        if let Some(tag) = checkpoint.as_ref().and_then(|c| c.resume_tag.as_deref()) {
+            crate::sink::tag_delta_outputs(out, tag);
+        }
+        Ok(checkpoint)
     }
 
     /// Opens the checkpoint folder `dir` of `hubnorm COMMAND`, as [`Self::open`].
@@ -151,6 +157,7 @@ impl Checkpoint {
             segment: None,
             resumed_segments: Vec::new(),
             resumed_activation: None,
+            resume_tag: None,
         };
         if crate::storage::is_dir(&dir)? {
             if !options.resume {
@@ -159,11 +166,11 @@ impl Checkpoint {
                     dir.display()
                 )));
             }
-            check_manifest(&dir, manifest)?;
+            checkpoint.resume_tag = check_manifest(&dir, manifest)?;
             checkpoint.find_resume_point()?;
             checkpoint.resumed_rows = checkpoint.saved_rows;
         } else {
-            write_manifest(&dir, manifest)?;
+            checkpoint.resume_tag = Some(write_manifest(&dir, manifest)?);
         }
         Ok(Some(checkpoint))
     }
@@ -404,19 +411,35 @@ impl Checkpoint {
 }
 
 /// Creates the checkpoint folder `dir` with its manifest.
-fn write_manifest(dir: &Path, manifest: &BTreeMap<String, String>) -> Result<()> {
+/// A new checkpoint's resume tag: the time it was made (Unix milliseconds)
+/// and 64 random bits, the same for every resume of the checkpoint and
+/// different for every fresh start. Delta outputs carry it in their commits
+/// ([`crate::sink::DeltaOutput::resume_tag`]).
+fn new_resume_tag() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!("{now}-{:016x}", rand::random::<u64>())
+}
+
+/// Writes the manifest of a new checkpoint in `dir`; returns its resume tag.
+fn write_manifest(dir: &Path, manifest: &BTreeMap<String, String>) -> Result<String> {
     crate::storage::create_dir_all(dir)?;
+    let tag = new_resume_tag();
     let text = serde_json::to_string_pretty(&serde_json::json!({
         "version": VERSION,
+        "resume_tag": tag,
         "inputs_and_parameters": manifest,
     }))
     .map_err(|e| HubnormError::Internal(e.to_string()))?;
     write_text_atomically(&dir.join(MANIFEST), &text, false)?.commit()?;
-    Ok(())
+    Ok(tag)
 }
 
-/// Refuses the checkpoint folder `dir` unless its manifest is `current`.
-fn check_manifest(dir: &Path, current: &BTreeMap<String, String>) -> Result<()> {
+/// Refuses the checkpoint folder `dir` unless its manifest is `current`;
+/// returns the checkpoint's resume tag (none in a manifest written before
+/// there were tags).
+fn check_manifest(dir: &Path, current: &BTreeMap<String, String>) -> Result<Option<String>> {
     let path = dir.join(MANIFEST);
     let text = crate::storage::read_to_string(&path)?;
     let stored: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
@@ -430,6 +453,7 @@ fn check_manifest(dir: &Path, current: &BTreeMap<String, String>) -> Result<()> 
             "written by another version of hubnorm; delete the checkpoint to start afresh",
         ));
     }
+    let tag = stored["resume_tag"].as_str().map(str::to_owned);
     let stored: BTreeMap<String, String> =
         serde_json::from_value(stored["inputs_and_parameters"].clone()).map_err(|e| {
             HubnormError::input(&path, None, None, format!("not a checkpoint manifest: {e}"))
@@ -441,7 +465,7 @@ fn check_manifest(dir: &Path, current: &BTreeMap<String, String>) -> Result<()> 
         .map(|k| describe_key(k))
         .collect();
     if changed.is_empty() {
-        return Ok(());
+        return Ok(tag);
     }
     Err(HubnormError::Usage(format!(
             "cannot resume from {}: it was made with other inputs or parameters ({}); run with the same ones, or delete the checkpoint to start afresh",

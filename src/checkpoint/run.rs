@@ -66,16 +66,19 @@ impl RunCheckpoint {
         if crate::storage::is_dir(&dir)? && !crate::storage::exists(&dir.join(MANIFEST))? {
             crate::storage::remove_dir_all(&dir)?;
         }
-        if crate::storage::is_dir(&dir)? {
+        let resume_tag = if crate::storage::is_dir(&dir)? {
             if !options.resume {
                 return Err(HubnormError::Usage(format!(
                     "an interrupted `hubnorm {command}` left a checkpoint at {}: pass --resume to continue it, or delete that folder to start afresh",
                     dir.display()
                 )));
             }
-            super::check_manifest(&dir, &manifest)?;
+            super::check_manifest(&dir, &manifest)?
         } else {
-            super::write_manifest(&dir, &manifest)?;
+            Some(super::write_manifest(&dir, &manifest)?)
+        };
+        if let Some(tag) = &resume_tag {
+            crate::sink::tag_delta_outputs(out_dir, tag);
         }
         Ok(Some(RunCheckpoint {
             dir,
