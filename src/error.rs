@@ -92,6 +92,12 @@ pub enum HubnormError {
     /// A bug in hubnorm.
     #[error("internal error: {0}")]
     Internal(String),
+
+    /// A hubnorm error that reached this process only as text (raised by a
+    /// task on a cluster's executor; see [`HubnormError::carried`]): its
+    /// message and exit code.
+    #[error("{message}")]
+    Carried { message: String, exit_code: i32 },
 }
 
 impl HubnormError {
@@ -109,9 +115,9 @@ impl HubnormError {
             | HubnormError::Cluster(_)
             | HubnormError::Internal(_) => 1,
             HubnormError::Interrupted(_) => 130,
-            HubnormError::Sql { exit_code, .. } | HubnormError::Storage { exit_code, .. } => {
-                *exit_code
-            }
+            HubnormError::Sql { exit_code, .. }
+            | HubnormError::Storage { exit_code, .. }
+            | HubnormError::Carried { exit_code, .. } => *exit_code,
         }
     }
 
@@ -147,5 +153,81 @@ impl HubnormError {
     }
 }
 
+/// Where [`HubnormError::carried`] puts an error's exit code and message.
+const CARRIED_START: &str = "<<hubnorm exit ";
+const CARRIED_END: &str = ">>";
+
+impl HubnormError {
+    /// The error as a line of text that keeps its exit code and message
+    /// through a cluster: Ballista reports a failed task to the client only
+    /// as text (the `Debug` text of its error chain, which escapes quotes and
+    /// backslashes). [`HubnormError::from_carried`] reads it back.
+    pub(crate) fn carried(&self) -> String {
+        format!("{CARRIED_START}{}: {self}{CARRIED_END}", self.exit_code())
+    }
+
+    /// The error a text carries ([`HubnormError::carried`], possibly within
+    /// a longer text and `Debug`-escaped), as a [`HubnormError::Carried`].
+    pub(crate) fn from_carried(text: &str) -> Option<HubnormError> {
+        let start = text.find(CARRIED_START)? + CARRIED_START.len();
+        let (code, rest) = text[start..].split_once(": ")?;
+        let exit_code = code.parse().ok()?;
+        let message = &rest[..rest.find(CARRIED_END)?];
+        Some(HubnormError::Carried {
+            message: unescape_debug(message),
+            exit_code,
+        })
+    }
+}
+
+/// `text` with the escapes of a `Debug`-formatted string undone (`\"`,
+/// `\\`, `\n`, `\t`, `\r`, `\'`); text without them is unchanged.
+fn unescape_debug(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('r') => out.push('\r'),
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
 /// Result alias used throughout the library.
 pub type Result<T, E = HubnormError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_carried_as_text_keep_their_message_and_exit_code() {
+        let input = HubnormError::input(
+            "/data/gallery \"a\"/part-1.parquet",
+            Some(17),
+            Some("embedding"),
+            "not finite",
+        );
+        let io = HubnormError::io("/out/x", std::io::Error::from_raw_os_error(libc::EIO));
+        for err in [input, io] {
+            let carried = err.carried();
+            // As Ballista reports it: inside the Debug text of the chain.
+            let reported =
+                format!("Task failed: DataFusionError(Context({carried:?}, External(..)))");
+            for text in [carried.as_str(), reported.as_str()] {
+                let back = HubnormError::from_carried(text).expect("carried");
+                assert_eq!(back.exit_code(), err.exit_code(), "{text}");
+                assert_eq!(back.to_string(), err.to_string(), "{text}");
+            }
+        }
+        assert!(HubnormError::from_carried("Task failed: Execution(\"no marker\")").is_none());
+    }
+}

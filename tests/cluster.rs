@@ -403,22 +403,64 @@ fn run_and_compare_on_cluster_are_local(data: &Path, url: &str) {
             );
         }
     }
-    for (methods, out, expected) in [("is", "s3://bucket/run", "not to object storage")] {
-        let refused = hubnorm([
+    // A run on a cluster cannot write to object storage.
+    let out = "s3://bucket/run";
+    let refused = hubnorm([
+        "run",
+        "--queries",
+        "queries.parquet",
+        "--gallery",
+        "gallery",
+    ])
+    .args(["--bank", "bank.parquet", "--methods", "is", "--out", out])
+    .args(["--cluster", url])
+    .current_dir(data)
+    .output();
+    assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
+    assert!(
+        refused.stderr().contains("not to object storage"),
+        "{}",
+        refused.stderr()
+    );
+    assert!(!data.join(out).exists());
+    // Bad input that only an executor reads (an embedding value, row 17 of
+    // a gallery part): the message and exit code 2 of the local run.
+    let mut bad = random_table(&mut rng(31), "n", 50, 16);
+    bad.data[17 * 16 + 3] = f32::NAN;
+    std::fs::create_dir_all(data.join("bad_gallery")).unwrap();
+    write_table(
+        &data.join("bad_gallery/part-0.parquet"),
+        &bad,
+        Layout::FixedF32,
+        false,
+    );
+    let bad_run = |out: &str, cluster: &[&str]| {
+        hubnorm([
             "run",
             "--queries",
             "queries.parquet",
             "--gallery",
-            "gallery",
+            "bad_gallery",
         ])
-        .args(["--bank", "bank.parquet", "--methods", methods, "--out", out])
-        .args(["--cluster", url])
+        .args(["--bank", "bank.parquet", "--methods", "is", "--out", out])
+        .args(cluster)
         .current_dir(data)
-        .output();
-        assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
-        assert!(refused.stderr().contains(expected), "{}", refused.stderr());
-        assert!(!data.join(out).exists());
+        .output()
+    };
+    let local = bad_run("bad_local", &[]);
+    let remote = bad_run("bad_cluster", &["--cluster", url]);
+    for (what, output) in [("local", &local), ("cluster", &remote)] {
+        eprintln!("bad input, {what}: {}", output.stderr());
+        assert_eq!(output.code(), Some(2), "{what}: {}", output.stderr());
+        assert!(
+            output
+                .stderr()
+                .contains("part-0.parquet, row 17, column 'embedding'"),
+            "{what}: {}",
+            output.stderr()
+        );
     }
+    assert!(!data.join("bad_cluster").exists());
 }
 
 /// The f64 values of column `name` of `batch`.

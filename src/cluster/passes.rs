@@ -53,8 +53,11 @@ pub fn pass_rows(
     }
     super::runtime(options.threads)?.block_on(async {
         let ctx = super::session(scheduler, options).await?;
+        // A task's hubnorm error (bad input, say) arrives as text.
         let cluster_error = |e: datafusion::error::DataFusionError| {
-            HubnormError::Cluster(format!("{scheduler}: {}", e.strip_backtrace()))
+            let text = e.strip_backtrace();
+            HubnormError::from_carried(&text)
+                .unwrap_or_else(|| HubnormError::Cluster(format!("{scheduler}: {text}")))
         };
         let frame = ctx
             .read_table(Arc::new(PassTable::new(spec.clone())?))

@@ -345,10 +345,15 @@ impl ObjectStoreRegistry for StoreRegistry {
     }
 }
 
-/// A hubnorm error as DataFusion carries it (kept whole, so the exit code
-/// survives the trip through a query).
+/// A hubnorm error as DataFusion carries it: kept whole, so that a local
+/// query hands it back as it was ([`sql_error`]), under a context line
+/// that carries its message and exit code as text, which is all that
+/// crosses a cluster ([`HubnormError::carried`]).
 pub(crate) fn external(e: HubnormError) -> DataFusionError {
-    DataFusionError::External(Box::new(e))
+    DataFusionError::Context(
+        e.carried(),
+        Box::new(DataFusionError::External(Box::new(e))),
+    )
 }
 
 /// A DataFusion error as a hubnorm error: a hubnorm error inside is
@@ -358,6 +363,10 @@ pub(crate) fn external(e: HubnormError) -> DataFusionError {
 pub fn sql_error(e: DataFusionError, source: Option<&std::path::Path>) -> HubnormError {
     if matches!(e.find_root(), DataFusionError::External(inner) if inner.is::<HubnormError>()) {
         return unwrap_nested(e);
+    }
+    // A hubnorm error from a cluster's executor arrives as text.
+    if let Some(carried) = HubnormError::from_carried(&e.to_string()) {
+        return carried;
     }
     let usage = matches!(
         e.find_root(),
@@ -376,28 +385,27 @@ pub fn sql_error(e: DataFusionError, source: Option<&std::path::Path>) -> Hubnor
     }
 }
 
-/// The hubnorm error at the root of a chain of DataFusion contexts.
+/// The hubnorm error at the root of a chain of DataFusion contexts; where
+/// a layer kept only its text (an Arrow error around it, a shared one), the
+/// error that text carries.
 fn unwrap_nested(e: DataFusionError) -> HubnormError {
+    let as_text = |text: String| {
+        HubnormError::from_carried(&text).unwrap_or(HubnormError::Sql {
+            message: text,
+            exit_code: 1,
+        })
+    };
     match e {
         DataFusionError::Context(_, inner) => unwrap_nested(*inner),
         DataFusionError::Diagnostic(_, inner) => unwrap_nested(*inner),
         DataFusionError::Shared(inner) => match Arc::try_unwrap(inner) {
             Ok(inner) => unwrap_nested(inner),
-            Err(shared) => HubnormError::Sql {
-                message: shared.to_string(),
-                exit_code: 1,
-            },
+            Err(shared) => as_text(shared.to_string()),
         },
         DataFusionError::External(inner) => match inner.downcast::<HubnormError>() {
             Ok(e) => *e,
-            Err(other) => HubnormError::Sql {
-                message: other.to_string(),
-                exit_code: 1,
-            },
+            Err(other) => as_text(other.to_string()),
         },
-        other => HubnormError::Sql {
-            message: other.to_string(),
-            exit_code: 1,
-        },
+        other => as_text(other.to_string()),
     }
 }
