@@ -1161,6 +1161,113 @@ fn a_checkpoint_on_s3_resumes_to_the_same_bytes() {
     );
 }
 
+/// `run --resume` with its outputs (and so its checkpoint) in a bucket:
+/// SIGKILLed once a pass-2 query block is saved under
+/// `OUT/run.checkpoint/pass2/`, the same command with `--resume` writes
+/// every output with the bytes of an uninterrupted run's, and removes the
+/// checkpoint's objects.
+#[test]
+fn a_run_on_s3_resumes_to_the_same_bytes() {
+    let Some(server) = S3Server::start_or_skip("a_run_on_s3_resumes_to_the_same_bytes") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    write_case(
+        dir.path(),
+        &CaseShape {
+            seed: 4243,
+            gallery: 8_000,
+            queries: 3_000,
+            bank: 4_000,
+            dim: 64,
+            noise: 0.3,
+        },
+    );
+    server.create_bucket(BUCKET);
+    for name in ["queries", "gallery", "bank"] {
+        server.put_file(
+            BUCKET,
+            &format!("in/{name}.parquet"),
+            &dir.path().join(format!("{name}.parquet")),
+        );
+    }
+    let run = |out: &str, extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--queries",
+            "s3://lake/in/queries.parquet",
+            "--gallery",
+            "s3://lake/in/gallery.parquet",
+            "--bank",
+            "s3://lake/in/bank.parquet",
+            "--methods",
+            "is,dis,nnn",
+            // Many query blocks, each saved as its own object.
+            "--memory-limit",
+            "32M",
+            "--threads",
+            "1",
+            "--quiet",
+            "--out",
+        ];
+        args.push(out);
+        args.extend(extra);
+        let mut command = hubnorm(&args);
+        for (k, v) in server.env() {
+            command.env(k, v);
+        }
+        command
+    };
+    run("s3://lake/reference", &["--no-checkpoint"])
+        .output()
+        .assert_success();
+    let outputs = ["results.parquet", "gallery_stats.parquet", "summary.json"];
+
+    let saved = || {
+        server
+            .keys(BUCKET)
+            .iter()
+            .any(|k| k.starts_with("out/run.checkpoint/pass2/rows-"))
+    };
+    let mut child = run("s3://lake/out", &["--checkpoint-interval", "0"]).spawn();
+    let start = Instant::now();
+    while !saved() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before saving a query block (make the queries more or the limit smaller)"
+        );
+        assert!(start.elapsed() < Duration::from_secs(120), "no checkpoint");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for name in outputs {
+        assert!(
+            server.get(BUCKET, &format!("out/{name}")).is_none(),
+            "{name}"
+        );
+    }
+
+    run("s3://lake/out", &["--resume"])
+        .output()
+        .assert_success();
+    for name in outputs {
+        assert!(
+            server.get(BUCKET, &format!("out/{name}"))
+                == server.get(BUCKET, &format!("reference/{name}")),
+            "the resumed run's {name} differs from an uninterrupted run's"
+        );
+    }
+    assert!(
+        server
+            .keys(BUCKET)
+            .iter()
+            .all(|k| !k.contains("run.checkpoint/")),
+        "the checkpoint outlived the run: {:?}",
+        server.keys(BUCKET)
+    );
+}
+
 /// `http(s)://` inputs are read by ranges from any HTTP server (here a
 /// minimal one of the test's), and give the local run's results.
 #[test]
