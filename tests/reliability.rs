@@ -240,7 +240,8 @@ fn sigint_and_sigkill_never_damage_outputs() {
         let out = out.clone();
         move || temporaries(&out).iter().any(|n| n.starts_with(prefix))
     };
-    let points: Vec<(&str, Box<dyn Fn() -> bool>)> = vec![
+    type Point<'a> = (&'a str, Box<dyn Fn() -> bool + 'a>);
+    let points: Vec<Point> = vec![
         ("at once", Box::new(|| true)),
         (
             "pass 1 writing",

@@ -487,6 +487,9 @@ mod bodies {
         }
     }
 
+    // The lanes are indexed, without a short cut, so that the "any above"
+    // test is one vector comparison.
+    #[allow(clippy::needless_range_loop)]
     #[inline(always)]
     pub fn column_top_values(
         tile: &[f32],

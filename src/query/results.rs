@@ -255,6 +255,8 @@ impl<'a> ResultsCollector<'a> {
         }
     }
 
+    // `q` indexes the block's states, embeddings and protocol lists alike.
+    #[allow(clippy::needless_range_loop)]
     fn batch(&mut self, block: &QueryBlockResult<'_>) -> Result<RecordBatch> {
         let ns = block.scorings;
         let queries = block.queries;
