@@ -85,13 +85,18 @@ fn lake(test: &str) -> Option<(tempfile::TempDir, std::path::PathBuf, S3Server)>
     Some((dir, local, server))
 }
 
-/// `hubnorm ARGS` with the server's environment, checked for the secret.
-fn run_with(server: &S3Server, args: &[&str]) -> TestOutput {
+/// `hubnorm ARGS` with the server's environment.
+fn hubnorm_on(server: &S3Server, args: &[&str]) -> TestCommand {
     let mut command = hubnorm(args);
     for (k, v) in server.env() {
         command.env(k, v);
     }
-    let output = command.output();
+    command
+}
+
+/// `hubnorm ARGS` with the server's environment, checked for the secret.
+fn run_with(server: &S3Server, args: &[&str]) -> TestOutput {
+    let output = hubnorm_on(server, args).output();
     assert!(
         !output.stdout().contains(SECRET_KEY) && !output.stderr().contains(SECRET_KEY),
         "the secret key was printed: {}{}",
@@ -123,6 +128,37 @@ fn assert_same_output(remote: &Path, local: &Path) {
         "metadata of {}",
         remote.display()
     );
+}
+
+/// Uploads the tables `names` of a case in `dir` to `in/NAME.parquet`.
+fn upload_case(server: &S3Server, dir: &Path, names: &[&str]) {
+    server.create_bucket(BUCKET);
+    for name in names {
+        server.put_file(
+            BUCKET,
+            &format!("in/{name}.parquet"),
+            &dir.join(format!("{name}.parquet")),
+        );
+    }
+}
+
+/// SIGKILLs `child` once an object whose key starts with `saved` (a
+/// checkpoint's file) is in the bucket; fails if the child ends first.
+fn kill_once_saved(server: &S3Server, mut child: std::process::Child, saved: &str) {
+    let start = Instant::now();
+    while !server.keys(BUCKET).iter().any(|k| k.starts_with(saved)) {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the command ended before saving {saved}* (give it more work or a smaller limit)"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "nothing saved under {saved}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
 }
 
 /// No object of the bucket holds the secret, and no multipart upload is pending.
@@ -1076,14 +1112,7 @@ fn a_checkpoint_on_s3_resumes_to_the_same_bytes() {
             noise: 0.3,
         },
     );
-    server.create_bucket(BUCKET);
-    for name in ["gallery", "bank"] {
-        server.put_file(
-            BUCKET,
-            &format!("in/{name}.parquet"),
-            &dir.path().join(format!("{name}.parquet")),
-        );
-    }
+    upload_case(&server, dir.path(), &["gallery", "bank"]);
     let stats = |out: &str, extra: &[&str]| {
         let mut args = vec![
             "stats",
@@ -1101,42 +1130,19 @@ fn a_checkpoint_on_s3_resumes_to_the_same_bytes() {
         ];
         args.push(out);
         args.extend(extra);
-        let mut command = hubnorm(&args);
-        for (k, v) in server.env() {
-            command.env(k, v);
-        }
-        command
+        hubnorm_on(&server, &args)
     };
     stats("s3://lake/out/reference.parquet", &["--no-checkpoint"])
         .output()
         .assert_success();
 
     // Killed once a chunk is saved under the checkpoint prefix.
-    let saved = || {
-        server
-            .keys(BUCKET)
-            .iter()
-            .any(|k| k.starts_with("out/stats.parquet.checkpoint/rows-"))
-    };
-    let mut child = stats(
+    let child = stats(
         "s3://lake/out/stats.parquet",
         &["--checkpoint-interval", "0"],
     )
     .spawn();
-    let start = std::time::Instant::now();
-    while !saved() {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the run ended before saving a chunk (make the gallery larger or the limit smaller)"
-        );
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(120),
-            "no checkpoint"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    kill_once_saved(&server, child, "out/stats.parquet.checkpoint/rows-");
     assert!(server.get(BUCKET, "out/stats.parquet").is_none());
 
     let resumed = stats("s3://lake/out/stats.parquet", &["--resume"]).output();
@@ -1183,14 +1189,7 @@ fn a_run_on_s3_resumes_to_the_same_bytes() {
             noise: 0.3,
         },
     );
-    server.create_bucket(BUCKET);
-    for name in ["queries", "gallery", "bank"] {
-        server.put_file(
-            BUCKET,
-            &format!("in/{name}.parquet"),
-            &dir.path().join(format!("{name}.parquet")),
-        );
-    }
+    upload_case(&server, dir.path(), &["queries", "gallery", "bank"]);
     let run = |out: &str, extra: &[&str]| {
         let mut args = vec![
             "run",
@@ -1212,35 +1211,15 @@ fn a_run_on_s3_resumes_to_the_same_bytes() {
         ];
         args.push(out);
         args.extend(extra);
-        let mut command = hubnorm(&args);
-        for (k, v) in server.env() {
-            command.env(k, v);
-        }
-        command
+        hubnorm_on(&server, &args)
     };
     run("s3://lake/reference", &["--no-checkpoint"])
         .output()
         .assert_success();
     let outputs = ["results.parquet", "gallery_stats.parquet", "summary.json"];
 
-    let saved = || {
-        server
-            .keys(BUCKET)
-            .iter()
-            .any(|k| k.starts_with("out/run.checkpoint/pass2/rows-"))
-    };
-    let mut child = run("s3://lake/out", &["--checkpoint-interval", "0"]).spawn();
-    let start = Instant::now();
-    while !saved() {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the run ended before saving a query block (make the queries more or the limit smaller)"
-        );
-        assert!(start.elapsed() < Duration::from_secs(120), "no checkpoint");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    let child = run("s3://lake/out", &["--checkpoint-interval", "0"]).spawn();
+    kill_once_saved(&server, child, "out/run.checkpoint/pass2/rows-");
     for name in outputs {
         assert!(
             server.get(BUCKET, &format!("out/{name}")).is_none(),
