@@ -153,10 +153,14 @@ impl HubnormError {
     }
 }
 
+// Errors as text: only DataFusion (the SQL face) carries them so.
 /// Where [`HubnormError::carried`] puts an error's exit code and message.
+#[cfg(feature = "sql")]
 const CARRIED_START: &str = "<<hubnorm exit ";
+#[cfg(feature = "sql")]
 const CARRIED_END: &str = ">>";
 
+#[cfg(feature = "sql")]
 impl HubnormError {
     /// The error as a line of text that keeps its exit code and message
     /// through a cluster: Ballista reports a failed task to the client only
@@ -182,6 +186,7 @@ impl HubnormError {
 
 /// `text` with the escapes of a `Debug`-formatted string undone (`\"`,
 /// `\\`, `\n`, `\t`, `\r`, `\'`); text without them is unchanged.
+#[cfg(feature = "sql")]
 fn unescape_debug(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars();
@@ -204,7 +209,7 @@ fn unescape_debug(text: &str) -> String {
 /// Result alias used throughout the library.
 pub type Result<T, E = HubnormError> = std::result::Result<T, E>;
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sql"))]
 mod tests {
     use super::*;
 
