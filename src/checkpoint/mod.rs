@@ -410,7 +410,6 @@ impl Checkpoint {
     }
 }
 
-/// Creates the checkpoint folder `dir` with its manifest.
 /// A new checkpoint's resume tag: the time it was made (Unix milliseconds)
 /// and 64 random bits, the same for every resume of the checkpoint and
 /// different for every fresh start. Delta outputs carry it in their commits
@@ -422,7 +421,8 @@ fn new_resume_tag() -> String {
     format!("{now}-{:016x}", rand::random::<u64>())
 }
 
-/// Writes the manifest of a new checkpoint in `dir`; returns its resume tag.
+/// Creates the checkpoint folder `dir` with its manifest; returns the new
+/// checkpoint's resume tag.
 fn write_manifest(dir: &Path, manifest: &BTreeMap<String, String>) -> Result<String> {
     crate::storage::create_dir_all(dir)?;
     let tag = new_resume_tag();
