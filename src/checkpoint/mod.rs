@@ -10,7 +10,7 @@
 //!
 //! ```text
 //! gallery_stats.parquet.checkpoint/
-//!   manifest.json                  inputs (paths, sizes, modification times) and parameters
+//!   manifest.json                  inputs (paths, sizes, modification times), parameters, resume tag
 //!   rows-<first>-<end>.parquet     finished rows of gallery rows [first, end)
 //!   activation-<end>.parquet       activation states after gallery row `end`
 //!   sweeps-<method>.parquet        Sinkhorn potentials of the method-th Sinkhorn method
