@@ -461,8 +461,10 @@ pub fn to_output(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch>
 /// Refuses to start an output at `path` that `output` cannot write: an
 /// existing table without `--overwrite`/`--append` (unless the stopped run
 /// that a resumed one continues created it), or something that is not a
-/// Delta table.
-pub fn check_output(path: &Path, output: &DeltaOutput) -> Result<()> {
+/// Delta table. Returns whether the stopped job whose resume tag `output`
+/// carries already committed these rows to the table (the resumed job then
+/// commits nothing: no other writer can add its tag meanwhile).
+pub fn check_output(path: &Path, output: &DeltaOutput) -> Result<bool> {
     let text = path.to_string_lossy();
     if is_table(&text) {
         let resumed = match &output.resume_tag {
@@ -475,7 +477,7 @@ pub fn check_output(path: &Path, output: &DeltaOutput) -> Result<()> {
                 path.display()
             )));
         }
-        return Ok(());
+        return Ok(resumed);
     }
     // An empty folder is no one's data (a failed first commit removes the
     // folder it made, but a user may have made one).
@@ -490,7 +492,7 @@ pub fn check_output(path: &Path, output: &DeltaOutput) -> Result<()> {
             path.display()
         )));
     }
-    Ok(())
+    Ok(false)
 }
 
 fn is_empty_dir(path: &Path) -> bool {
@@ -500,19 +502,10 @@ fn is_empty_dir(path: &Path) -> bool {
 /// Commits the finished Parquet file `finished` as the rows of a new version
 /// of the Delta table at `table` (created when absent): the file moves into
 /// the table's folder, then one log commit adds it (and removes the previous
-/// files when overwriting). Returns the version written.
-///
-/// A resumed job's output that the stopped job already committed (a commit
-/// with its resume tag) is not committed again: `finished` (the same rows)
-/// is removed and that commit's version returned.
+/// files when overwriting), with `output`'s resume tag. Returns the version
+/// written.
 pub fn commit_file(finished: &Path, table: &Path, output: &DeltaOutput) -> Result<u64> {
     let root = table.to_string_lossy().trim_end_matches('/').to_owned();
-    if let Some(tag) = &output.resume_tag {
-        if let Some(version) = committed_with(&root, tag)? {
-            std::fs::remove_file(finished).map_err(|e| HubnormError::io(finished, e))?;
-            return Ok(version);
-        }
-    }
     let (schema, rows) = parquet_schema_and_rows(finished)?;
     let name = format!("part-00000-{}-c000.zstd.parquet", random_uuid());
     let data_path = Path::new(&root).join(&name);

@@ -153,8 +153,8 @@ impl HubnormError {
     }
 }
 
-// Errors as text: only DataFusion (the SQL face) carries them so.
-/// Where [`HubnormError::carried`] puts an error's exit code and message.
+/// Where [`HubnormError::carried`] puts an error's exit code and message
+/// (errors travel as text only through DataFusion: feature `sql`).
 #[cfg(feature = "sql")]
 const CARRIED_START: &str = "<<hubnorm exit ";
 #[cfg(feature = "sql")]

@@ -92,6 +92,16 @@ pub fn delta_output_of(destination: &Path) -> Option<DeltaOutput> {
         .map(|(_, output)| output.clone())
 }
 
+/// A Delta output being written (only a `delta` build commits one).
+#[derive(Debug)]
+#[cfg_attr(not(feature = "delta"), allow(dead_code))]
+struct DeltaTarget {
+    output: DeltaOutput,
+    /// The stopped job that this one resumes committed the table already
+    /// (found by the resume tag when the output was started).
+    committed_before: bool,
+}
+
 /// A file that appears under its final name only when [`AtomicFile::commit`]
 /// is called; dropped without commit, its temporary file is removed.
 #[derive(Debug)]
@@ -101,7 +111,7 @@ pub struct AtomicFile {
     /// The object the destination names, when it is a URL.
     remote: Option<crate::storage::ObjectUrl>,
     /// Committed as a new version of the Delta table at the destination.
-    delta: Option<DeltaOutput>,
+    delta: Option<DeltaTarget>,
     committed: bool,
 }
 
@@ -111,10 +121,15 @@ impl AtomicFile {
     pub fn create(destination: &Path, overwrite: bool) -> Result<(Self, File)> {
         if let Some(output) = delta_output_of(destination) {
             #[cfg(feature = "delta")]
-            crate::delta::check_output(destination, &output)?;
+            let committed_before = crate::delta::check_output(destination, &output)?;
+            #[cfg(not(feature = "delta"))]
+            let committed_before = false;
             // The table's folder may exist: the file is written beside it.
             let (mut file, handle) = Self::create_plain(destination, true)?;
-            file.delta = Some(output);
+            file.delta = Some(DeltaTarget {
+                output,
+                committed_before,
+            });
             return Ok((file, handle));
         }
         Self::create_plain(destination, overwrite)
@@ -203,12 +218,15 @@ impl AtomicFile {
     /// that after a crash the final name holds either the old file or the
     /// whole new one.
     pub fn commit(mut self) -> Result<PathBuf> {
-        if let Some(output) = self.delta.take() {
+        if let Some(target) = self.delta.take() {
             injected_fault("sink-commit", &self.destination)?;
+            // Else the table holds these rows already (the file is dropped).
             #[cfg(feature = "delta")]
-            crate::delta::commit_file(&self.temporary, &self.destination, &output)?;
+            if !target.committed_before {
+                crate::delta::commit_file(&self.temporary, &self.destination, &target.output)?;
+            }
             #[cfg(not(feature = "delta"))]
-            let _ = output;
+            let _ = target;
             self.committed = true;
             let _ = std::fs::remove_file(&self.temporary);
             return Ok(self.destination.clone());
