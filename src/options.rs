@@ -146,11 +146,12 @@ pub struct PassOptions {
     pub sinkhorn_tolerance: Option<f64>,
     /// How the summaries measure hubness and quality.
     pub report: ReportOptions,
-    /// How pass 2 computes the similarities it ranks by.
+    /// How the passes compute the similarities they rank by.
     pub precision: Precision,
 }
 
-/// How pass 2 computes the similarities it ranks by (`--precision`).
+/// How the passes compute the similarities they rank by (`--precision`):
+/// pass 2's search, and pass 1's statistics made of top-k lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Precision {
     /// f32 tiles throughout.
@@ -177,19 +178,58 @@ impl Precision {
     /// Whether pass 2 screens, for methods that `all_screenable` or not;
     /// `Screened` where it cannot is refused, naming what is missing.
     pub fn screens(self, all_screenable: bool) -> Result<bool> {
-        let cpu = crate::kernel::bf16::has_avx512_bf16() && crate::kernel::gemm::blas().is_none();
+        self.check_available()?;
+        let cpu = screen_runs_here();
         match self {
             Precision::Exact => Ok(false),
             Precision::Auto => Ok(cpu && all_screenable),
-            Precision::Screened if !cpu => Err(HubnormError::Usage(
-                "--precision screened needs AVX512_BF16 and the built-in GEMM (no HUBNORM_BLAS); this machine has not both: use --precision auto or exact".into(),
-            )),
             Precision::Screened if !all_screenable => Err(HubnormError::Usage(
                 "--precision screened: dsl, gc, ls, nicdm and mp score other than s − h(g), which the screen cannot bound yet; use --precision auto (they run exact) or exact".into(),
             )),
             Precision::Screened => Ok(true),
         }
     }
+}
+
+impl Precision {
+    /// Refuses `Screened` where the screen cannot run (no AVX512_BF16, or
+    /// a system BLAS whose tiles' bits the re-scoring cannot reproduce).
+    pub fn check_available(self) -> Result<()> {
+        if self == Precision::Screened && !screen_runs_here() {
+            return Err(HubnormError::Usage(
+                "--precision screened needs AVX512_BF16 and the built-in GEMM (no HUBNORM_BLAS); this machine has not both: use --precision auto or exact".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses `Screened` for a pass on a cluster: the executors compute
+    /// exact, since the screen is chosen per CPU and that choice does not
+    /// travel to them yet.
+    pub fn check_on_cluster(self) -> Result<()> {
+        if self == Precision::Screened {
+            return Err(HubnormError::Usage(
+                "--precision screened does not run on a cluster yet: use auto (exact there) or exact"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether pass 1 takes the statistics that are column top-k lists
+    /// (`nnn`, `csls`, `ls`, `nicdm`, `dissim-local`) from the screen:
+    /// under `screened` and `auto` wherever the CPU allows, whatever pass 2
+    /// does, since the lists are the exact pass's either way.
+    pub fn screens_bank_pass(self) -> bool {
+        self != Precision::Exact && screen_runs_here()
+    }
+}
+
+/// Whether the screen can run in this process: AVX512_BF16 (or the scalar
+/// screen allowed for testing, [`crate::kernel::bf16::allow_scalar_screen`])
+/// and the built-in GEMM, whose tiles' bits the re-scoring reproduces.
+fn screen_runs_here() -> bool {
+    crate::kernel::bf16::screen_available() && crate::kernel::gemm::blas().is_none()
 }
 
 impl FromStr for Precision {

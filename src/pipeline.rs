@@ -98,6 +98,9 @@ pub struct StatsOutcome {
     pub path: PathBuf,
     /// Gallery rows taken from a checkpoint (`--resume`), 0 when none.
     pub resumed_rows: u64,
+    /// What the bf16 screen did over the rows computed, when it screened
+    /// (`--precision`).
+    pub screen: Option<ScreenSummary>,
 }
 
 /// Inputs and options of `hubnorm search`.
@@ -211,9 +214,13 @@ pub struct RunSummary {
     /// What pass 2's bf16 screen did, when it screened (`--precision`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub screen: Option<ScreenSummary>,
+    /// What pass 1's screen did (its pairs are (bank, gallery) cells), when
+    /// it screened: the statistics made of top-k lists only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bank_screen: Option<ScreenSummary>,
 }
 
-/// What pass 2's bf16 screen did: the (query, item) pairs it screened (per
+/// What a pass's bf16 screen did: the pairs it screened (in pass 2, per
 /// scoring) and those it re-scored in f32. The results are the exact
 /// search's; the share re-scored is what the screen did not save, and grows
 /// as the similarities crowd together (a narrow band, a large k).

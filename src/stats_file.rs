@@ -14,7 +14,8 @@ use crate::ids::{id_at, IdIndex};
 use crate::method::{ColumnKind, ColumnValues, MethodKind, MethodParams, MethodSpec};
 
 pub use crate::bank::driver::{
-    stats_of_rows, stream_stats, write_stats, SinkhornReport, StatsInputs, StatsPlan, StatsSink,
+    stats_of_rows, stream_stats, write_stats, SinkhornReport, StatsInputs, StatsPlan, StatsReport,
+    StatsSink,
 };
 
 pub(crate) fn floats_json(values: &[f64]) -> String {

@@ -339,15 +339,20 @@ fn screened_search_of_a_narrow_band_equals_the_exact_search() {
 /// (methods of every additive family, several query and gallery blocks
 /// under a small memory limit), records the choice, and reports what the
 /// screen did; methods it cannot bound are refused when asked for, and run
-/// exact under `auto`.
+/// exact under `auto`. Pass 1's top-k statistics are screened under
+/// `auto` whatever pass 2 does; with `--no-normalize` too. Without
+/// AVX512_BF16 the screen runs in scalar code (allowed for this process).
 #[test]
 fn screened_runs_write_the_exact_runs_results() {
     use hubnorm::options::{MemoryBudget, MethodSpec, PassOptions, Precision};
     use hubnorm::pipeline::{self, RunJob};
     use hubnorm::progress::Silent;
-    if !hubnorm::kernel::bf16::has_avx512_bf16() {
-        eprintln!("SKIPPED: no AVX512_BF16 on this CPU: --precision screened is refused here");
+    if !hubnorm::kernel::gemm::reproducible(512, 2048, 64) {
+        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no FMA)");
         return;
+    }
+    if !hubnorm::kernel::bf16::has_avx512_bf16() {
+        hubnorm::kernel::bf16::allow_scalar_screen();
     }
     let dir = tempfile::tempdir().unwrap();
     common::write_case(
@@ -425,5 +430,247 @@ fn screened_runs_write_the_exact_runs_results() {
     assert!(!dir.path().join("refused").join("results.parquet").exists());
     let auto = pipeline::run(&roomy(Precision::Auto, "auto"), &Silent).unwrap();
     assert!(auto.screen.is_none());
+    assert!(
+        auto.bank_screen.is_none(),
+        "is and gc need every similarity"
+    );
     assert_eq!(precision("auto").as_deref(), Some("exact"));
+
+    // Pass 1 of the top-k statistics: screened under auto, though pass 2
+    // of ls and nicdm is not.
+    let stats_precision = |out: &str| {
+        common::parquet_metadata(&dir.path().join(out).join("gallery_stats.parquet"))
+            .into_iter()
+            .find(|(k, _)| k == "hubnorm.precision")
+            .map(|(_, v)| v)
+    };
+    let same_stats = |a: &str, b: &str| {
+        let read =
+            |out: &str| common::read_parquet(&dir.path().join(out).join("gallery_stats.parquet"));
+        let (a, b) = (read(a), read(b));
+        assert_eq!(a.num_columns(), b.num_columns());
+        for (i, field) in a.schema().fields().iter().enumerate() {
+            assert!(
+                a.column(i).to_data() == b.column(i).to_data(),
+                "column {}",
+                field.name()
+            );
+        }
+    };
+    let top_k = "nnn,csls,ls,nicdm,dissim-local";
+    let exact = pipeline::run(&job(top_k, Precision::Exact, "top-exact"), &Silent).unwrap();
+    let auto = pipeline::run(&job(top_k, Precision::Auto, "top-auto"), &Silent).unwrap();
+    assert_eq!(exact.methods, auto.methods);
+    assert_eq!(rows("top-exact"), rows("top-auto"));
+    same_stats("top-exact", "top-auto");
+    assert!(exact.bank_screen.is_none() && auto.screen.is_none());
+    let bank_screen = auto.bank_screen.expect("pass 1 screened");
+    eprintln!("pass 1: re-scored {bank_screen:?}");
+    assert_eq!(bank_screen.screened_pairs, 1500 * 5000, "{bank_screen:?}");
+    // nnn keeps 128 of 1500 bank rows per item: any top-k pass offers a
+    // column its first 128 rows and about k·ln(N/k) ≈ 315 more, a fifth.
+    assert!(
+        bank_screen.rescored_pairs < bank_screen.screened_pairs / 2,
+        "{bank_screen:?}"
+    );
+    assert_eq!(stats_precision("top-exact").as_deref(), Some("exact"));
+    assert_eq!(stats_precision("top-auto").as_deref(), Some("screened"));
+
+    // Without normalisation: the raw rows, of norms far from 1, screened
+    // in both passes.
+    let raw = |precision: Precision, out: &str| {
+        let mut j = job("nnn,csls", precision, out);
+        j.options.read.normalize = false;
+        j
+    };
+    let exact = pipeline::run(&raw(Precision::Exact, "raw-exact"), &Silent).unwrap();
+    let screened = pipeline::run(&raw(Precision::Screened, "raw-screened"), &Silent).unwrap();
+    assert_eq!(exact.methods, screened.methods);
+    assert_eq!(rows("raw-exact"), rows("raw-screened"));
+    same_stats("raw-exact", "raw-screened");
+    assert!(screened.screen.is_some() && screened.bank_screen.is_some());
+}
+
+use hubnorm::kernel::{
+    column_statistics, column_statistics_screened, ColumnStates, ColumnStatsRequest,
+};
+
+/// One column's lists, for comparing: its top values' bits and its top
+/// (score bits, row) pairs.
+type ColumnOutcome = (Vec<u32>, Vec<(u32, u32)>);
+
+fn column_outcomes(states: &ColumnStates, columns: usize) -> Vec<ColumnOutcome> {
+    (0..columns)
+        .map(|j| {
+            let values = states.top.get(j).map_or_else(Vec::new, |t| {
+                t.sorted().iter().map(|v| v.to_bits()).collect()
+            });
+            let rows = states.top_rows.get(j).map_or_else(Vec::new, |t| {
+                t.sorted()
+                    .iter()
+                    .map(|c| (c.score.to_bits(), c.row))
+                    .collect()
+            });
+            (values, rows)
+        })
+        .collect()
+}
+
+/// Pass 1's column top-k lists of `bank` × `gallery` (the top `top_k`
+/// values and the top `top_rows` rows of each gallery column), in bank
+/// blocks of `block_rows` rows, exact and screened: asserts identical
+/// states and returns the screen's (screened, re-scored) cells.
+fn screened_columns_equal_exact(
+    bank: &[f32],
+    gallery: &[f32],
+    dim: usize,
+    block_rows: usize,
+    (top_k, top_rows): (usize, usize),
+) -> (u64, u64) {
+    let request = ColumnStatsRequest {
+        column_top_k: top_k,
+        column_top_rows: top_rows,
+        ..ColumnStatsRequest::default()
+    };
+    assert!(request.screenable());
+    let g = Rows::new(gallery, dim);
+    let screened_gallery = ScreenedRows::gallery(g).expect("in bf16 range");
+    let mut exact = ColumnStates::new(g.rows, &request, 0);
+    let mut screened = ColumnStates::new(g.rows, &request, 0);
+    let mut counts = (0, 0);
+    for (b, block) in bank.chunks(block_rows * dim).enumerate() {
+        let rows = Rows::new(block, dim);
+        let first_row = (b * block_rows) as u32;
+        column_statistics(rows, g, first_row, 7, &request, &mut exact);
+        let screened_bank = ScreenedRows::queries(rows).expect("in bf16 range");
+        let screen = Screen::new(&screened_bank, &screened_gallery);
+        let c = column_statistics_screened(rows, g, first_row, 7, &request, &mut screened, screen);
+        counts.0 += c.screened;
+        counts.1 += c.rescored;
+    }
+    let (a, b) = (
+        column_outcomes(&exact, g.rows),
+        column_outcomes(&screened, g.rows),
+    );
+    for (j, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert_eq!(x, y, "gallery column {j}");
+    }
+    assert!(a.iter().all(|(v, r)| v.len() == top_k.min(bank.len() / dim)
+        && r.len() == top_rows.min(bank.len() / dim)));
+    counts
+}
+
+/// Pass 1's top-k statistics (`nnn`, `csls`, `ls`, `nicdm`: values;
+/// `dissim-local`: rows) from the screen equal the exact pass's: bank
+/// blocks of several row tiles (2048 + 2048 + rest) and a short one,
+/// several column strips, duplicated bank rows (ties, kept to the smaller
+/// row), a narrow band, and rows far from unit length.
+#[test]
+fn screened_column_top_k_equals_the_exact_pass() {
+    if !hubnorm::kernel::gemm::reproducible(2048, 512, 384) {
+        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no FMA)");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(38);
+    for (dim, block_rows) in [(384, 4800), (100, 2100)] {
+        let mut bank = gaussian_rows(&mut rng, 5000, dim, true);
+        let gallery = gaussian_rows(&mut rng, 1300, dim, true);
+        // Exact duplicates, across tiles and blocks: equal scores, kept by row.
+        for (from, to) in [(5, 3000), (5, 4900), (2047, 2048)] {
+            let row = bank[from * dim..(from + 1) * dim].to_vec();
+            bank[to * dim..(to + 1) * dim].copy_from_slice(&row);
+        }
+        for ks in [(10, 0), (0, 10), (1, 50), (100, 7)] {
+            let (screened, rescored) =
+                screened_columns_equal_exact(&bank, &gallery, dim, block_rows, ks);
+            eprintln!("dim {dim}, k {ks:?}: re-scored {rescored} of {screened} cells");
+            assert_eq!(screened, 5000 * 1300, "every tile screened");
+            assert!(rescored * 5 < screened, "{rescored} of {screened}");
+        }
+    }
+    // E5-like band: the screen rules out less, the lists stay exact.
+    let dim = 768;
+    let centre = gaussian_rows(&mut rng, 1, dim, true);
+    let bank = band_rows(&mut rng, &centre, 2500);
+    let gallery = band_rows(&mut rng, &centre, 600);
+    let (screened, rescored) = screened_columns_equal_exact(&bank, &gallery, dim, 2500, (10, 10));
+    eprintln!("narrow band: re-scored {rescored} of {screened} cells");
+    // Without normalisation: scales far from 1 on both sides.
+    let dim = 64;
+    let mut bank = gaussian_rows(&mut rng, 3000, dim, false);
+    let mut gallery = gaussian_rows(&mut rng, 700, dim, false);
+    bank.iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v *= [1e-3f32, 1.0, 40.0][i / dim % 3]);
+    gallery
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v *= [1e4f32, 0.5][i / dim % 2]);
+    screened_columns_equal_exact(&bank, &gallery, dim, 3000, (10, 10));
+}
+
+/// `hubnorm stats --precision`: `screened` where the CPU cannot screen is
+/// refused (exit 2, nothing written) unless `HUBNORM_SCALAR_SCREEN=1`
+/// allows the scalar screen; the screened file holds the exact file's
+/// rows and records the choice; `auto` runs exact where it cannot screen.
+#[test]
+fn stats_precision_on_the_command_line() {
+    if !hubnorm::kernel::gemm::reproducible(512, 2048, 64) {
+        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no FMA)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    common::valid_case(dir.path());
+    let stats = |precision: &str, out: &str, scalar: bool| {
+        let mut command = common::hubnorm(["stats", "--method", "csls", "--precision", precision]);
+        command
+            .arg("--gallery")
+            .arg(dir.path().join("gallery.parquet"))
+            .arg("--bank")
+            .arg(dir.path().join("bank.parquet"))
+            .arg("--out")
+            .arg(dir.path().join(out))
+            .arg("--quiet")
+            .env_remove("HUBNORM_BLAS");
+        if scalar {
+            command.env("HUBNORM_SCALAR_SCREEN", "1");
+        } else {
+            command.env_remove("HUBNORM_SCALAR_SCREEN");
+        }
+        command.output()
+    };
+    let precision_of = |out: &str| {
+        common::parquet_metadata(&dir.path().join(out))
+            .into_iter()
+            .find(|(k, _)| k == "hubnorm.precision")
+            .map(|(_, v)| v)
+    };
+    let bf16 = hubnorm::kernel::bf16::has_avx512_bf16();
+    let exact = stats("exact", "exact.parquet", false);
+    assert!(exact.success(), "{exact:?}");
+    assert_eq!(precision_of("exact.parquet").as_deref(), Some("exact"));
+    let auto = stats("auto", "auto.parquet", false);
+    assert!(auto.success(), "{auto:?}");
+    let auto_choice = if bf16 { "screened" } else { "exact" };
+    assert_eq!(precision_of("auto.parquet").as_deref(), Some(auto_choice));
+    if !bf16 {
+        let refused = stats("screened", "refused.parquet", false);
+        assert_eq!(refused.code(), Some(2), "{refused:?}");
+        assert!(refused.stderr().contains("AVX512_BF16"), "{refused:?}");
+        assert!(!dir.path().join("refused.parquet").exists());
+    }
+    let screened = stats("screened", "screened.parquet", true);
+    assert!(screened.success(), "{screened:?}");
+    assert_eq!(
+        precision_of("screened.parquet").as_deref(),
+        Some("screened")
+    );
+    let (a, b) = (
+        common::read_parquet(&dir.path().join("exact.parquet")),
+        common::read_parquet(&dir.path().join("screened.parquet")),
+    );
+    assert_eq!(a.num_rows(), b.num_rows());
+    for i in 0..a.num_columns() {
+        assert!(a.column(i).to_data() == b.column(i).to_data(), "column {i}");
+    }
 }

@@ -333,12 +333,12 @@ def run(
     job's memory ("2GiB", "512MiB"); ``threads=0`` uses every core;
     ``normalize=False`` ranks by raw dot products instead of cosine;
     ``tolerance`` stops ``sn``/``dbsn`` early; ``bank_sample`` uses that
-    many bank rows drawn with ``seed``. ``precision`` is pass 2's
+    many bank rows drawn with ``seed``. ``precision`` is the passes'
     arithmetic, as ``--precision``: ``"exact"`` (f32), ``"screened"`` (a
     bf16 screen and an f32 re-score of what it cannot rule out: the same
     results, faster, on CPUs with AVX512_BF16, for the methods that
-    subtract a per-item correction) or ``"auto"`` (screened where it can
-    be). ``**params`` set method parameters by the CLI's flag names
+    subtract a per-item correction, and pass 1's top-k statistics) or
+    ``"auto"`` (screened where it can be). ``**params`` set method parameters by the CLI's flag names
     (``beta=20``, ``nnn_k=128``).
     """
     with _Outputs(out, "hubnorm-run-") as (directory, temporary), _Inputs() as inputs:
@@ -366,12 +366,15 @@ def stats(
     tolerance: float | None = None,
     bank_sample: int | None = None,
     seed: int = 0,
+    precision: str = "exact",
     progress: bool = True,
     **params: float,
 ) -> pa.Table:
     """Pass 1, as ``hubnorm stats``: each gallery item's statistics for
     ``methods`` over ``bank``, written to ``out`` (``gallery_stats.parquet``)
-    and returned as a table. Arguments as for :func:`run`."""
+    and returned as a table. Arguments as for :func:`run` (``precision``
+    screens the statistics made of top-k lists: ``nnn``, ``csls``, ``ls``,
+    ``nicdm``, ``dissim-local``)."""
     with _Inputs() as inputs:
         path = _hubnorm.stats(
             inputs.path(gallery, "gallery"),
@@ -381,7 +384,7 @@ def stats(
             params,
             os.fspath(out),
             overwrite,
-            _options(memory_limit, threads, normalize, tolerance, bank_sample, seed),
+            _options(memory_limit, threads, normalize, tolerance, bank_sample, seed, precision),
             _progress(progress),
         )
     return pq.read_table(path)

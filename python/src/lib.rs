@@ -236,7 +236,7 @@ struct Options {
     /// Bank rows drawn with `seed` (all when `None`).
     bank_sample: Option<u64>,
     seed: u64,
-    /// Pass 2's arithmetic: `exact`, `screened` or `auto` (`--precision`).
+    /// The passes' arithmetic: `exact`, `screened` or `auto` (`--precision`).
     precision: String,
 }
 

@@ -151,6 +151,20 @@ def test_screened_precision_gives_the_exact_results(samples):
         hubnorm.run(*args, precision="half", **kwargs)
 
 
+def test_stats_screen_top_k_statistics_to_the_exact_file(samples, tmp_path):
+    args = (sample(samples, "gallery"), sample(samples, "bank"))
+    kwargs = dict(methods="nnn,csls,dissim-local", progress=False)
+    exact = hubnorm.stats(*args, out=tmp_path / "exact.parquet", **kwargs)
+    auto = hubnorm.stats(*args, out=tmp_path / "auto.parquet", precision="auto", **kwargs)
+    assert auto.equals(exact)
+    footer = pq.read_metadata(tmp_path / "auto.parquet").metadata
+    assert footer[b"hubnorm.precision"] == (b"screened" if cpu_has_avx512_bf16() else b"exact")
+    if not cpu_has_avx512_bf16():
+        with pytest.raises(hubnorm.UsageError, match="AVX512_BF16"):
+            hubnorm.stats(*args, out=tmp_path / "screened.parquet", precision="screened", **kwargs)
+        assert not (tmp_path / "screened.parquet").exists()
+
+
 def test_embeddings_wrap_a_contiguous_array_without_a_copy():
     a = np.random.default_rng(1).standard_normal((50, 8)).astype(np.float32)
     table = hubnorm.embeddings(a)

@@ -19,6 +19,7 @@ use crate::bank::{
 use crate::checkpoint::Checkpoint;
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
+use crate::kernel::ScreenCounts;
 use crate::method::MethodSpec;
 use crate::options::PassOptions;
 use crate::progress::Progress;
@@ -122,8 +123,8 @@ impl StatsSink for FileStatsSink<'_> {
     }
 }
 
-/// Pass 1 into an uncommitted stats file at `out`, with how each Sinkhorn
-/// method's iterations ended. `metadata` is stored in the footer, with the
+/// Pass 1 into an uncommitted stats file at `out`, with how it went
+/// ([`StatsReport`]). `metadata` is stored in the footer, with the
 /// methods, the means of `dn`, and the Sinkhorn reports added.
 #[allow(clippy::too_many_arguments)]
 pub fn write_stats(
@@ -135,7 +136,7 @@ pub fn write_stats(
     metadata: Vec<(String, String)>,
     progress: &dyn Progress,
     checkpoint: Option<&mut Checkpoint>,
-) -> Result<(AtomicFile, Vec<SinkhornReport>)> {
+) -> Result<(AtomicFile, StatsReport)> {
     let mut sink = FileStatsSink::new(out, overwrite);
     let reports = stream_stats(
         inputs,
@@ -255,6 +256,7 @@ impl StatsPlan {
                 + self.moments.as_ref().map_or(0, BankMoments::memory_bytes),
             output_row_bytes: layout.output_row_bytes(inputs.bank.rows),
             resume,
+            screen: options.precision.screens_bank_pass(),
         }
     }
 
@@ -329,7 +331,7 @@ pub fn stream_stats(
     progress: &dyn Progress,
     sink: &mut dyn StatsSink,
     mut checkpoint: Option<&mut Checkpoint>,
-) -> Result<Vec<SinkhornReport>> {
+) -> Result<StatsReport> {
     let StatsInputs {
         gallery,
         bank,
@@ -344,6 +346,10 @@ pub fn stream_stats(
         metadata,
     } = &plan;
     let mut metadata = metadata.clone();
+    let screened = plan
+        .pass_request(inputs, options, 0..0, None)
+        .screens_a_bank();
+    metadata.push(precision_entry(screened));
     // Activation columns are known only after the last chunk: the other
     // columns go to a scratch file first and are copied next to them then.
     let direct = plan.rows_are_independent();
@@ -404,8 +410,12 @@ pub fn stream_stats(
             output
         }
     };
+    let screen = screened.then_some(output.screen);
     let Some(spool_sink) = spool_sink else {
-        return Ok(Vec::new());
+        return Ok(StatsReport {
+            sinkhorn: Vec::new(),
+            screen,
+        });
     };
     let spool = spool_sink.close_uncommitted()?;
     // Sinkhorn couples every target: its potentials come from their own
@@ -463,7 +473,26 @@ pub fn stream_stats(
     sink.begin(schema.clone(), metadata)?;
     join_late_columns(spool.temporary_path(), schema, &late_columns, sink)?;
     drop(spool);
-    Ok(reports)
+    Ok(StatsReport {
+        sinkhorn: reports,
+        screen,
+    })
+}
+
+/// The stats file's record of whether pass 1 screened (after the plan's
+/// metadata). The statistics are the same either way; the speed is not.
+pub(crate) fn precision_entry(screened: bool) -> (String, String) {
+    let precision = if screened { "screened" } else { "exact" };
+    ("hubnorm.precision".into(), precision.into())
+}
+
+/// How a pass 1 went: each Sinkhorn method's iterations, and what the
+/// bf16 screen did over the gallery chunks this pass computed (chunks a
+/// resumed pass replayed are not in it), when it screened.
+#[derive(Debug, Clone, Default)]
+pub struct StatsReport {
+    pub sinkhorn: Vec<SinkhornReport>,
+    pub screen: Option<ScreenCounts>,
 }
 
 /// How a Sinkhorn method's iterations ended (summary and stats metadata).

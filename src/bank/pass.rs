@@ -10,8 +10,8 @@ use crate::bank::states::ActivationState;
 use crate::cache::TableBlocks;
 use crate::error::{HubnormError, Result};
 use crate::kernel::{
-    column_statistics, Candidate, ColumnStates, ColumnStatsRequest, QueryState, Rows, TopK,
-    TopValues, TILE_COLS, TILE_ROWS,
+    column_statistics, column_statistics_screened, Candidate, ColumnStates, ColumnStatsRequest,
+    QueryState, Rows, Screen, ScreenCounts, ScreenedRows, TopK, TopValues, TILE_COLS, TILE_ROWS,
 };
 use crate::plan::PlanRequest;
 use crate::progress::{Progress, RowProgress};
@@ -43,6 +43,20 @@ pub struct BankPassRequest<'a> {
     pub output_row_bytes: usize,
     /// Where a resumed pass starts (gallery rows before it are finished).
     pub resume: Option<&'a ResumePoint>,
+    /// Whether banks whose statistics are all column top-k lists take them
+    /// from the bf16 screen ([`column_statistics_screened`]: the same lists).
+    pub screen: bool,
+}
+
+impl BankPassRequest<'_> {
+    /// Whether some bank's statistics come from the bf16 screen.
+    pub fn screens_a_bank(&self) -> bool {
+        self.screen
+            && [self.bank, self.gallery_bank]
+                .iter()
+                .flatten()
+                .any(|b| b.request.screenable())
+    }
 }
 
 /// The state of a pass stopped after its first `gallery_rows` gallery rows,
@@ -77,6 +91,9 @@ pub struct BankPassOutput {
     pub bank_activation: ActivationState,
     /// Each gallery-bank item's top-k_A gallery items (when requested).
     pub gallery_bank_activation: ActivationState,
+    /// The bank × gallery cells the screen screened and re-scored, over
+    /// the chunks this pass computed (none when it did not screen).
+    pub screen: ScreenCounts,
 }
 
 /// Which bank an activation state belongs to.
@@ -181,8 +198,16 @@ pub fn compute_bank_statistics(
         }
     }
     let threads = rayon::current_num_threads();
+    let screened = |b: &BankInput<'_>| request.screen && b.request.screenable();
+    // The bf16 copies of a gallery chunk and of a bank block, when screened.
+    let screen_row_bytes = if request.screens_a_bank() {
+        ScreenedRows::bytes_per_row(dim)
+    } else {
+        0
+    };
     let outer_row_bytes = dim * 4
         + 32
+        + screen_row_bytes
         + request.output_row_bytes
         + banks
             .iter()
@@ -190,6 +215,7 @@ pub fn compute_bank_statistics(
             .sum::<usize>();
     let inner_row_bytes = dim * 4
         + 32
+        + screen_row_bytes
         + banks
             .iter()
             .map(|(b, _)| row_state_bytes(&b.request, threads))
@@ -271,6 +297,13 @@ pub fn compute_bank_statistics(
             },
         };
         let mut states: Vec<ColumnStates> = Vec::with_capacity(2);
+        let gallery_rows = Rows::new(&chunk.data, dim);
+        // A chunk with a value beyond bf16's range runs exact.
+        let screened_chunk = banks
+            .iter()
+            .any(|(b, _)| screened(b))
+            .then(|| ScreenedRows::gallery(gallery_rows))
+            .flatten();
         for ((input, is_query_bank), stream) in banks.iter().zip(&mut streams) {
             let mut chunk_states =
                 ColumnStates::new(chunk.rows, &input.request, input.table.rows as usize);
@@ -278,9 +311,28 @@ pub fn compute_bank_statistics(
                 if block.dim != dim {
                     return Err(dimension_error(input.table, gallery));
                 }
+                let bank_rows = Rows::new(&block.data, dim);
+                let screened_block = screened_chunk
+                    .as_ref()
+                    .filter(|_| screened(input))
+                    .and_then(|chunk| Some((ScreenedRows::queries(bank_rows)?, chunk)));
+                if let Some((block_copy, chunk_copy)) = &screened_block {
+                    let counts = column_statistics_screened(
+                        bank_rows,
+                        gallery_rows,
+                        block.first_row as u32,
+                        chunk.first_row as u32,
+                        &input.request,
+                        &mut chunk_states,
+                        Screen::new(block_copy, chunk_copy),
+                    );
+                    output.screen.add(counts);
+                    rows_done.advance(chunk.rows, block.rows);
+                    return Ok(());
+                }
                 let row_tops = column_statistics(
-                    Rows::new(&block.data, dim),
-                    Rows::new(&chunk.data, dim),
+                    bank_rows,
+                    gallery_rows,
                     block.first_row as u32,
                     chunk.first_row as u32,
                     &input.request,

@@ -295,6 +295,23 @@ impl ScreenBound {
     }
 }
 
+/// Whether the screen may run in this process: on AVX512_BF16, or in
+/// scalar code once [`allow_scalar_screen`] was called.
+pub fn screen_available() -> bool {
+    has_avx512_bf16() || SCALAR_SCREEN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Lets `--precision screened` and `auto` screen on a CPU without
+/// AVX512_BF16, by the same arithmetic in scalar code ([`screen_packed`]'s
+/// fallback): slower than the f32 path, and meant for testing the screened
+/// path anywhere (the command line's `HUBNORM_SCALAR_SCREEN=1`). The lists
+/// and scores are the exact search's either way.
+pub fn allow_scalar_screen() {
+    SCALAR_SCREEN.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+static SCALAR_SCREEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Whether [`screen_packed`] runs the AVX512_BF16 kernel on this CPU.
 pub fn has_avx512_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]

@@ -5,6 +5,12 @@
 //! similarities (with their rows, when asked); every similarity; and, for
 //! each row, its best columns.
 //!
+//! Statistics made only of top-k lists (`nnn`, `csls`, `ls`, `nicdm`,
+//! `dissim-local`) can take their tiles from the bf16 screen instead
+//! ([`column_statistics_screened`]): each similarity that could enter a
+//! column's top-k is re-scored in f32 with the f32 tile's bits, so the
+//! lists come out as the exact pass's.
+//!
 //! rayon runs one strip of tiles per task and each task owns the state it
 //! updates, so results do not depend on the thread count. Tile and block
 //! boundaries are aligned to the tile shape by the callers, so results do not
@@ -18,8 +24,9 @@ use rayon::prelude::*;
 
 use super::dispatch::dispatched;
 use super::exp::fast_exp2;
-use super::gemm::similarity_tile;
+use super::gemm::{similarity_tile, TileScorer};
 use super::lse::{raise_column_maxima, LogSumExp};
+use super::screen::{floor_below, Screen, ScreenCounts};
 use super::search::{scan_row, QueryState};
 use super::tile::{Rows, TileBuffer, BANK_TILE_COLS, BANK_TILE_ROWS, GROUP_ROWS, LANES};
 use super::topk::{Candidate, TopK, TopValues};
@@ -50,6 +57,15 @@ pub struct ColumnStatsRequest<'a> {
 }
 
 impl ColumnStatsRequest<'_> {
+    /// Whether every statistic asked for is a column top-k, which the
+    /// bf16 screen can serve exactly ([`column_statistics_screened`]).
+    pub fn screenable(&self) -> bool {
+        self.betas.is_empty()
+            && !self.keep_all
+            && self.row_top_k == 0
+            && (self.column_top_k > 0 || self.column_top_rows > 0)
+    }
+
     /// Whether any statistic needs the similarity tiles at all.
     pub fn needs_tiles(&self) -> bool {
         !self.betas.is_empty()
@@ -153,6 +169,58 @@ pub fn column_statistics(
     request: &ColumnStatsRequest<'_>,
     states: &mut ColumnStates,
 ) -> Vec<TopK> {
+    block_statistics(rows, cols, (first_row, first_col), request, states, None).0
+}
+
+/// [`column_statistics`] of a request that is [`ColumnStatsRequest::screenable`],
+/// from the bf16 screen of `rows` (packed as queries) × `cols` (packed as
+/// gallery): every cell whose screened value, plus the screen's bound,
+/// could pass its column's top-k threshold is re-scored in f32 with the
+/// bits its f32 tile would have had ([`TileScorer`]) and offered as the
+/// exact pass offers it; no other cell could have entered. The states
+/// come out bit for bit as [`column_statistics`] makes them. Tiles whose
+/// f32 bits are not reproduced here (small shapes, a system BLAS) run
+/// exact. Returns the cells screened and re-scored.
+///
+/// # Panics
+/// As [`column_statistics`], and when the request is not screenable or
+/// the screen's operands are not these rows.
+pub fn column_statistics_screened(
+    rows: Rows<'_>,
+    cols: Rows<'_>,
+    first_row: u32,
+    first_col: u32,
+    request: &ColumnStatsRequest<'_>,
+    states: &mut ColumnStates,
+    screen: Screen<'_>,
+) -> ScreenCounts {
+    assert!(
+        request.screenable(),
+        "a request with more than column top-k lists"
+    );
+    assert!(
+        screen.shape() == (rows.rows, cols.rows, rows.dim),
+        "a screen of other blocks"
+    );
+    block_statistics(
+        rows,
+        cols,
+        (first_row, first_col),
+        request,
+        states,
+        Some(screen),
+    )
+    .1
+}
+
+fn block_statistics(
+    rows: Rows<'_>,
+    cols: Rows<'_>,
+    (first_row, first_col): (u32, u32),
+    request: &ColumnStatsRequest<'_>,
+    states: &mut ColumnStates,
+    screen: Option<Screen<'_>>,
+) -> (Vec<TopK>, ScreenCounts) {
     let nb = request.betas.len();
     assert_eq!(rows.dim, cols.dim, "dimension mismatch");
     assert_eq!(
@@ -165,7 +233,7 @@ pub fn column_statistics(
     assert!(states.all.is_empty() || states.all.len() == cols.rows);
     assert!(request.betas.iter().all(|&b| b > 0.0), "β must be positive");
     if !request.needs_tiles() || rows.rows == 0 || cols.rows == 0 {
-        return Vec::new();
+        return (Vec::new(), ScreenCounts::default());
     }
     let bounds = strip_bounds(cols.rows, rayon::current_num_threads());
     let lse = split_strips(&mut states.lse, &bounds, nb);
@@ -179,7 +247,7 @@ pub fn column_statistics(
         .zip(top_rows)
         .zip(all)
         .collect();
-    let row_tops = tasks
+    let (row_tops, counts) = tasks
         .into_par_iter()
         .map(|((((columns, lse), top), top_rows), all)| {
             let (c0, c1) = (columns[0], columns[1]);
@@ -196,19 +264,24 @@ pub fn column_statistics(
                 (first_row, first_col + c0 as u32),
                 request,
                 strip_states,
+                screen.map(|screen| (screen, c0)),
             )
         })
         .reduce(
-            || None,
-            |a: Option<Vec<TopK>>, b| match (a, b) {
-                (Some(mut a), Some(b)) => {
-                    a.iter_mut().zip(&b).for_each(|(x, y)| x.merge(y));
-                    Some(a)
-                }
-                (a, b) => a.or(b),
+            || (None, ScreenCounts::default()),
+            |(a, mut counts): (Option<Vec<TopK>>, ScreenCounts), (b, more)| {
+                counts.add(more);
+                let tops = match (a, b) {
+                    (Some(mut a), Some(b)) => {
+                        a.iter_mut().zip(&b).for_each(|(x, y)| x.merge(y));
+                        Some(a)
+                    }
+                    (a, b) => a.or(b),
+                };
+                (tops, counts)
             },
         );
-    row_tops.unwrap_or_default()
+    (row_tops.unwrap_or_default(), counts)
 }
 
 /// Where the pass-1 strips over `columns` columns start, then `columns`:
@@ -278,14 +351,17 @@ fn fold_exp_columns(
 }
 
 /// One column strip of pass 1, run by one thread; `first` is the global
-/// (row, column) of its first cell.
+/// (row, column) of its first cell. With a screen (and the strip's first
+/// column in the screen's gallery block), tiles come from it where
+/// [`TileScorer`] reproduces their f32 bits.
 fn column_strip(
     rows: Rows<'_>,
     cols: Rows<'_>,
     (first_row, first_col): (u32, u32),
     request: &ColumnStatsRequest<'_>,
     states: StripStates<'_>,
-) -> Option<Vec<TopK>> {
+    screen: Option<(Screen<'_>, usize)>,
+) -> (Option<Vec<TopK>>, ScreenCounts) {
     let (nc, betas) = (cols.rows, request.betas);
     let nb = betas.len();
     // Structure-of-arrays copies of the states, per β, so the loops vectorise.
@@ -307,11 +383,34 @@ fn column_strip(
     let zeros = vec![0f32; if row_tops.is_empty() { 0 } else { nc }];
     let mut buffer = TileBuffer::new(BANK_TILE_ROWS.min(rows.rows), nc);
     let ld = buffer.stride;
+    let mut counts = ScreenCounts::default();
+    let mut screened_tops = ScreenedTops::default();
     let mut r0 = 0;
     while r0 < rows.rows {
         let r1 = (r0 + BANK_TILE_ROWS).min(rows.rows);
         let tile_rows = r1 - r0;
         let tile = &mut buffer.cells_mut()[..tile_rows * ld];
+        let scorer = screen.and_then(|_| TileScorer::new(tile_rows, nc, cols.dim));
+        if let (Some((screen, c0)), Some(scorer)) = (screen, scorer) {
+            let bound = screen.column_tile((r0, r1), (c0, c0 + nc), tile, ld);
+            let tile = ScreenedTile {
+                values: tile,
+                ld,
+                bound,
+                scorer,
+                rows: rows.slice(r0, r1),
+                cols,
+                first_row: first_row + r0 as u32,
+            };
+            counts.rescored += screened_tops.fold(
+                &tile,
+                (&mut top_thresholds, &mut *states.top),
+                (&mut row_thresholds, &mut *states.top_rows),
+            );
+            counts.screened += (tile_rows * nc) as u64;
+            r0 = r1;
+            continue;
+        }
         similarity_tile(
             tile,
             ld,
@@ -354,7 +453,103 @@ fn column_strip(
             };
         }
     }
-    (!row_tops.is_empty()).then(|| row_tops.into_iter().map(|s| s.top).collect())
+    let row_tops = (!row_tops.is_empty()).then(|| row_tops.into_iter().map(|s| s.top).collect());
+    (row_tops, counts)
+}
+
+/// A tile of screened similarities and what re-scores its cells.
+struct ScreenedTile<'a> {
+    /// The screened values, rows `ld` apart.
+    values: &'a [f32],
+    ld: usize,
+    /// |screened − f32| ≤ `bound` for every cell.
+    bound: f64,
+    /// The f32 tile's bits of a cell.
+    scorer: TileScorer,
+    rows: Rows<'a>,
+    cols: Rows<'a>,
+    /// The global row of the tile's first row.
+    first_row: u32,
+}
+
+/// A strip's scratch for the screened column top-k lists, kept across its
+/// tiles.
+#[derive(Debug, Default)]
+struct ScreenedTops {
+    /// Per column, the screened value at or below which no cell can pass
+    /// the column's thresholds ([`floor_below`] the lower of them).
+    floors: Vec<f32>,
+    /// A row's columns above their floors, and their f32 similarities.
+    candidates: Vec<u32>,
+    exact: Vec<f32>,
+}
+
+impl ScreenedTops {
+    /// Offers the cells of `tile` that could pass their column's threshold
+    /// to the top-k values (`top`, when kept) and to the top-k rows
+    /// (`top_rows`, when kept), with their f32 similarities, row after row
+    /// as the exact pass offers every cell. A cell left out had a screened
+    /// value at most its column's floor, so an f32 value at most the
+    /// threshold, which the exact pass's strict test turns away too; the
+    /// thresholds therefore move exactly as there. Returns the cells
+    /// re-scored.
+    fn fold(
+        &mut self,
+        tile: &ScreenedTile<'_>,
+        (top_thresholds, top): (&mut [f32], &mut [TopValues]),
+        (row_thresholds, top_rows): (&mut [f32], &mut [TopK]),
+    ) -> u64 {
+        let (nc, dim) = (tile.cols.rows, tile.cols.dim);
+        let floor_of = |j: usize, top_thresholds: &[f32], row_thresholds: &[f32]| {
+            let lowest = match (top_thresholds.get(j), row_thresholds.get(j)) {
+                (Some(&a), Some(&b)) => a.min(b),
+                (Some(&a), None) | (None, Some(&a)) => a,
+                (None, None) => unreachable!("a screened request keeps a top-k"),
+            };
+            floor_below(lowest, tile.bound)
+        };
+        self.floors.clear();
+        self.floors
+            .extend((0..nc).map(|j| floor_of(j, top_thresholds, row_thresholds)));
+        let mut rescored = 0;
+        let mut pairs: Vec<(&[f32], &[f32])> = Vec::new();
+        for (i, values) in tile.values.chunks(tile.ld).take(tile.rows.rows).enumerate() {
+            self.candidates.clear();
+            above_floors(&values[..nc], &self.floors, &mut self.candidates);
+            if self.candidates.is_empty() {
+                continue;
+            }
+            let row = &tile.rows.data[i * dim..(i + 1) * dim];
+            pairs.clear();
+            pairs.extend(self.candidates.iter().map(|&j| {
+                (
+                    row,
+                    &tile.cols.data[j as usize * dim..(j as usize + 1) * dim],
+                )
+            }));
+            self.exact.resize(pairs.len(), 0.0);
+            tile.scorer.scores(&pairs, &mut self.exact);
+            rescored += pairs.len() as u64;
+            let global = tile.first_row + i as u32;
+            for (&j, &s) in self.candidates.iter().zip(&self.exact) {
+                let j = j as usize;
+                if !top.is_empty() && s > top_thresholds[j] {
+                    top[j].push(s);
+                    top_thresholds[j] = top[j].threshold();
+                }
+                if !top_rows.is_empty() && s > row_thresholds[j] {
+                    top_rows[j].push(Candidate {
+                        score: s,
+                        raw: s,
+                        row: global,
+                    });
+                    row_thresholds[j] = top_rows[j].threshold();
+                }
+                self.floors[j] = floor_of(j, top_thresholds, row_thresholds);
+            }
+        }
+        rescored
+    }
 }
 
 /// Offers each cell of a tile (rows `stride` apart, `nc` columns, the first
@@ -528,6 +723,34 @@ mod bodies {
             }
         }
     }
+
+    /// Appends to `out` the columns whose `values` lie above their
+    /// `floors`, in order: 16 columns tested together, one by one only
+    /// where one is (the screened pass 1's filter).
+    #[inline(always)]
+    pub fn above_floors(values: &[f32], floors: &[f32], out: &mut Vec<u32>) {
+        let full = values.len() - values.len() % LANES;
+        for j0 in (0..full).step_by(LANES) {
+            let v: &[f32; LANES] = values[j0..j0 + LANES].try_into().unwrap();
+            let f: &[f32; LANES] = floors[j0..j0 + LANES].try_into().unwrap();
+            let mut any = false;
+            for l in 0..LANES {
+                any |= v[l] > f[l];
+            }
+            if any {
+                out.extend(
+                    (j0..j0 + LANES)
+                        .filter(|&j| values[j] > floors[j])
+                        .map(|j| j as u32),
+                );
+            }
+        }
+        out.extend(
+            (full..values.len())
+                .filter(|&j| values[j] > floors[j])
+                .map(|j| j as u32),
+        );
+    }
 }
 
 dispatched! {
@@ -546,6 +769,7 @@ dispatched! {
         thresholds: &mut [f32],
         tops: &mut [TopValues]
     ) = bodies::column_top_values;
+    fn above_floors(values: &[f32], floors: &[f32], out: &mut Vec<u32>) = bodies::above_floors;
 }
 
 #[cfg(test)]

@@ -16,7 +16,10 @@ pub mod sinkhorn;
 pub mod tile;
 pub mod topk;
 
-pub use column_stats::{column_log_sum_exp, column_statistics, ColumnStates, ColumnStatsRequest};
+pub use column_stats::{
+    column_log_sum_exp, column_statistics, column_statistics_screened, ColumnStates,
+    ColumnStatsRequest,
+};
 pub use dispatch::has_avx512;
 pub use lse::LogSumExp;
 pub use screen::{strip_scratch_bytes, Screen, ScreenCounts, ScreenedRows};

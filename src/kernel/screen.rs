@@ -86,6 +86,12 @@ pub struct Screen<'a> {
 }
 
 impl<'a> Screen<'a> {
+    /// (query rows, gallery rows, dimension) of the blocks it screens.
+    pub fn shape(&self) -> (usize, usize, usize) {
+        let rows = |side: &ScreenedRows| side.norms.len();
+        (rows(self.queries), rows(self.gallery), self.queries.dim)
+    }
+
     /// # Panics
     /// When the operands were not packed as queries and gallery, or their
     /// dimensions differ.
@@ -101,6 +107,48 @@ impl<'a> Screen<'a> {
             bound: ScreenBound::new(queries.dim),
         }
     }
+}
+
+impl Screen<'_> {
+    /// Pass 1's screened tile: the similarities of the query block's rows
+    /// `r0..r1` with the gallery block's columns `c0..c1` (`c0` on a
+    /// panel) into `tile` (stride `ld`), and a bound on |screened − f32|
+    /// that holds for every one of them (each norm at its largest over the
+    /// tile's rows and columns).
+    pub(super) fn column_tile(
+        &self,
+        (r0, r1): (usize, usize),
+        (c0, c1): (usize, usize),
+        tile: &mut [f32],
+        ld: usize,
+    ) -> f64 {
+        assert_eq!(c0 % PANEL, 0, "tiles start on a panel");
+        let (dim, pairs) = (self.queries.dim, self.queries.dim.div_ceil(2));
+        screen_packed(
+            tile,
+            ld,
+            &self.queries.packed[r0 * pairs..r1 * pairs],
+            r1 - r0,
+            &self.gallery.packed[c0 * pairs..],
+            c1 - c0,
+            dim,
+        );
+        self.bound.of(
+            &RowNorms::max_of(&self.queries.norms[r0..r1]),
+            &RowNorms::max_of(&self.gallery.norms[c0..c1]),
+        )
+    }
+}
+
+/// The largest f32 `f` such that a screened value `s̃ ≤ f` proves, by the
+/// screen's `bound`, that the f32 value `s` it screens is at most
+/// `threshold` (`s ≤ s̃ + bound`); room for this f64 arithmetic.
+pub(super) fn floor_below(threshold: f32, bound: f64) -> f32 {
+    if threshold == f32::NEG_INFINITY {
+        return f32::NEG_INFINITY;
+    }
+    let t = threshold as f64;
+    round_down(t - bound - (t.abs() + bound) * 2f64.powi(-50))
 }
 
 /// What a screened search did: the (query, item) pairs it screened and
@@ -818,5 +866,65 @@ mod avx512 {
             greater += keep(j, screened[j] - h[j], floors, candidates, ambiguous) as u64;
         }
         greater
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `a + b` as an unevaluated sum `(s, e)` with `s + e = a + b` exactly
+    /// (Knuth's TwoSum).
+    fn two_sum(a: f64, b: f64) -> (f64, f64) {
+        let s = a + b;
+        let bb = s - a;
+        (s, (a - (s - bb)) + (b - bb))
+    }
+
+    /// The floor is safe (`f + bound ≤ threshold` exactly, so a screened
+    /// value at the floor cannot hide an f32 value above the threshold) and
+    /// tight (the next f32 up is not: the floor gives away at most the f64
+    /// room and one f32 step), over thresholds of both signs and many
+    /// magnitudes, bounds from the smallest to larger than the threshold,
+    /// and thresholds lying exactly `bound` above an f32.
+    #[test]
+    fn floors_are_safe_and_tight() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut cases = 0;
+        for _ in 0..200_000 {
+            let bits = next();
+            let magnitude = 2f32.powi((bits % 60) as i32 - 40);
+            let unit = ((bits >> 8) as u32 >> 8) as f32 / (1u32 << 24) as f32;
+            let sign = if bits & 1 == 0 { 1.0 } else { -1.0 };
+            let threshold = sign * magnitude * (0.5 + unit);
+            let e = match (bits >> 40) % 4 {
+                0 => 1e-37,
+                1 => threshold.abs() as f64 * 2f64.powi(-(((bits >> 44) % 30) as i32)),
+                2 => 2.0 * threshold.abs() as f64,
+                // The threshold exactly `e` above an f32 value below it.
+                _ => threshold as f64 - (threshold - magnitude * 2f32.powi(-10)) as f64,
+            };
+            let f = floor_below(threshold, e);
+            let (s, err) = two_sum(f as f64, e);
+            let t = threshold as f64;
+            assert!(
+                s < t || (s == t && err <= 0.0),
+                "threshold {threshold:e}, bound {e:e}: floor {f:e} is above threshold − bound"
+            );
+            let room = (t.abs() + e) * 2f64.powi(-49);
+            assert!(
+                f.next_up() as f64 + e > t - room,
+                "threshold {threshold:e}, bound {e:e}: floor {f:e} is looser than it needs"
+            );
+            cases += 1;
+        }
+        assert_eq!(floor_below(f32::NEG_INFINITY, 1.0), f32::NEG_INFINITY);
+        assert_eq!(cases, 200_000);
     }
 }

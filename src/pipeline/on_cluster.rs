@@ -56,6 +56,9 @@ pub(super) fn stats(
     cluster: &ClusterJob,
 ) -> Result<(AtomicFile, Vec<SinkhornReport>)> {
     let mut plan = StatsPlan::new(inputs, methods, metadata)?;
+    // Executors compute exact (their options carry no precision).
+    plan.metadata
+        .push(crate::bank::driver::precision_entry(false));
     let mut reports = Vec::new();
     let mut sink = FileStatsSink::new(out, job.overwrite);
     let spec = PassSpec::stats(job, methods, inputs.gallery.id_kind)
@@ -203,14 +206,7 @@ pub(super) fn results(
     protocol_bank: Option<ProtocolBank>,
     cluster: &ClusterJob,
 ) -> Result<(AtomicFile, Vec<MethodOutcome>, Option<ScreenSummary>)> {
-    // The executors search exact: the screen is chosen per CPU, and that
-    // choice does not travel to them yet.
-    if job.options.precision == crate::options::Precision::Screened {
-        return Err(HubnormError::Usage(
-            "--precision screened does not run on a cluster yet: use auto (exact there) or exact"
-                .into(),
-        ));
-    }
+    job.options.precision.check_on_cluster()?;
     let options = PassOptions {
         precision: crate::options::Precision::Exact,
         ..job.options.clone()

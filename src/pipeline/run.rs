@@ -157,7 +157,7 @@ pub(crate) fn run_uncommitted(
                 None => err,
             };
         let stats_out = job.out_dir.join("gallery_stats.parquet");
-        let (stats_file, sinkhorn) = match &job.cluster {
+        let (stats_file, pass1_report) = match &job.cluster {
             None => match write_stats(
                 &banks.inputs(&gallery, &index),
                 &methods,
@@ -188,7 +188,14 @@ pub(crate) fn run_uncommitted(
                     checkpoint: Default::default(),
                 };
                 let inputs = banks.inputs(&gallery, &index);
-                on_cluster::stats(&stats_job, &methods, &inputs, metadata, &stats_out, cluster)?
+                let (file, sinkhorn) = on_cluster::stats(
+                    &stats_job, &methods, &inputs, metadata, &stats_out, cluster,
+                )?;
+                let report = crate::stats_file::StatsReport {
+                    sinkhorn,
+                    screen: None,
+                };
+                (file, report)
             }
             #[cfg(not(feature = "cluster"))]
             Some(cluster) => return Err(without_cluster(&cluster.scheduler)),
@@ -284,7 +291,11 @@ pub(crate) fn run_uncommitted(
             .map(|o| o.summary(&job.options.report))
             .collect();
         for (summary, rule) in summaries.iter_mut().zip(&plan.methods) {
-            summary.sinkhorn = sinkhorn.iter().find(|r| r.method == rule.spec).cloned();
+            summary.sinkhorn = pass1_report
+                .sinkhorn
+                .iter()
+                .find(|r| r.method == rule.spec)
+                .cloned();
         }
         let summary = RunSummary {
             queries: queries.rows,
@@ -297,6 +308,7 @@ pub(crate) fn run_uncommitted(
             normalize: job.options.read.normalize,
             methods: summaries,
             screen,
+            bank_screen: pass1_report.screen.map(ScreenSummary::of),
         };
         let json = serde_json::to_string_pretty(&SummaryFile {
             summary: &summary,

@@ -279,6 +279,7 @@ pub(super) fn search_summary(
             .map(|o| o.summary(&job.options.report))
             .collect(),
         screen,
+        bank_screen: None,
     }
 }
 

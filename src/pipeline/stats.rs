@@ -37,6 +37,7 @@ fn with_stats_inputs<T: Send>(
 /// `hubnorm stats`: pass 1 only; writes `gallery_stats.parquet`,
 /// checkpointing finished gallery chunks as `job.checkpoint` says.
 pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome> {
+    job.options.precision.check_available()?;
     let methods = check_methods(&job.methods, job.gallery_bank.is_some())?;
     refuse_protocol(&methods, "stats")?;
     refuse_output_in_inputs(&job.out, &stats_inputs(job))?;
@@ -58,7 +59,7 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome
             progress,
             checkpoint.as_mut(),
         );
-        let (file, _) = match written {
+        let (file, report) = match written {
             Ok(written) => written,
             Err(err) => {
                 // Saved work is never deleted (the message says where it
@@ -86,7 +87,11 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome
         if let Some(checkpoint) = checkpoint {
             checkpoint.remove()?;
         }
-        Ok(StatsOutcome { path, resumed_rows })
+        Ok(StatsOutcome {
+            path,
+            resumed_rows,
+            screen: report.screen.map(ScreenSummary::of),
+        })
     })
 }
 
@@ -97,6 +102,7 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome
 /// once every shard is in. No checkpoint: a task lost with its executor is
 /// run again by the scheduler.
 pub fn run_stats_on(job: &StatsJob, cluster: &ClusterJob) -> Result<StatsOutcome> {
+    job.options.precision.check_on_cluster()?;
     let methods = stats_methods(job)?;
     if job.checkpoint.resume {
         return Err(HubnormError::Usage(
@@ -120,6 +126,7 @@ pub fn run_stats_on(job: &StatsJob, cluster: &ClusterJob) -> Result<StatsOutcome
         Ok(StatsOutcome {
             path,
             resumed_rows: 0,
+            screen: None,
         })
     })
 }

@@ -10,9 +10,10 @@ use arrow::datatypes::{DataType, Field, Schema};
 use clap::Args;
 use hubnorm::kernel::bf16::{pack_gallery_panels, pack_query_rows, screen_packed};
 use hubnorm::kernel::{
-    column_log_sum_exp, gemm::similarity_tile, has_avx512, lse_sweep, search_block,
-    search_block_screened, ColumnScoring, LogSumExp, Positives, QueryState, RowWeight, Rows,
-    Screen, ScreenedRows, Sweep, TileSource, TILE_COLS, TILE_ROWS,
+    column_log_sum_exp, column_statistics, column_statistics_screened, gemm::similarity_tile,
+    has_avx512, lse_sweep, search_block, search_block_screened, ColumnScoring, ColumnStates,
+    ColumnStatsRequest, LogSumExp, Positives, QueryState, RowWeight, Rows, Screen, ScreenedRows,
+    Sweep, TileSource, TILE_COLS, TILE_ROWS,
 };
 use hubnorm::options::{MemoryBudget, MethodSpec, PassOptions};
 use hubnorm::pipeline;
@@ -413,6 +414,49 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                     std::hint::black_box(&states);
                 }),
             );
+            // Pass 1's column top-k lists (csls's k = 10), exact and screened.
+            let request = ColumnStatsRequest {
+                column_top_k: 10,
+                ..ColumnStatsRequest::default()
+            };
+            let (bank, gallery) = (Rows::new(&a, dim), Rows::new(&b, dim));
+            report(
+                peak,
+                "fused tile + column top-10 (stats)",
+                dim,
+                flops,
+                time(args.repeats, || {
+                    let mut states = ColumnStates::new(n, &request, 0);
+                    column_statistics(bank, gallery, 0, 0, &request, &mut states);
+                    std::hint::black_box(&states);
+                }),
+            );
+            if bf16_peak.is_some() {
+                report(
+                    peak,
+                    "screened tile + column top-10 (stats)",
+                    dim,
+                    flops,
+                    time(args.repeats, || {
+                        let mut states = ColumnStates::new(n, &request, 0);
+                        let (sb, sg) = (
+                            ScreenedRows::queries(bank).expect("finite"),
+                            ScreenedRows::gallery(gallery).expect("finite"),
+                        );
+                        let screen = Screen::new(&sb, &sg);
+                        column_statistics_screened(
+                            bank,
+                            gallery,
+                            0,
+                            0,
+                            &request,
+                            &mut states,
+                            screen,
+                        );
+                        std::hint::black_box(&states);
+                    }),
+                );
+            }
         });
         if args.kernel_only {
             continue;

@@ -220,10 +220,11 @@ pub struct QualityArgs {
     /// instead of refusing them.
     #[arg(long)]
     pub skip_missing: bool,
-    /// How pass 2 computes similarities: exact (f32 tiles), screened (a
+    /// How the passes compute similarities: exact (f32 tiles), screened (a
     /// bf16 screen, re-scoring in f32 every item it cannot rule out: the
-    /// same lists and scores; needs AVX512_BF16; methods scoring s − h(g)),
-    /// or auto (screened where the CPU and methods allow). docs/precision.md.
+    /// same lists and scores; needs AVX512_BF16; methods scoring s − h(g);
+    /// pass 1's top-k statistics too), or auto (screened where the CPU and
+    /// methods allow). docs/precision.md.
     #[arg(long, default_value = "exact", value_parser = parse_precision)]
     pub precision: Precision,
 }
@@ -371,6 +372,13 @@ pub struct StatsArgs {
     /// Output file (gallery_stats.parquet).
     #[arg(long)]
     pub out: PathBuf,
+    /// How the statistics made of top-k lists (nnn, csls, ls, nicdm,
+    /// dissim-local) are computed: exact (f32 tiles), screened (a bf16
+    /// screen, re-scoring in f32 every similarity that could enter a list:
+    /// the same lists; needs AVX512_BF16) or auto (screened where the CPU
+    /// allows). docs/precision.md.
+    #[arg(long, default_value = "exact", value_parser = parse_precision)]
+    pub precision: Precision,
     #[command(flatten)]
     pub cluster: ClusterJobArgs,
     #[command(flatten)]
@@ -801,6 +809,8 @@ impl StatsArgs {
             self.checkpoint_interval,
             self.resume,
         )?;
+        let mut options = self.method.pass_options(&self.common);
+        options.precision = self.precision;
         Ok(hubnorm::pipeline::StatsJob {
             gallery: self.gallery.clone(),
             bank: self.bank.clone(),
@@ -813,7 +823,7 @@ impl StatsArgs {
                 .table
                 .apply(vec![self.out.clone()], self.overwrite || self.update)?
                 && !self.update,
-            options: self.method.pass_options(&self.common),
+            options,
             checkpoint,
         })
     }

@@ -32,6 +32,7 @@ fn main() -> ExitCode {
     if !matches!(cli.command, cli::Command::Cluster(_)) {
         cancel_on_signals();
     }
+    scalar_screen_from_env();
     let outcome = blas_from_env()
         .and_then(|()| storage_options(&cli.storage_options))
         .and_then(|()| match cli.command {
@@ -86,6 +87,15 @@ fn storage_options(options: &[String]) -> hubnorm::Result<()> {
         .map(|o| hubnorm::storage::parse_option(o))
         .collect::<hubnorm::Result<Vec<_>>>()?;
     hubnorm::storage::configure(&pairs)
+}
+
+/// `HUBNORM_SCALAR_SCREEN=1`: `--precision screened` and `auto` screen
+/// on CPUs without AVX512_BF16 too, in slow scalar code, so that the
+/// screened path can be tested anywhere (the results are the exact ones).
+fn scalar_screen_from_env() {
+    if std::env::var_os("HUBNORM_SCALAR_SCREEN").is_some_and(|v| v == "1") {
+        hubnorm::kernel::bf16::allow_scalar_screen();
+    }
 }
 
 /// `HUBNORM_BLAS=/path/to/libmkl_rt.so` (or OpenBLAS, BLIS): every similarity

@@ -77,9 +77,22 @@ pub fn stats(args: StatsArgs) -> Result<()> {
                 outcome.resumed_rows
             );
         }
+        if let Some(screen) = &outcome.screen {
+            print_screen("bf16 screen", "(bank, gallery)", screen);
+        }
         println!("wrote {}", outcome.path.display());
     }
     Ok(())
+}
+
+/// What a pass's bf16 screen did, as a line of the summary.
+fn print_screen(what: &str, pairs: &str, screen: &hubnorm::pipeline::ScreenSummary) {
+    println!(
+        "{what}: re-scored {} of {} {pairs} pairs in f32 ({:.3}%)",
+        screen.rescored_pairs,
+        screen.screened_pairs,
+        100.0 * screen.rescored_pairs as f64 / screen.screened_pairs.max(1) as f64
+    );
 }
 
 pub fn search(args: SearchArgs) -> Result<()> {
@@ -173,13 +186,11 @@ fn print_summary(summary: &RunSummary) {
                 .unwrap_or_default()
     );
     print!("{}", summary_table(&summary.methods));
+    if let Some(screen) = &summary.bank_screen {
+        print_screen("bf16 screen, pass 1", "(bank, gallery)", screen);
+    }
     if let Some(screen) = &summary.screen {
-        println!(
-            "bf16 screen: re-scored {} of {} (query, item) pairs in f32 ({:.3}%)",
-            screen.rescored_pairs,
-            screen.screened_pairs,
-            100.0 * screen.rescored_pairs as f64 / screen.screened_pairs.max(1) as f64
-        );
+        print_screen("bf16 screen", "(query, item)", screen);
     }
 }
 

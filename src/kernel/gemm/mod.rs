@@ -124,16 +124,17 @@ pub fn similarity_tile(
 /// screened search re-scores its candidates with, so that they come out
 /// exactly as the full tile would have them. `None` where the tile takes a
 /// path whose summation order this does not reproduce: a system BLAS, a CPU
-/// without AVX-512 (other `gemm` kernels), or the shapes the `gemm` crate
+/// without FMA (the crate's scalar kernel), or the shapes the `gemm` crate
 /// hands to its small-matrix kernels (`m` or `n` ≤ 1, `m·n` ≤ 256, `dim` ≤ 2).
 ///
 /// The `gemm` crate (0.19) computes every element of such a tile by its
-/// AVX-512 microkernel: a chain of fused multiply-adds from +0 over each
-/// depth block of `kc` dimensions, in order, the blocks' sums added to the
-/// element in order. `kc` is `min(dim, 512)` for tiles of at most 64 × 64
-/// and otherwise the crate's cache-derived [`gemm_common::cache::kernel_params`]
-/// (for its 64 × 6 f32 microkernel); `tests::tile_scores_are_the_tiles_bits`
-/// holds this to the crate's output.
+/// AVX-512 or, without AVX-512F, its AVX2/FMA microkernel: a chain of fused
+/// multiply-adds from +0 over each depth block of `kc` dimensions, in
+/// order, the blocks' sums added to the element in order. `kc` is
+/// `min(dim, 512)` for tiles of at most 64 × 64 and otherwise the crate's
+/// cache-derived [`gemm_common::cache::kernel_params`] for the microkernel's
+/// shape ([`Microkernel`]); `tests::tile_scores_are_the_tiles_bits` holds
+/// this to the crate's output.
 pub fn tile_score(q: &[f32], g: &[f32], m: usize, n: usize) -> Option<f32> {
     let mut out = [0f32];
     TileScorer::new(m, n, q.len())?.scores(&[(q, g)], &mut out);
@@ -230,31 +231,57 @@ super::dispatch::dispatched! {
 /// Whether [`tile_score`] reproduces the elements of an `m × n` tile of
 /// `dim`-dimensional rows in this process.
 pub fn reproducible(m: usize, n: usize, dim: usize) -> bool {
-    BLAS.get().is_none() && has_avx512f() && dim > 2 && m > 1 && n > 1 && m * n > 256
+    BLAS.get().is_none()
+        && Microkernel::of_this_cpu().is_some()
+        && dim > 2
+        && m > 1
+        && n > 1
+        && m * n > 256
 }
 
-/// The `gemm` crate's depth block for an `m × n × dim` f32 product on AVX-512.
+/// The `gemm` crate's f32 microkernels whose summation order [`TileScorer`]
+/// reproduces; the crate picks one at run time as this does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Microkernel {
+    /// 4 × 16 rows by 6 columns (its `x86-v4` feature, on with ours).
+    Avx512,
+    /// 2 × 8 rows by 6 columns.
+    Fma,
+}
+
+impl Microkernel {
+    fn of_this_cpu() -> Option<Microkernel> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                return Some(Microkernel::Avx512);
+            }
+            if std::arch::is_x86_feature_detected!("fma") {
+                return Some(Microkernel::Fma);
+            }
+        }
+        None
+    }
+
+    /// Rows and columns of the microkernel's block of the destination.
+    fn shape(self) -> (usize, usize) {
+        match self {
+            Microkernel::Avx512 => (64, 6),
+            Microkernel::Fma => (16, 6),
+        }
+    }
+}
+
+/// The `gemm` crate's depth block for an `m × n × dim` f32 product.
 fn depth_block(m: usize, n: usize, dim: usize) -> usize {
-    /// Rows and columns of the crate's AVX-512 f32 microkernel (4 × 16 by 6).
-    const MR: usize = 64;
-    const NR: usize = 6;
     if m <= 64 && n <= 64 {
-        dim.min(512)
-    } else {
-        // The crate computes a row-major destination as its transpose.
-        gemm_common::cache::kernel_params(n, m, dim, MR, NR, std::mem::size_of::<f32>()).kc
+        return dim.min(512);
     }
-}
-
-fn has_avx512f() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    let (mr, nr) = Microkernel::of_this_cpu()
+        .expect("asked only where reproducible")
+        .shape();
+    // The crate computes a row-major destination as its transpose.
+    gemm_common::cache::kernel_params(n, m, dim, mr, nr, std::mem::size_of::<f32>()).kc
 }
 
 /// The textbook triple loop, kept as the baseline the benchmark compares with
@@ -311,8 +338,8 @@ mod tests {
     #[test]
     #[allow(clippy::print_stderr)] // a skipped test says so
     fn tile_scores_are_the_tiles_bits() {
-        if !has_avx512f() {
-            eprintln!("SKIPPED: no AVX-512F here: the gemm crate takes another kernel");
+        if Microkernel::of_this_cpu().is_none() {
+            eprintln!("SKIPPED: no FMA here: the gemm crate takes its scalar kernel");
             return;
         }
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
