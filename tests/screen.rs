@@ -544,7 +544,14 @@ fn screened_columns_equal_exact(
         column_statistics(rows, g, first_row, 7, &request, &mut exact);
         let screened_bank = ScreenedRows::queries(rows).expect("in bf16 range");
         let screen = Screen::new(&screened_bank, &screened_gallery);
-        let c = column_statistics_screened(rows, g, first_row, 7, &request, &mut screened, screen);
+        let (_, c) = column_statistics_screened(
+            rows,
+            g,
+            (first_row, 7),
+            &request,
+            &mut screened,
+            Some(screen),
+        );
         counts.0 += c.screened;
         counts.1 += c.rescored;
     }

@@ -10,8 +10,8 @@ use crate::bank::states::ActivationState;
 use crate::cache::TableBlocks;
 use crate::error::{HubnormError, Result};
 use crate::kernel::{
-    column_statistics, column_statistics_screened, Candidate, ColumnStates, ColumnStatsRequest,
-    QueryState, Rows, Screen, ScreenCounts, ScreenedRows, TopK, TopValues, TILE_COLS, TILE_ROWS,
+    column_statistics_screened, Candidate, ColumnStates, ColumnStatsRequest, QueryState, Rows,
+    Screen, ScreenCounts, ScreenedRows, TopK, TopValues, TILE_COLS, TILE_ROWS,
 };
 use crate::plan::PlanRequest;
 use crate::progress::{Progress, RowProgress};
@@ -312,32 +312,20 @@ pub fn compute_bank_statistics(
                     return Err(dimension_error(input.table, gallery));
                 }
                 let bank_rows = Rows::new(&block.data, dim);
-                let screened_block = screened_chunk
+                // The bf16 copies of the block and of the chunk, when screened.
+                let copies = screened_chunk
                     .as_ref()
                     .filter(|_| screened(input))
                     .and_then(|chunk| Some((ScreenedRows::queries(bank_rows)?, chunk)));
-                if let Some((block_copy, chunk_copy)) = &screened_block {
-                    let counts = column_statistics_screened(
-                        bank_rows,
-                        gallery_rows,
-                        block.first_row as u32,
-                        chunk.first_row as u32,
-                        &input.request,
-                        &mut chunk_states,
-                        Screen::new(block_copy, chunk_copy),
-                    );
-                    output.screen.add(counts);
-                    rows_done.advance(chunk.rows, block.rows);
-                    return Ok(());
-                }
-                let row_tops = column_statistics(
+                let (row_tops, counts) = column_statistics_screened(
                     bank_rows,
                     gallery_rows,
-                    block.first_row as u32,
-                    chunk.first_row as u32,
+                    (block.first_row as u32, chunk.first_row as u32),
                     &input.request,
                     &mut chunk_states,
+                    copies.as_ref().map(|(rows, cols)| Screen::new(rows, cols)),
                 );
+                output.screen.add(counts);
                 if !row_tops.is_empty() {
                     let activation = if *is_query_bank {
                         &mut output.bank_activation

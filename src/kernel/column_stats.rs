@@ -169,51 +169,25 @@ pub fn column_statistics(
     request: &ColumnStatsRequest<'_>,
     states: &mut ColumnStates,
 ) -> Vec<TopK> {
-    block_statistics(rows, cols, (first_row, first_col), request, states, None).0
+    column_statistics_screened(rows, cols, (first_row, first_col), request, states, None).0
 }
 
-/// [`column_statistics`] of a request that is [`ColumnStatsRequest::screenable`],
-/// from the bf16 screen of `rows` (packed as queries) × `cols` (packed as
-/// gallery): every cell whose screened value, plus the screen's bound,
-/// could pass its column's top-k threshold is re-scored in f32 with the
-/// bits its f32 tile would have had ([`TileScorer`]) and offered as the
-/// exact pass offers it; no other cell could have entered. The states
-/// come out bit for bit as [`column_statistics`] makes them. Tiles whose
-/// f32 bits are not reproduced here (small shapes, a system BLAS) run
-/// exact. Returns the cells screened and re-scored.
+/// [`column_statistics`], from the bf16 screen of `rows` (packed as
+/// queries) × `cols` (packed as gallery) when one is given, for a request
+/// that is [`ColumnStatsRequest::screenable`]: every cell whose screened
+/// value, plus the screen's bound, could pass its column's top-k threshold
+/// is re-scored in f32 with the bits its f32 tile would have had
+/// ([`TileScorer`]) and offered as the exact pass offers it; no other cell
+/// could have entered. The states come out bit for bit as
+/// [`column_statistics`] makes them. Tiles whose f32 bits are not
+/// reproduced here (small shapes, a system BLAS) run exact. Returns the
+/// rows' best columns as [`column_statistics`] does, and the cells
+/// screened and re-scored.
 ///
 /// # Panics
-/// As [`column_statistics`], and when the request is not screenable or
-/// the screen's operands are not these rows.
+/// As [`column_statistics`], and, with a screen, when the request is not
+/// screenable or the screen's operands are not these rows.
 pub fn column_statistics_screened(
-    rows: Rows<'_>,
-    cols: Rows<'_>,
-    first_row: u32,
-    first_col: u32,
-    request: &ColumnStatsRequest<'_>,
-    states: &mut ColumnStates,
-    screen: Screen<'_>,
-) -> ScreenCounts {
-    assert!(
-        request.screenable(),
-        "a request with more than column top-k lists"
-    );
-    assert!(
-        screen.shape() == (rows.rows, cols.rows, rows.dim),
-        "a screen of other blocks"
-    );
-    block_statistics(
-        rows,
-        cols,
-        (first_row, first_col),
-        request,
-        states,
-        Some(screen),
-    )
-    .1
-}
-
-fn block_statistics(
     rows: Rows<'_>,
     cols: Rows<'_>,
     (first_row, first_col): (u32, u32),
@@ -221,6 +195,16 @@ fn block_statistics(
     states: &mut ColumnStates,
     screen: Option<Screen<'_>>,
 ) -> (Vec<TopK>, ScreenCounts) {
+    if let Some(screen) = &screen {
+        assert!(
+            request.screenable(),
+            "a request with more than column top-k lists"
+        );
+        assert!(
+            screen.shape() == (rows.rows, cols.rows, rows.dim),
+            "a screen of other blocks"
+        );
+    }
     let nb = request.betas.len();
     assert_eq!(rows.dim, cols.dim, "dimension mismatch");
     assert_eq!(

@@ -447,11 +447,10 @@ pub fn bench(args: BenchArgs) -> Result<()> {
                         column_statistics_screened(
                             bank,
                             gallery,
-                            0,
-                            0,
+                            (0, 0),
                             &request,
                             &mut states,
-                            screen,
+                            Some(screen),
                         );
                         std::hint::black_box(&states);
                     }),
