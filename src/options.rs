@@ -189,9 +189,7 @@ impl Precision {
             Precision::Screened => Ok(true),
         }
     }
-}
 
-impl Precision {
     /// Refuses `Screened` where the screen cannot run (no AVX512_BF16, or
     /// a system BLAS whose tiles' bits the re-scoring cannot reproduce).
     pub fn check_available(self) -> Result<()> {
