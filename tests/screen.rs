@@ -258,7 +258,7 @@ fn screened_equals_exact(
 #[test]
 fn screened_search_equals_the_exact_search() {
     if !hubnorm::kernel::gemm::reproducible(512, 2048, 384) {
-        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no AVX-512)");
+        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no FMA)");
         return;
     }
     let mut rng = StdRng::seed_from_u64(34);
@@ -295,7 +295,7 @@ fn screened_search_equals_the_exact_search() {
 #[test]
 fn screened_search_over_many_tiles_equals_the_exact_search() {
     if !hubnorm::kernel::gemm::reproducible(512, 2048, 64) {
-        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no AVX-512)");
+        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no FMA)");
         return;
     }
     let mut rng = StdRng::seed_from_u64(37);
@@ -321,7 +321,7 @@ fn screened_search_over_many_tiles_equals_the_exact_search() {
 #[test]
 fn screened_search_of_a_narrow_band_equals_the_exact_search() {
     if !hubnorm::kernel::gemm::reproducible(512, 2048, 768) {
-        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no AVX-512)");
+        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no FMA)");
         return;
     }
     let mut rng = StdRng::seed_from_u64(35);
