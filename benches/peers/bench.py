@@ -577,12 +577,12 @@ class Bench:
         res = lambda rdir: os.path.join(rdir, "results.parquet")  # noqa: E731
         stats = lambda rdir: os.path.join(rdir, "gallery_stats.parquet")  # noqa: E731
 
-        def stats_search(method):
+        def stats_search(method, *extra):
             return lambda rdir, t: [
                 [self.hub, "stats", "--gallery", data.gallery, "--bank", data.bank, "--method", method,
-                 "--out", stats(rdir)] + hc(t),
+                 "--out", stats(rdir), *extra] + hc(t),
                 [self.hub, "search", "--queries", data.queries, "--gallery", data.gallery, "--stats", stats(rdir),
-                 "--method", method, "--k", str(K), "--bootstrap", "0", "--out", res(rdir)] + hc(t)]
+                 "--method", method, "--k", str(K), "--bootstrap", "0", "--out", res(rdir), *extra] + hc(t)]
 
         if job == "topk":
             chk = lambda ref, mine: check_topk(ref and res(ref), "none", mine, data)  # noqa: E731
@@ -652,6 +652,10 @@ class Bench:
             chunk = max(1, min(ng, (1 << 26) // max(1, nb)))
             return both, [
                 Tool("hubnorm", stats_search("nnn")),
+            ] + ([
+                Tool("hubnorm-screened", stats_search("nnn", "--precision", "screened"),
+                     check=check_same_results, checked=True),
+            ] if has_avx512_bf16() else []) + [
                 Tool("chunked+faiss", self.peer("nnn-chunked", data, "--alpha", str(ALPHA), "--nnn-k", str(NNN_K)),
                      peer=True, need=2 * inp_all + 2 * chunk * nb * 4 + 2 * (nq + ng) * (d + 1) * 4, check=chk),
             ]
@@ -1184,17 +1188,25 @@ def check_stats(ref_stats, columns, mine_dir, data: Data):
 
 
 def check_same_results(ref_dir, mine_dir):
-    """A screened hubnorm run against the exact one: results.parquet row for row, value for value."""
+    """A screened hubnorm run against the exact one: results.parquet row for row, value for value, and
+    gallery_stats.parquet's columns likewise where the run wrote one (all but its metadata, which records
+    the precision)."""
     import pyarrow.parquet as pq
     if not ref_dir:
         return "n/a (no hubnorm output)"
-    a, b = (pq.read_table(os.path.join(d, "results.parquet")) for d in (ref_dir, mine_dir))
-    if a.num_rows != b.num_rows:
-        return f"mismatch: {b.num_rows} result rows vs {a.num_rows}"
-    for name in a.column_names:
-        if not a[name].equals(b[name]):
-            return f"mismatch: column {name} differs"
-    return f"ok (identical: {a.num_rows} rows)"
+    parts = []
+    for name in ("results.parquet", "gallery_stats.parquet"):
+        paths = [os.path.join(d, name) for d in (ref_dir, mine_dir)]
+        if name != "results.parquet" and not all(os.path.exists(x) for x in paths):
+            continue
+        a, b = (pq.read_table(x) for x in paths)
+        if a.num_rows != b.num_rows:
+            return f"mismatch: {name} has {b.num_rows} rows vs {a.num_rows}"
+        for column in a.column_names:
+            if column not in b.column_names or not a[column].equals(b[column]):
+                return f"mismatch: {name} column {column} differs"
+        parts.append(f"{name.split('.')[0]} {a.num_rows} rows")
+    return f"ok (identical: {', '.join(parts)})"
 
 
 def has_avx512_bf16() -> bool:
