@@ -152,14 +152,17 @@ pub struct PassOptions {
 
 /// How the passes compute the similarities they rank by (`--precision`):
 /// pass 2's search, and pass 1's statistics made of top-k lists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// f32 tiles throughout.
     #[default]
     Exact,
     /// A bf16 screen, re-scoring in f32 every item it cannot rule out of a
     /// top-k (docs/precision.md): the lists, scores and counts of `Exact`.
-    /// Needs AVX512_BF16 (and the `gemm` crate's AVX-512 tiles).
+    /// Needs AVX512_BF16, or the scalar model of its arithmetic that
+    /// `kernel::bf16::allow_scalar_screen` (`HUBNORM_SCALAR_SCREEN=1`) turns
+    /// on for testing.
     Screened,
     /// `Screened` where the CPU and the methods allow it, else `Exact`.
     Auto,
@@ -179,15 +182,19 @@ impl Precision {
     /// `Screened` where it cannot is refused, naming what is missing.
     pub fn screens(self, all_screenable: bool) -> Result<bool> {
         self.check_available()?;
-        let cpu = screen_runs_here();
-        match self {
-            Precision::Exact => Ok(false),
-            Precision::Auto => Ok(cpu && all_screenable),
-            Precision::Screened if !all_screenable => Err(HubnormError::Usage(
+        self.check_methods(all_screenable)?;
+        Ok(self != Precision::Exact && all_screenable && screen_runs_here())
+    }
+
+    /// Refuses `Screened` for a search whose methods are not
+    /// `all_screenable`, whatever the CPU.
+    pub fn check_methods(self, all_screenable: bool) -> Result<()> {
+        if self == Precision::Screened && !all_screenable {
+            return Err(HubnormError::Usage(
                 "--precision screened: dsl, gc, ls, nicdm and mp score other than s − h(g), which the screen cannot bound yet; use --precision auto (they run exact) or exact".into(),
-            )),
-            Precision::Screened => Ok(true),
+            ));
         }
+        Ok(())
     }
 
     /// Refuses `Screened` where the screen cannot run (no AVX512_BF16, or
@@ -201,17 +208,29 @@ impl Precision {
         Ok(())
     }
 
-    /// Refuses `Screened` for a pass on a cluster: the executors compute
-    /// exact, since the screen is chosen per CPU and that choice does not
-    /// travel to them yet.
-    pub fn check_on_cluster(self) -> Result<()> {
-        if self == Precision::Screened {
-            return Err(HubnormError::Usage(
-                "--precision screened does not run on a cluster yet: use auto (exact there) or exact"
-                    .into(),
-            ));
+    /// What an output records as its precision (`hubnorm.precision`) when
+    /// its pass ran here and `screened` or not.
+    pub fn recorded(screened: bool) -> &'static str {
+        if screened {
+            "screened"
+        } else {
+            "exact"
         }
-        Ok(())
+    }
+
+    /// What an output records as its precision when its pass ran on a
+    /// cluster, for methods the screen can serve (`screenable`) or not.
+    /// Each executor applies the precision on its own CPU: `screened`
+    /// everywhere (an executor without the screen refuses its task), or
+    /// under `auto` wherever it can, so `auto` is recorded as such. The
+    /// results are the exact ones either way.
+    pub fn recorded_on_cluster(self, screenable: bool) -> &'static str {
+        match self {
+            Precision::Exact => "exact",
+            _ if !screenable => "exact",
+            Precision::Screened => "screened",
+            Precision::Auto => "auto",
+        }
     }
 
     /// Whether pass 1 takes the statistics that are column top-k lists

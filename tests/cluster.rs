@@ -1189,3 +1189,103 @@ fn an_executor_stays_within_its_memory_limit() {
     let bytes = |name: &str| std::fs::read(data.join(name)).unwrap();
     assert!(bytes("local.parquet") == bytes("cluster.parquet"));
 }
+
+/// `--precision` travels to the executors, and each applies it on its own
+/// CPU: an executor with the screen (`HUBNORM_SCALAR_SCREEN=1` where the CPU
+/// lacks AVX512_BF16) screens pass 1's top-k lists under `auto` and pass 2
+/// under `screened`, logging what it re-scored, and the files hold the
+/// local exact values with the precision asked for recorded; an executor
+/// without the screen computes `auto` exact and fails a `screened` task
+/// with the reason, writing nothing.
+#[test]
+fn precision_travels_to_each_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    write_data(&data);
+    let stats = |extra: &[&str], methods: &str, out: &str| {
+        hubnorm(["stats", "--gallery", "gallery", "--bank", "bank.parquet"])
+            .args(["--methods", methods, "--out", out, "--quiet"])
+            .args(extra)
+            .current_dir(&data)
+            .output()
+    };
+    let search = |extra: &[&str], out: &str| {
+        hubnorm([
+            "search",
+            "--queries",
+            "queries.parquet",
+            "--gallery",
+            "gallery",
+        ])
+        .args(["--stats", "local_stats.parquet", "--methods", "nnn,csls"])
+        .args(["--k", "5", "--out", out, "--quiet"])
+        .args(extra)
+        .current_dir(&data)
+        .output()
+    };
+    let precision = |out: &str| {
+        parquet_metadata(&data.join(out))
+            .into_iter()
+            .find(|(k, _)| k == "hubnorm.precision")
+            .map(|(_, v)| v)
+            .unwrap_or_default()
+    };
+    let assert_same_values = |local: &str, cluster: &str| {
+        let (a, b) = (
+            read_parquet(&data.join(local)),
+            read_parquet(&data.join(cluster)),
+        );
+        assert_eq!(a.num_rows(), b.num_rows(), "{cluster}");
+        assert!(a.columns() == b.columns(), "{cluster} differs from {local}");
+    };
+    stats(&[], "nnn,csls", "local_stats.parquet").assert_success();
+    search(&[], "local_results.parquet").assert_success();
+    assert_eq!(precision("local_stats.parquet"), "exact");
+
+    let screening = Cluster::start(
+        &data,
+        &dir.path().join("logs-screen"),
+        &vec![],
+        &[vec![("HUBNORM_SCALAR_SCREEN".into(), "1".into())]],
+    );
+    let url = screening.url();
+    let on =
+        |precision: &'static str| ["--cluster", &url, "--shards", "3", "--precision", precision];
+    stats(&on("auto"), "nnn,csls", "auto_stats.parquet").assert_success();
+    assert_same_values("local_stats.parquet", "auto_stats.parquet");
+    assert_eq!(precision("auto_stats.parquet"), "auto");
+    search(&on("screened"), "screened_results.parquet").assert_success();
+    assert_same_values("local_results.parquet", "screened_results.parquet");
+    assert_eq!(precision("screened_results.parquet"), "screened");
+    // `is` needs every similarity: nothing to screen, recorded as exact.
+    stats(&on("screened"), "is", "is_stats.parquet").assert_success();
+    assert_eq!(precision("is_stats.parquet"), "exact");
+    let log = screening.executor_log(0);
+    for precision in ["auto", "screened"] {
+        assert!(
+            log.contains(&format!("bf16 screen ({precision}): re-scored")),
+            "the executor logged no screen under {precision}:\n{log}"
+        );
+    }
+    drop(screening);
+
+    let plain = Cluster::start(&data, &dir.path().join("logs-plain"), &vec![], &[vec![]]);
+    let url = plain.url();
+    let on =
+        |precision: &'static str| ["--cluster", &url, "--shards", "3", "--precision", precision];
+    stats(&on("auto"), "nnn,csls", "plain_stats.parquet").assert_success();
+    assert_same_values("local_stats.parquet", "plain_stats.parquet");
+    if hubnorm::kernel::bf16::has_avx512_bf16() {
+        eprintln!("this CPU has AVX512_BF16: every executor screens, none refuses");
+        return;
+    }
+    assert!(!plain.executor_log(0).contains("bf16 screen"));
+    let refused = stats(&on("screened"), "nnn,csls", "refused_stats.parquet");
+    assert!(!refused.success());
+    assert!(
+        refused.stderr().contains("AVX512_BF16"),
+        "{}",
+        refused.stderr()
+    );
+    assert!(!data.join("refused_stats.parquet").exists());
+}

@@ -21,7 +21,7 @@ use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
 use crate::kernel::ScreenCounts;
 use crate::method::MethodSpec;
-use crate::options::PassOptions;
+use crate::options::{PassOptions, Precision};
 use crate::progress::Progress;
 use crate::sink::{AtomicFile, ParquetSink};
 use crate::source::EmbeddingTable;
@@ -228,6 +228,15 @@ impl StatsPlan {
         Arc::new(Schema::new(self.schema.fields()[..1 + early].to_vec()))
     }
 
+    /// Whether some bank's statistics of this plan are of the kind the bf16
+    /// screen serves (column top-k lists), whatever the CPU.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn bank_screenable(&self, inputs: &StatsInputs<'_>) -> bool {
+        let mut request = self.pass_request(inputs, &PassOptions::default(), 0..0, None);
+        request.screen = true;
+        request.screens_a_bank()
+    }
+
     /// The bank pass over `gallery_rows` of `inputs`, from `resume` when set.
     fn pass_request<'a>(
         &'a self,
@@ -349,7 +358,7 @@ pub fn stream_stats(
     let screened = plan
         .pass_request(inputs, options, 0..0, None)
         .screens_a_bank();
-    metadata.push(precision_entry(screened));
+    metadata.push(precision_entry(Precision::recorded(screened)));
     // Activation columns are known only after the last chunk: the other
     // columns go to a scratch file first and are copied next to them then.
     let direct = plan.rows_are_independent();
@@ -479,10 +488,10 @@ pub fn stream_stats(
     })
 }
 
-/// The stats file's record of whether pass 1 screened (after the plan's
-/// metadata). The statistics are the same either way; the speed is not.
-pub(crate) fn precision_entry(screened: bool) -> (String, String) {
-    let precision = if screened { "screened" } else { "exact" };
+/// The stats file's record of its pass 1's precision (after the plan's
+/// metadata; [`Precision::recorded`], [`Precision::recorded_on_cluster`]).
+/// The statistics are the same either way; the speed is not.
+pub(crate) fn precision_entry(precision: &str) -> (String, String) {
     ("hubnorm.precision".into(), precision.into())
 }
 

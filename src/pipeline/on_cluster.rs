@@ -56,9 +56,13 @@ pub(super) fn stats(
     cluster: &ClusterJob,
 ) -> Result<(AtomicFile, Vec<SinkhornReport>)> {
     let mut plan = StatsPlan::new(inputs, methods, metadata)?;
-    // Executors compute exact (their options carry no precision).
+    // Each executor applies the precision on its own CPU.
+    let precision = job
+        .options
+        .precision
+        .recorded_on_cluster(plan.bank_screenable(inputs));
     plan.metadata
-        .push(crate::bank::driver::precision_entry(false));
+        .push(crate::bank::driver::precision_entry(precision));
     let mut reports = Vec::new();
     let mut sink = FileStatsSink::new(out, job.overwrite);
     let spec = PassSpec::stats(job, methods, inputs.gallery.id_kind)
@@ -206,11 +210,10 @@ pub(super) fn results(
     protocol_bank: Option<ProtocolBank>,
     cluster: &ClusterJob,
 ) -> Result<(AtomicFile, Vec<MethodOutcome>, Option<ScreenSummary>)> {
-    job.options.precision.check_on_cluster()?;
-    let options = PassOptions {
-        precision: crate::options::Precision::Exact,
-        ..job.options.clone()
-    };
+    // Each executor applies the precision on its own CPU; the methods are
+    // checked here, before anything is sent.
+    let screenable = crate::query::pass::all_screenable(&plan.scorings);
+    job.options.precision.check_methods(screenable)?;
     let mut sink = results_sink(
         queries,
         gallery,
@@ -218,7 +221,8 @@ pub(super) fn results(
         job.k,
         &job.out,
         job.overwrite,
-        &options,
+        &job.options,
+        job.options.precision.recorded_on_cluster(screenable),
         metadata,
     )?;
     let mut figures = OutcomesFromRows::new(

@@ -22,9 +22,17 @@ pub(super) fn write_results(
     Vec<MethodOutcome>,
     Option<ScreenSummary>,
 )> {
+    let precision = crate::options::Precision::recorded(crate::query::pass::screens(
+        options.precision,
+        &plan.scorings,
+    )?);
     // Without a destination (tuning), only the figures are gathered.
     let mut sink = out
-        .map(|out| results_sink(queries, gallery, plan, k, out, overwrite, options, metadata))
+        .map(|out| {
+            results_sink(
+                queries, gallery, plan, k, out, overwrite, options, precision, metadata,
+            )
+        })
         .transpose()?;
     let (outcomes, screen) = search_into(
         queries,
@@ -66,7 +74,18 @@ pub(super) fn write_results_checkpointed(
     progress: &dyn Progress,
     checkpoint: &mut Checkpoint,
 ) -> Result<(AtomicFile, Vec<MethodOutcome>, Option<ScreenSummary>)> {
-    let mut sink = results_sink(queries, gallery, plan, k, out, overwrite, options, metadata)?;
+    let screen = crate::query::pass::screens(options.precision, &plan.scorings)?;
+    let mut sink = results_sink(
+        queries,
+        gallery,
+        plan,
+        k,
+        out,
+        overwrite,
+        options,
+        crate::options::Precision::recorded(screen),
+        metadata,
+    )?;
     let mut figures = OutcomesFromRows::new(
         plan,
         k,
@@ -88,7 +107,6 @@ pub(super) fn write_results_checkpointed(
     };
     let mut counts = checkpoint.resumed_screen_counts()?;
     checkpoint.replay(&schema, |batch| write(&mut sink, &mut figures, &batch))?;
-    let screen = crate::query::pass::screens(options.precision, &plan.scorings)?;
     let start = checkpoint.resumed_rows();
     if start < queries.rows {
         let searched = search_blocks_into(
@@ -136,16 +154,13 @@ pub(super) fn results_sink(
     out: &Path,
     overwrite: bool,
     options: &PassOptions,
+    precision: &str,
     mut metadata: Vec<(String, String)>,
 ) -> Result<ParquetSink> {
     let schema = results_schema(queries.id_kind, gallery.id_kind);
     metadata.extend(common_metadata("results", options));
     // The lists and scores are the same either way; the speed is not.
-    let precision = crate::query::pass::screens(options.precision, &plan.scorings)?;
-    metadata.push((
-        "hubnorm.precision".into(),
-        if precision { "screened" } else { "exact" }.into(),
-    ));
+    metadata.push(("hubnorm.precision".into(), precision.into()));
     metadata.push((
         "hubnorm.methods".into(),
         methods_json(&plan.methods.iter().map(|m| m.spec).collect::<Vec<_>>()),
@@ -326,6 +341,7 @@ pub(super) fn prepare_protocol(
 /// query, or of the rows `query_rows` alone (a cluster task's shard). With
 /// `protocol_bank`, `sinkhorn-pp` may be among the methods (a shard of a
 /// `run`), and draws its pseudo-test queries from it as the run does.
+/// Returns what the bf16 screen did (zeros where it did not run).
 pub fn stream_search(
     job: &SearchJob,
     query_rows: Option<std::ops::Range<u64>>,
@@ -333,7 +349,7 @@ pub fn stream_search(
     protocol_bank: Option<&ProtocolBank>,
     progress: &dyn Progress,
     emit: &mut (dyn FnMut(&RecordBatch) -> Result<()> + Send),
-) -> Result<()> {
+) -> Result<crate::kernel::ScreenCounts> {
     check_k(job.k)?;
     let methods = check_methods(&job.methods, true)?;
     if protocol_bank.is_none() {
@@ -360,7 +376,7 @@ pub fn stream_search(
             }
             None => None,
         };
-        search_into(
+        let (_, screen) = search_into(
             &queries,
             query_rows.unwrap_or(0..queries.rows),
             &gallery,
@@ -373,6 +389,6 @@ pub fn stream_search(
             progress,
             emit,
         )?;
-        Ok(())
+        Ok(screen.unwrap_or_default())
     })
 }

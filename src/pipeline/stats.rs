@@ -102,7 +102,6 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome
 /// once every shard is in. No checkpoint: a task lost with its executor is
 /// run again by the scheduler.
 pub fn run_stats_on(job: &StatsJob, cluster: &ClusterJob) -> Result<StatsOutcome> {
-    job.options.precision.check_on_cluster()?;
     let methods = stats_methods(job)?;
     if job.checkpoint.resume {
         return Err(HubnormError::Usage(
@@ -209,14 +208,15 @@ fn refuse_methods(
 /// columns in [`crate::bank::shards::shard_schema`] followed by the shard's
 /// activation states, for a client that merges them (and computes the
 /// Sinkhorn potentials in rounds of their own: not in these rows); without,
-/// the methods must pass [`check_shardable`].
+/// the methods must pass [`check_shardable`]. Returns what the bf16 screen
+/// did (zeros where it did not run).
 pub fn stream_stats_rows(
     job: &StatsJob,
     gallery_rows: std::ops::Range<u64>,
     activation_rows: bool,
     progress: &dyn Progress,
     emit: &mut (dyn FnMut(&RecordBatch) -> Result<()> + Send),
-) -> Result<()> {
+) -> Result<crate::kernel::ScreenCounts> {
     let methods = stats_methods(job)?;
     if !activation_rows {
         check_shardable(&methods)?;
@@ -232,7 +232,7 @@ pub fn stream_stats_rows(
         };
         let plan = StatsPlan::new(&inputs, &methods, Vec::new())?;
         if !activation_rows {
-            stats_of_rows(
+            let output = stats_of_rows(
                 &inputs,
                 &plan,
                 gallery_rows,
@@ -240,7 +240,7 @@ pub fn stream_stats_rows(
                 progress,
                 |batch| emit(&batch),
             )?;
-            return Ok(());
+            return Ok(output.screen);
         }
         use crate::bank::shards;
         let schema = shards::shard_schema(&plan.layout, gallery.id_kind);
@@ -258,7 +258,8 @@ pub fn stream_stats_rows(
             &schema,
             job.options.read.batch_rows,
             emit,
-        )
+        )?;
+        Ok(output.screen)
     })
 }
 

@@ -49,7 +49,13 @@ pub struct SearchRequest<'a> {
 /// Whether a pass 2 with these scorings screens its tiles under `precision`
 /// (`Screened` where it cannot is refused).
 pub fn screens(precision: Precision, scorings: &[Scoring]) -> Result<bool> {
-    precision.screens(scorings.iter().all(|s| matches!(s, Scoring::Subtract(_))))
+    precision.screens(all_screenable(scorings))
+}
+
+/// Whether the screen can serve every one of `scorings`: each a
+/// subtraction s − h(g), whose order its bound carries over.
+pub fn all_screenable(scorings: &[Scoring]) -> bool {
+    scorings.iter().all(|s| matches!(s, Scoring::Subtract(_)))
 }
 
 /// The finished results of one query block.

@@ -50,7 +50,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::HubnormError;
 use crate::inputs::open_table;
-use crate::options::{human_bytes, BankSample, MemoryBudget, MethodSpec, PassOptions, ReadOptions};
+use crate::kernel::ScreenCounts;
+use crate::options::{
+    human_bytes, BankSample, MemoryBudget, MethodSpec, PassOptions, Precision, ReadOptions,
+};
 use crate::pipeline::{self, ProtocolBank, SearchJob, StatsJob};
 use crate::progress::Silent;
 use crate::query::results::{rows_schema, ResultRows};
@@ -134,6 +137,10 @@ pub struct PassSpec {
     /// Whether every batch carries its shard in a last column
     /// [`SHARD_COLUMN`].
     pub shard_column: bool,
+    /// `--precision`, applied by each process that runs partitions on its
+    /// own CPU (`auto` screens where that CPU can).
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 impl PassSpec {
@@ -178,6 +185,7 @@ impl PassSpec {
             threads: job.options.threads,
             shards: Vec::new(),
             shard_column: false,
+            precision: job.options.precision,
         }
     }
 
@@ -199,6 +207,7 @@ impl PassSpec {
             threads: job.options.threads,
             shards: Vec::new(),
             shard_column: false,
+            precision: job.options.precision,
         }
     }
 
@@ -222,6 +231,7 @@ impl PassSpec {
             threads: job.options.threads,
             shards: Vec::new(),
             shard_column: false,
+            precision: job.options.precision,
         }
     }
 
@@ -389,17 +399,42 @@ impl PassSpec {
     }
 
     /// Runs partition `partition` with `budget` bytes, handing its batches
-    /// (in this spec's schema before the shard column) to `emit`.
+    /// (in this spec's schema before the shard column) to `emit`. An
+    /// executor logs what the bf16 screen did for it.
     fn run(
         &self,
         partition: usize,
         budget: usize,
         emit: &mut (dyn FnMut(&RecordBatch) -> crate::Result<()> + Send),
     ) -> crate::Result<()> {
+        let screen = self.run_partition(partition, budget, emit)?;
+        #[cfg(feature = "cluster")]
+        if screen.screened > 0 {
+            log::info!(
+                "partition {partition}: bf16 screen ({}): re-scored {} of {} pairs in f32",
+                self.precision.name(),
+                screen.rescored,
+                screen.screened
+            );
+        }
+        #[cfg(not(feature = "cluster"))]
+        let _ = screen;
+        Ok(())
+    }
+
+    /// [`run`](Self::run) without the log: what the screen did.
+    fn run_partition(
+        &self,
+        partition: usize,
+        budget: usize,
+        emit: &mut (dyn FnMut(&RecordBatch) -> crate::Result<()> + Send),
+    ) -> crate::Result<ScreenCounts> {
+        self.precision.check_available()?;
         let options = PassOptions {
             read: self.read.clone(),
             memory: MemoryBudget(budget),
             threads: self.threads,
+            precision: self.precision,
             ..PassOptions::default()
         };
         let methods = self.methods()?;
@@ -427,7 +462,8 @@ impl PassSpec {
                             SPOOLS.fetch_add(1, Ordering::Relaxed)
                         ));
                         let mut sink = ChannelSink { send: emit };
-                        pipeline::stream_stats(&job, &spool, &Silent, &mut sink)
+                        pipeline::stream_stats(&job, &spool, &Silent, &mut sink)?;
+                        Ok(ScreenCounts::default())
                     }
                 }
             }
@@ -475,7 +511,8 @@ impl PassSpec {
             ) => {
                 let job = stats_job(gallery, bank, gallery_bank, *bank_sample, methods, options);
                 let potentials = source_potentials.as_ref().map(std::path::Path::new);
-                pipeline::stream_sinkhorn_round(&job, rows, potentials, emit)
+                pipeline::stream_sinkhorn_round(&job, rows, potentials, emit)?;
+                Ok(ScreenCounts::default())
             }
         }
     }
