@@ -1069,3 +1069,56 @@ fn injected_write_faults_fail_cleanly_and_keep_the_previous_outputs() {
         "too few faults were reached: {failures}"
     );
 }
+
+/// A screened pass 1 (`nnn`, `csls`: column top-k lists) stopped after some
+/// chunks and resumed reports what the screen did over every chunk, the
+/// saved ones too, as the uninterrupted run does, and writes its bytes.
+/// The scalar screen runs where the CPU lacks AVX512_BF16.
+#[test]
+fn a_resumed_screened_pass_1_reports_the_whole_screen() {
+    let dir = tempfile::tempdir().unwrap();
+    large_case(dir.path());
+    let screened = |out: &Path, extra: &[&str]| {
+        let mut list = stats_args(dir.path(), out, extra);
+        let methods = list.iter().position(|a| a == "is,dis,nnn,csls,sn").unwrap();
+        list[methods] = "nnn,csls".into();
+        list.extend(args(&["--precision", "screened"]));
+        let mut command = hubnorm(list);
+        command.env("HUBNORM_SCALAR_SCREEN", "1");
+        command
+    };
+    let screen_line = |stdout: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with("bf16 screen:"))
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("no screen line in:\n{stdout}"))
+    };
+    let reference = dir.path().join("reference.parquet");
+    let output = screened(&reference, &["--no-checkpoint"]).output();
+    output.assert_success();
+    let whole = screen_line(&output.stdout());
+
+    let out = dir.path().join("stats.parquet");
+    let checkpoint = dir.path().join("stats.parquet.checkpoint");
+    let mut child = screened(&out, &["--checkpoint-interval", "0", "--resume"]).spawn();
+    wait_for("a checkpoint", &mut child, || saved_end(&checkpoint) > 0);
+    signal(&child, "INT");
+    let stopped = child.wait_with_output().unwrap();
+    assert_eq!(
+        stopped.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&stopped.stderr)
+    );
+
+    let output = screened(&out, &["--resume"]).output();
+    output.assert_success();
+    let stdout = output.stdout();
+    assert!(stdout.contains("resumed after"), "{stdout}");
+    assert_eq!(screen_line(&stdout), whole);
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        std::fs::read(&reference).unwrap()
+    );
+}

@@ -376,7 +376,9 @@ pub fn stream_stats(
     };
     // A resumed pass: the saved rows first, then the pass from after them.
     let mut resume = None;
+    let mut screen = ScreenCounts::default();
     if let Some(checkpoint) = checkpoint.as_deref() {
+        screen = checkpoint.resumed_screen_counts()?;
         checkpoint.replay(&early_schema, |batch| match &mut spool_sink {
             Some(spool) => spool.write(&batch),
             None => sink.write(&batch),
@@ -419,7 +421,8 @@ pub fn stream_stats(
             output
         }
     };
-    let screen = screened.then_some(output.screen);
+    screen.add(output.screen);
+    let screen = screened.then_some(screen);
     let Some(spool_sink) = spool_sink else {
         return Ok(StatsReport {
             sinkhorn: Vec::new(),
@@ -496,8 +499,8 @@ pub(crate) fn precision_entry(precision: &str) -> (String, String) {
 }
 
 /// How a pass 1 went: each Sinkhorn method's iterations, and what the
-/// bf16 screen did over the gallery chunks this pass computed (chunks a
-/// resumed pass replayed are not in it), when it screened.
+/// bf16 screen did over every gallery chunk (a resumed pass's saved ones
+/// from its checkpoint), when it screened.
 #[derive(Debug, Clone, Default)]
 pub struct StatsReport {
     pub sinkhorn: Vec<SinkhornReport>,

@@ -96,6 +96,9 @@ pub struct Checkpoint {
     resumed_activation: Option<PathBuf>,
     /// The manifest's resume tag.
     resume_tag: Option<String>,
+    /// What pass 1's screen had done by the last chunk recorded (its
+    /// pass reports a running total; each segment keeps its own share).
+    pass1_screen: ScreenCounts,
 }
 
 struct Segment {
@@ -158,6 +161,7 @@ impl Checkpoint {
             resumed_segments: Vec::new(),
             resumed_activation: None,
             resume_tag: None,
+            pass1_screen: ScreenCounts::default(),
         };
         if crate::storage::is_dir(&dir)? {
             if !options.resume {
@@ -245,7 +249,9 @@ impl Checkpoint {
     }
 
     /// Records the finished rows `batch` of gallery rows starting at
-    /// `first_row`; saves when the interval has passed.
+    /// `first_row`, with the pass's state after them (`activations`, whose
+    /// screen counts run over the chunks this process computed); saves when
+    /// the interval has passed.
     pub fn record(
         &mut self,
         batch: &RecordBatch,
@@ -253,12 +259,9 @@ impl Checkpoint {
         activations: &BankPassOutput,
     ) -> Result<()> {
         let end_row = first_row + batch.num_rows() as u64;
-        self.record_rows(
-            batch,
-            first_row..end_row,
-            Some(activations),
-            ScreenCounts::default(),
-        )
+        let screen = activations.screen.since(self.pass1_screen);
+        self.pass1_screen = activations.screen;
+        self.record_rows(batch, first_row..end_row, Some(activations), screen)
     }
 
     /// Records `batch`, the finished rows of pass 2's query rows `rows`

@@ -164,6 +164,14 @@ impl ScreenCounts {
         self.screened += other.screened;
         self.rescored += other.rescored;
     }
+
+    /// The counts added since `earlier`, a running total's value before.
+    pub fn since(self, earlier: ScreenCounts) -> ScreenCounts {
+        ScreenCounts {
+            screened: self.screened - earlier.screened,
+            rescored: self.rescored - earlier.rescored,
+        }
+    }
 }
 
 /// Whether a search with these scorings can be screened: every one a
