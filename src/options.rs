@@ -189,10 +189,32 @@ impl Precision {
     /// Refuses `Screened` for a search whose methods are not
     /// `all_screenable`, whatever the CPU.
     pub fn check_methods(self, all_screenable: bool) -> Result<()> {
-        if self == Precision::Screened && !all_screenable {
-            return Err(HubnormError::Usage(
-                "--precision screened: dsl, gc, ls, nicdm and mp score other than s − h(g), which the screen cannot bound yet; use --precision auto (they run exact) or exact".into(),
-            ));
+        let unscreenable: Vec<&str> = MethodKind::all()
+            .filter(|kind| !kind.method().screened_search())
+            .map(|kind| kind.method().name())
+            .collect();
+        self.refuse_unscreenable(!all_screenable, &unscreenable)
+    }
+
+    /// Refuses `Screened` for `methods` before any pass when one of them
+    /// scores other than s − h(g) ([`crate::method::Method::screened_search`]),
+    /// naming them: a run would otherwise find out after its pass 1.
+    pub fn check_method_kinds(self, methods: &[MethodSpec]) -> Result<()> {
+        let unscreenable: Vec<&str> = methods
+            .iter()
+            .map(|m| m.method())
+            .filter(|m| !m.screened_search())
+            .map(|m| m.name())
+            .collect();
+        self.refuse_unscreenable(!unscreenable.is_empty(), &unscreenable)
+    }
+
+    fn refuse_unscreenable(self, refuse: bool, methods: &[&str]) -> Result<()> {
+        if self == Precision::Screened && refuse {
+            return Err(HubnormError::Usage(format!(
+                "--precision screened: {} score other than s − h(g), which the screen cannot bound; use --precision auto (they run exact) or exact",
+                methods.join(", ")
+            )));
         }
         Ok(())
     }

@@ -681,3 +681,50 @@ fn stats_precision_on_the_command_line() {
         assert!(a.column(i).to_data() == b.column(i).to_data(), "column {i}");
     }
 }
+
+/// `run --precision screened` with a method whose score is not s − h(g)
+/// is refused before any input is read (a bank that does not exist is not
+/// what the message names), naming that method alone; `search` refuses it
+/// too, and `auto` runs it exact.
+#[test]
+fn unscreenable_methods_are_refused_before_pass_1() {
+    let dir = tempfile::tempdir().unwrap();
+    common::valid_case(dir.path());
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let run = |methods: &str, bank: &str, precision: &str| {
+        common::hubnorm(["run", "--methods", methods, "--precision", precision])
+            .args(["--queries", &path("queries.parquet")])
+            .args(["--gallery", &path("gallery.parquet")])
+            .args(["--bank", &path(bank)])
+            .args(["--out", &path(&format!("run-{precision}")), "--quiet"])
+            .env("HUBNORM_SCALAR_SCREEN", "1")
+            .env_remove("HUBNORM_BLAS")
+            .output()
+    };
+    let refused = run("is,ls,mp", "no-such-bank.parquet", "screened");
+    assert_eq!(refused.code(), Some(2), "{refused:?}");
+    let stderr = refused.stderr();
+    assert!(
+        stderr.contains("--precision screened: ls, mp score other than s − h(g)"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("no-such-bank"), "{stderr}");
+    assert!(!dir.path().join("run-screened").exists());
+
+    let auto = run("is,ls,mp", "bank.parquet", "auto");
+    assert!(auto.success(), "{auto:?}");
+    let search = common::hubnorm(["search", "--methods", "ls", "--precision", "screened"])
+        .args(["--queries", &path("queries.parquet")])
+        .args(["--gallery", &path("gallery.parquet")])
+        .args(["--stats", &path("run-auto/gallery_stats.parquet")])
+        .args(["--out", &path("search.parquet"), "--quiet"])
+        .env("HUBNORM_SCALAR_SCREEN", "1")
+        .env_remove("HUBNORM_BLAS")
+        .output();
+    assert_eq!(search.code(), Some(2), "{search:?}");
+    assert!(
+        search.stderr().contains("score other than s − h(g)"),
+        "{search:?}"
+    );
+    assert!(!dir.path().join("search.parquet").exists());
+}

@@ -59,6 +59,10 @@ impl Method for DualSoftmax {
     ) -> Result<Vec<ArrayRef>> {
         merge_lse(spec, a, b, |s| s.value())
     }
+    /// Its score is not s − h(g) (dual softmax: s · exp(s/θ − L(g))).
+    fn screened_search(&self) -> bool {
+        false
+    }
     fn search_columns(&self, _spec: &MethodSpec) -> Vec<&'static str> {
         vec!["log_normaliser"]
     }

@@ -74,6 +74,10 @@ impl Method for GloballyCorrected {
         }
         Ok(vec![list_array(rows)])
     }
+    /// Its score is not s − h(g) (a rank among bank similarities).
+    fn screened_search(&self) -> bool {
+        false
+    }
     fn search_columns(&self, _spec: &MethodSpec) -> Vec<&'static str> {
         vec!["sorted_sims"]
     }

@@ -138,6 +138,10 @@ impl Method for Local {
         let k = spec.count("k");
         Ok(self.state_columns(k, merge_top_lists(&spec.column("topk"), k, a, b)?))
     }
+    /// Its score is not s − h(g) (a distance scaled per item).
+    fn screened_search(&self) -> bool {
+        false
+    }
     fn search_columns(&self, _spec: &MethodSpec) -> Vec<&'static str> {
         vec!["scale"]
     }

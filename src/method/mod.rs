@@ -298,6 +298,12 @@ pub trait Method: Sync + Send + 'static {
     fn search_columns(&self, _spec: &MethodSpec) -> Vec<&'static str> {
         vec!["correction"]
     }
+    /// Whether its pass-2 score is s − h(g) (or s itself), whose order the
+    /// bf16 screen's bound carries over, so that `--precision screened` can
+    /// search it.
+    fn screened_search(&self) -> bool {
+        true
+    }
     /// Its rule over the plan's scorings, from the columns named by
     /// [`Method::search_columns`] (in `ctx`, in that order).
     fn rule(

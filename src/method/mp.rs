@@ -143,6 +143,10 @@ impl Method for MutualProximity {
         }
         Ok(columns_of(&gaussians))
     }
+    /// Its score is not s − h(g) (a product of Gaussian tails).
+    fn screened_search(&self) -> bool {
+        false
+    }
     fn search_columns(&self, _spec: &MethodSpec) -> Vec<&'static str> {
         vec!["bank_mean", "bank_std"]
     }
