@@ -626,6 +626,86 @@ fn resumed_runs_equal_an_uninterrupted_run() {
     assert_eq!(temporaries(&out), Vec::<String>::new());
 }
 
+/// Makes every row group of the Parquet file at `path` but the first
+/// unreadable (each column chunk's first page header overwritten), keeping
+/// its size and modification time, so that a checkpoint still takes it for
+/// the same input: a pass that reads past its first rows fails.
+fn break_all_but_the_first_row_group(path: &Path) {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use std::io::{Seek, SeekFrom, Write};
+    let modified = std::fs::metadata(path).unwrap().modified().unwrap();
+    let starts: Vec<u64> = {
+        let reader = SerializedFileReader::new(std::fs::File::open(path).unwrap()).unwrap();
+        let groups = reader.metadata().row_groups().to_vec();
+        assert!(groups.len() > 1, "{} has one row group", path.display());
+        groups[1..]
+            .iter()
+            .flat_map(|group| group.columns().iter().map(|c| c.byte_range().0))
+            .collect()
+    };
+    let mut file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    for start in starts {
+        file.seek(SeekFrom::Start(start)).unwrap();
+        file.write_all(&[0xff; 16]).unwrap();
+    }
+    file.set_modified(modified).unwrap();
+}
+
+/// A run stopped in pass 2 resumes without reading the bank again: pass 1
+/// was saved whole, so the resume takes every statistic from the
+/// checkpoint. The bank is made unreadable past its first rows after the
+/// stop (size and time kept); a fresh run on it fails, the resumed one
+/// writes the uninterrupted run's outputs.
+#[test]
+fn a_resume_after_pass_1_does_not_read_the_bank_again() {
+    let dir = tempfile::tempdir().unwrap();
+    large_case(dir.path());
+    let run_args = |out: &Path, extra: &[&str]| {
+        let mut list = resumable_args("run", dir.path(), out, extra);
+        let methods = list.iter().position(|a| a == "--methods").unwrap() + 1;
+        // Every family whose statistics come from the bank's tiles (top-k
+        // lists, log-sum-exp, activation sets); Sinkhorn's own resume is
+        // tests/sinkhorn.rs's.
+        list[methods] = "is,dis,nnn,csls".into();
+        list
+    };
+    let reference = dir.path().join("reference");
+    hubnorm(run_args(&reference, &["--no-checkpoint"]))
+        .output()
+        .assert_success();
+    let expected = files(&reference);
+
+    let out = dir.path().join("out");
+    let pass2 = out.join("run.checkpoint").join("pass2");
+    let mut child = hubnorm(run_args(&out, &["--checkpoint-interval", "0"])).spawn();
+    let start = Instant::now();
+    while saved_end(&pass2) == 0 {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before saving a query block"
+        );
+        assert!(start.elapsed() < Duration::from_secs(300), "timed out");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    signal(&child, "KILL");
+    child.wait().unwrap();
+
+    let bank = dir.path().join("bank.parquet");
+    break_all_but_the_first_row_group(&bank);
+    let fresh = hubnorm(run_args(&dir.path().join("fresh"), &[])).output();
+    assert_ne!(fresh.code(), Some(0), "a fresh run read the broken bank");
+    assert!(
+        fresh.stderr().contains("bank.parquet"),
+        "{}",
+        fresh.stderr()
+    );
+
+    hubnorm(run_args(&out, &["--resume"]))
+        .output()
+        .assert_success();
+    assert_eq!(files(&out), expected, "the resumed run's outputs differ");
+}
+
 /// `compare --resume` after a SIGKILL in pass 2 writes what an
 /// uninterrupted compare writes, every file byte for byte.
 #[test]

@@ -264,6 +264,12 @@ pub fn compute_bank_statistics(
         (start_row - request.gallery_rows.start) as usize,
         inner_total.max(1) as usize,
     );
+    if start_row >= request.gallery_rows.end {
+        // A resumed pass whose every chunk was saved: nothing is left to
+        // stream, so neither bank is read again (a long read for a large bank).
+        rows_done.finish();
+        return Ok(output);
+    }
     let gallery_chunks = gallery.with_batch_rows(plan.batch_rows);
     let mut chunks =
         gallery_chunks.blocks_in(plan.outer_rows, start_row..request.gallery_rows.end)?;
