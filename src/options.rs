@@ -189,31 +189,40 @@ impl Precision {
     /// Refuses `Screened` for a search whose methods are not
     /// `all_screenable`, whatever the CPU.
     pub fn check_methods(self, all_screenable: bool) -> Result<()> {
-        let unscreenable: Vec<&str> = MethodKind::all()
-            .filter(|kind| !kind.method().screened_search())
-            .map(|kind| kind.method().name())
-            .collect();
-        self.refuse_unscreenable(!all_screenable, &unscreenable)
+        self.refuse_unscreenable(!all_screenable, || {
+            MethodKind::all()
+                .map(|kind| kind.method())
+                .filter(|m| !m.screened_search())
+                .map(|m| m.name())
+                .collect()
+        })
     }
 
     /// Refuses `Screened` for `methods` before any pass when one of them
     /// scores other than s − h(g) ([`crate::method::Method::screened_search`]),
     /// naming them: a run would otherwise find out after its pass 1.
     pub fn check_method_kinds(self, methods: &[MethodSpec]) -> Result<()> {
-        let unscreenable: Vec<&str> = methods
-            .iter()
-            .map(|m| m.method())
-            .filter(|m| !m.screened_search())
-            .map(|m| m.name())
-            .collect();
-        self.refuse_unscreenable(!unscreenable.is_empty(), &unscreenable)
+        let unscreenable = || {
+            methods
+                .iter()
+                .map(|m| m.method())
+                .filter(|m| !m.screened_search())
+                .map(|m| m.name())
+        };
+        self.refuse_unscreenable(unscreenable().next().is_some(), || unscreenable().collect())
     }
 
-    fn refuse_unscreenable(self, refuse: bool, methods: &[&str]) -> Result<()> {
+    /// The refusal naming the `unscreenable` methods (listed only when it is
+    /// made).
+    fn refuse_unscreenable(
+        self,
+        refuse: bool,
+        unscreenable: impl FnOnce() -> Vec<&'static str>,
+    ) -> Result<()> {
         if self == Precision::Screened && refuse {
             return Err(HubnormError::Usage(format!(
                 "--precision screened: {} score other than s − h(g), which the screen cannot bound; use --precision auto (they run exact) or exact",
-                methods.join(", ")
+                unscreenable().join(", ")
             )));
         }
         Ok(())

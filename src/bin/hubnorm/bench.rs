@@ -30,39 +30,48 @@ const DESIGN_PEAK_GFLOPS: f64 = 418.0;
 fn measured_peak_gflops(pool: &rayon::ThreadPool) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     {
-        #[target_feature(enable = "avx512f")]
-        fn fma_chains_512(iterations: u64) -> f32 {
-            use std::arch::x86_64::*;
-            let x = _mm512_set1_ps(0.999_999);
-            let y = _mm512_set1_ps(1e-7);
-            let mut acc = [_mm512_set1_ps(1.0); 12];
-            for _ in 0..iterations {
-                for a in acc.iter_mut() {
-                    *a = _mm512_fmadd_ps(*a, x, y);
+        /// `$name(iterations)`: 12 independent chains of `$fmadd` on
+        /// `$lanes`-lane vectors, their lanes summed at the end.
+        macro_rules! fma_chains {
+            ($name:ident, $features:literal, $vector:ty, $lanes:literal, $set1:ident, $fmadd:ident) => {
+                #[target_feature(enable = $features)]
+                fn $name(iterations: u64) -> f32 {
+                    use std::arch::x86_64::*;
+                    let x = $set1(0.999_999);
+                    let y = $set1(1e-7);
+                    let mut acc = [$set1(1.0); 12];
+                    for _ in 0..iterations {
+                        for a in acc.iter_mut() {
+                            *a = $fmadd(*a, x, y);
+                        }
+                    }
+                    acc.iter()
+                        .map(|&a| {
+                            // SAFETY: the vector is `$lanes` f32 lanes, the layout of the array.
+                            let lanes: [f32; $lanes] =
+                                unsafe { std::mem::transmute::<$vector, _>(a) };
+                            lanes.iter().sum::<f32>()
+                        })
+                        .sum()
                 }
-            }
-            acc.iter().map(|a| _mm512_reduce_add_ps(*a)).sum()
+            };
         }
-        #[target_feature(enable = "avx2,fma")]
-        fn fma_chains_256(iterations: u64) -> f32 {
-            use std::arch::x86_64::*;
-            let x = _mm256_set1_ps(0.999_999);
-            let y = _mm256_set1_ps(1e-7);
-            let mut acc = [_mm256_set1_ps(1.0); 12];
-            for _ in 0..iterations {
-                for a in acc.iter_mut() {
-                    *a = _mm256_fmadd_ps(*a, x, y);
-                }
-            }
-            let mut lanes = [0f32; 8];
-            let mut sum = 0.0;
-            for a in &acc {
-                // SAFETY: `lanes` holds the 8 floats an unaligned store writes.
-                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), *a) };
-                sum += lanes.iter().sum::<f32>();
-            }
-            sum
-        }
+        fma_chains!(
+            fma_chains_512,
+            "avx512f",
+            __m512,
+            16,
+            _mm512_set1_ps,
+            _mm512_fmadd_ps
+        );
+        fma_chains!(
+            fma_chains_256,
+            "avx2,fma",
+            __m256,
+            8,
+            _mm256_set1_ps,
+            _mm256_fmadd_ps
+        );
         // 12 chains, one multiply and one add per lane each.
         if has_avx512() {
             // SAFETY: AVX-512F was detected.
