@@ -254,6 +254,28 @@ fn damaged_files() {
             "cannot decode Parquet data",
         ),
     );
+    case(
+        "a damaged page in a later row group (one batch spans them all)",
+        |d| {
+            // Three row groups of 700 rows (write_columns): rows 1400 on are damaged.
+            let n = 2100;
+            let values = (0..n * DIM as usize)
+                .map(|i| 1.0 + (i % 7) as f32)
+                .collect();
+            gallery_with(
+                d,
+                vec![("id", ids(n, "g")), ("embedding", fixed(values, DIM))],
+            );
+            break_row_groups(&d.join("gallery.parquet"), 2);
+        },
+        default_run,
+        input(
+            "gallery.parquet",
+            Some(1400),
+            None,
+            "cannot decode Parquet data",
+        ),
+    );
 }
 
 #[test]

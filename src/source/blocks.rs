@@ -43,6 +43,9 @@ struct PartReader {
     pending: Option<(RecordBatch, usize)>,
     /// Row within the part of the pending batch's first row.
     batch_first_row: u64,
+    /// The Parquet columns read (roots, in file order; none for an
+    /// in-memory part), for [`first_undecodable_row`].
+    roots: Vec<usize>,
 }
 
 impl<'a> BlockReader<'a> {
@@ -163,10 +166,11 @@ impl<'a> BlockReader<'a> {
                 }
                 Some(Err(e)) => {
                     self.next_part = table.parts.len();
-                    return Err(decode_error(
+                    return Err(parquet_decode_error(
                         &part.path,
-                        Some(batch_first_row),
-                        format!("cannot decode Parquet data: {e}"),
+                        &roots,
+                        batch_first_row,
+                        e,
                         probe.as_ref(),
                     ));
                 }
@@ -181,6 +185,7 @@ impl<'a> BlockReader<'a> {
             columns: projected,
             pending,
             batch_first_row,
+            roots,
         });
         Ok(true)
     }
@@ -220,6 +225,7 @@ impl<'a> BlockReader<'a> {
             columns,
             pending,
             batch_first_row,
+            roots: Vec::new(),
         });
         Ok(true)
     }
@@ -250,10 +256,11 @@ impl<'a> BlockReader<'a> {
                 match part.reader.next_batch() {
                     Some(Ok(batch)) => part.pending = Some((batch, 0)),
                     Some(Err(e)) => {
-                        let err = decode_error(
+                        let err = parquet_decode_error(
                             &part.path,
-                            Some(part.batch_first_row),
-                            format!("cannot decode Parquet data: {e}"),
+                            &part.roots,
+                            part.batch_first_row,
+                            e,
                             part.probe.as_ref(),
                         );
                         // The decoder may be left inconsistent: read no further.
@@ -355,6 +362,83 @@ impl<'a> BlockReader<'a> {
             },
         }))
     }
+}
+
+/// The error for a batch of the Parquet part at `path` (columns `roots`)
+/// that failed to decode from its row `batch_first_row` on: it names the
+/// row where decoding fails ([`first_undecodable_row`]), or the batch's
+/// first row when decoding again does not fail.
+fn parquet_decode_error(
+    path: &Path,
+    roots: &[usize],
+    batch_first_row: u64,
+    error: String,
+    probe: Option<&crate::storage::RemoteFile>,
+) -> HubnormError {
+    // A failed read of an object is reported as such (by `decode_error`),
+    // and not read again.
+    let row = match probe.and_then(|p| p.failure()) {
+        Some(_) => batch_first_row,
+        None => first_undecodable_row(path, roots, batch_first_row).unwrap_or(batch_first_row),
+    };
+    decode_error(
+        path,
+        Some(row),
+        format!("cannot decode Parquet data: {error}"),
+        probe,
+    )
+}
+
+/// Rows per batch while looking for the row group that fails to decode.
+const GROUP_SEARCH_BATCH_ROWS: usize = 4096;
+
+/// The first row, at or after `from`, at which the Parquet part at `path`
+/// fails to decode its columns `roots`, found by reading them again (only
+/// after a failure): a failed batch spans many rows, often several row
+/// groups, and the decoder's error names none of them. The row groups from
+/// the one holding `from` are decoded in large batches until one fails,
+/// then that group a row at a time, so the row is the first of the damaged
+/// page. `None` when nothing fails this time or the part cannot be opened
+/// again.
+fn first_undecodable_row(path: &Path, roots: &[usize], from: u64) -> Option<u64> {
+    let (builder, _) = open_parquet_probed(path).ok()?;
+    let group_rows: Vec<u64> = builder
+        .metadata()
+        .row_groups()
+        .iter()
+        .map(|group| group.num_rows() as u64)
+        .collect();
+    drop(builder);
+    // Decodes row group `index` in batches of `batch_rows`: the rows decoded
+    // before the first failure, or `None` when the whole group decodes.
+    let failure_in_group = |index: usize, batch_rows: usize| -> Option<Option<u64>> {
+        let (builder, _) = open_parquet_probed(path).ok()?;
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
+        let mut reader = builder
+            .with_projection(mask)
+            .with_row_groups(vec![index])
+            .with_batch_size(batch_rows)
+            .build()
+            .ok()?;
+        let mut decoded = 0;
+        while let Some(next) = next_parquet_batch(&mut reader) {
+            match next {
+                Ok(batch) => decoded += batch.num_rows() as u64,
+                Err(_) => return Some(Some(decoded)),
+            }
+        }
+        Some(None)
+    };
+    let mut group_start = 0;
+    for (index, rows) in group_rows.into_iter().enumerate() {
+        let group_end = group_start + rows;
+        if group_end > from && failure_in_group(index, GROUP_SEARCH_BATCH_ROWS)?.is_some() {
+            let decoded = failure_in_group(index, 1)??;
+            return Some((group_start + decoded).max(from));
+        }
+        group_start = group_end;
+    }
+    None
 }
 
 /// Where a part's record batches come from.

@@ -375,6 +375,36 @@ pub fn write_columns(path: &Path, columns: Vec<(&str, ArrayRef)>) {
     w.close().unwrap();
 }
 
+/// Makes the row groups of the Parquet file at `path` from `first_group` on
+/// unreadable (each column chunk's first page header overwritten), keeping
+/// the file's size and modification time (a checkpoint still takes it for
+/// the same input) and its footer.
+pub fn break_row_groups(path: &Path, first_group: usize) {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use std::io::{Seek, SeekFrom, Write};
+    let modified = std::fs::metadata(path).unwrap().modified().unwrap();
+    let starts: Vec<u64> = {
+        let reader = SerializedFileReader::new(File::open(path).unwrap()).unwrap();
+        let groups = reader.metadata().row_groups().to_vec();
+        assert!(
+            groups.len() > first_group,
+            "{} has {} row groups",
+            path.display(),
+            groups.len()
+        );
+        groups[first_group..]
+            .iter()
+            .flat_map(|group| group.columns().iter().map(|c| c.byte_range().0))
+            .collect()
+    };
+    let mut file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    for start in starts {
+        file.seek(SeekFrom::Start(start)).unwrap();
+        file.write_all(&[0xff; 16]).unwrap();
+    }
+    file.set_modified(modified).unwrap();
+}
+
 /// One row of results.parquet.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResultRow {
