@@ -170,11 +170,28 @@ class _Outputs:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
+def _checkpointing(out: str | os.PathLike | None, checkpoint_interval: float | None,
+                   resume: bool, tables: Sequence[Any]) -> dict[str, Any]:
+    """A job's checkpointing, as the extension reads it, refused where a
+    later call could not find the same job again: without ``out``, or with
+    an input that is not a path (an in-memory table is a new one each call)."""
+    if checkpoint_interval is None and not resume:
+        return {"checkpoint_interval": None, "resume": False}
+    if out is None:
+        raise UsageError("checkpoint_interval and resume need out= (the checkpoint is kept there)")
+    if any(t is not None and not isinstance(t, (str, os.PathLike)) for t in tables):
+        raise UsageError(
+            "checkpoint_interval and resume need every input as a path or URL: a later call "
+            "cannot tell an in-memory table for the same one")
+    return {"checkpoint_interval": checkpoint_interval, "resume": resume}
+
+
 def _run_args(inputs: _Inputs, queries: Any, gallery: Any, bank: Any, gallery_bank: Any,
               methods: str | Sequence[str], k: int, transductive: bool, directory: str,
-              overwrite: bool) -> dict[str, Any]:
+              overwrite: bool, checkpointing: dict[str, Any]) -> dict[str, Any]:
     """A run's tables and choices, as the extension reads them."""
     return {
+        **checkpointing,
         "queries": inputs.path(queries, "queries"),
         "gallery": inputs.path(gallery, "gallery"),
         "bank": inputs.path(bank, "bank"),
@@ -316,6 +333,8 @@ def run(
     bank_sample: int | None = None,
     seed: int = 0,
     precision: str = "exact",
+    checkpoint_interval: float | None = None,
+    resume: bool = False,
     progress: bool = True,
     **params: float,
 ) -> Run:
@@ -340,11 +359,22 @@ def run(
     subtract a per-item correction, and pass 1's top-k statistics) or
     ``"auto"`` (screened where it can be). ``**params`` set method parameters by the CLI's flag names
     (``beta=20``, ``nnn_k=128``).
+
+    ``checkpoint_interval``: save the finished work (pass 1's gallery
+    chunks, Sinkhorn's iterations, pass 2's query blocks) into
+    ``out/run.checkpoint/`` at most this many seconds apart (``0``: after
+    each), as ``--checkpoint-interval``; ``None`` (the default) keeps no
+    checkpoint. After an interruption (Ctrl-C, a crash), the same call with
+    ``resume=True`` goes on from the saved work and writes the bytes an
+    uninterrupted run writes; it refuses inputs or choices that changed
+    since. Both need ``out`` and every input as a path or URL.
     """
+    checkpointing = _checkpointing(out, checkpoint_interval, resume,
+                                   (queries, gallery, bank, gallery_bank))
     with _Outputs(out, "hubnorm-run-") as (directory, temporary), _Inputs() as inputs:
         summary = _hubnorm.run(
             _run_args(inputs, queries, gallery, bank, gallery_bank, methods, k, transductive,
-                      directory, overwrite or temporary),
+                      directory, overwrite or temporary, checkpointing),
             params,
             _options(memory_limit, threads, normalize, tolerance, bank_sample, seed, precision),
             _progress(progress),
@@ -367,6 +397,8 @@ def stats(
     bank_sample: int | None = None,
     seed: int = 0,
     precision: str = "exact",
+    checkpoint_interval: float | None = None,
+    resume: bool = False,
     progress: bool = True,
     **params: float,
 ) -> pa.Table:
@@ -374,7 +406,9 @@ def stats(
     ``methods`` over ``bank``, written to ``out`` (``gallery_stats.parquet``)
     and returned as a table. Arguments as for :func:`run` (``precision``
     screens the statistics made of top-k lists: ``nnn``, ``csls``, ``ls``,
-    ``nicdm``, ``dissim-local``)."""
+    ``nicdm``, ``dissim-local``; the checkpoint of ``checkpoint_interval``
+    and ``resume`` is ``OUT.checkpoint/`` beside ``out``)."""
+    checkpointing = _checkpointing(out, checkpoint_interval, resume, (gallery, bank, gallery_bank))
     with _Inputs() as inputs:
         path = _hubnorm.stats(
             inputs.path(gallery, "gallery"),
@@ -384,6 +418,8 @@ def stats(
             params,
             os.fspath(out),
             overwrite,
+            checkpointing["checkpoint_interval"],
+            checkpointing["resume"],
             _options(memory_limit, threads, normalize, tolerance, bank_sample, seed, precision),
             _progress(progress),
         )
@@ -467,6 +503,8 @@ def compare(
     bank_sample: int | None = None,
     seed: int = 0,
     precision: str = "exact",
+    checkpoint_interval: float | None = None,
+    resume: bool = False,
     progress: bool = True,
     **params: float,
 ) -> Comparison:
@@ -476,11 +514,13 @@ def compare(
     at ``hubness_k``, the comparison table and the reports; ``html`` also
     writes the self-contained HTML page there. Other arguments as for
     :func:`run`."""
+    checkpointing = _checkpointing(out, checkpoint_interval, resume,
+                                   (queries, gallery, bank, gallery_bank))
     with _Outputs(out, "hubnorm-compare-") as (directory, temporary), _Inputs() as inputs:
         summary, left_out = _hubnorm.compare(
             _run_args(inputs, queries, gallery, bank, gallery_bank,
                       [] if methods is None else methods, k, transductive, directory,
-                      overwrite or temporary),
+                      overwrite or temporary, checkpointing),
             params,
             hubness_k,
             None if html is None else os.fspath(html),

@@ -33,6 +33,8 @@ class RunArgs(TypedDict):
     transductive: bool
     out_dir: str
     overwrite: bool
+    checkpoint_interval: float | None
+    resume: bool
 
 class InMemoryTable:
     """An Arrow table (anything with ``__arrow_c_stream__``) registered with
@@ -51,7 +53,8 @@ def run(args: RunArgs, params: Mapping[str, float], options: Options,
     """The summary JSON."""
 
 def stats(gallery: str, bank: str, gallery_bank: str | None, methods: Sequence[str],
-          params: Mapping[str, float], out: Path, overwrite: bool, options: Options,
+          params: Mapping[str, float], out: Path, overwrite: bool,
+          checkpoint_interval: float | None, resume: bool, options: Options,
           on_progress: Progress) -> str:
     """The summary JSON."""
 

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
+use hubnorm::checkpoint::CheckpointOptions;
 use hubnorm::error::{HubnormError, Location};
 use hubnorm::evaluate::{self, CompareJob, ReportJob};
 use hubnorm::export::ExportJob;
@@ -90,7 +91,8 @@ impl Done {
 /// Runs `job` on a worker thread; meanwhile, with the GIL released, waits
 /// for it, hands progress to `on_progress(phase, done, total, status)`
 /// and, on Ctrl-C (a pending signal), asks the job to stop, waits for it
-/// to unwind (nothing is committed) and raises `KeyboardInterrupt`.
+/// to unwind (nothing is committed) and raises `KeyboardInterrupt` with the
+/// job's message (what a checkpoint saved).
 ///
 /// The stop request is process-wide (`hubnorm::cancel`): Ctrl-C stops
 /// every job running in the process, as it stops the CLI.
@@ -134,8 +136,15 @@ fn run_job<T: Send>(
             };
             if let Err(raised) = step() {
                 hubnorm::cancel::request();
-                let _ = py.detach(|| worker.join());
+                let stopped = py.detach(|| worker.join());
                 hubnorm::cancel::reset();
+                // Ctrl-C carries the job's own word on how it stopped (what
+                // its checkpoint saved, and how to go on).
+                if let Ok(Err(error @ HubnormError::Interrupted(_))) = stopped {
+                    if raised.is_instance_of::<PyKeyboardInterrupt>(py) {
+                        return Err(to_python(py, error));
+                    }
+                }
                 return Err(raised);
             }
             if finished {
@@ -152,7 +161,14 @@ fn run_job<T: Send>(
 /// The Python exception for a hubnorm error: the classes of
 /// `hubnorm._errors`, with the CLI's message.
 fn to_python(py: Python<'_>, error: HubnormError) -> PyErr {
-    let message = error.to_string();
+    // The command line's flag, as the package's keyword.
+    let message = error
+        .to_string()
+        .replace(
+            "run the same command with --resume",
+            "call again with resume=True",
+        )
+        .replace("--resume", "resume=True");
     let raise = |class: &str, extra: Option<&Location>| -> PyResult<PyErr> {
         let module = py.import("hubnorm._errors")?;
         let class = module.getattr(class)?;
@@ -279,6 +295,31 @@ struct RunArgs {
     transductive: bool,
     out_dir: PathBuf,
     overwrite: bool,
+    /// Seconds between checkpoint saves (`None`: no checkpoint).
+    checkpoint_interval: Option<f64>,
+    resume: bool,
+}
+
+/// The checkpointing of a job (`checkpoint_interval` seconds between saves,
+/// `None` for none; `resume` continues an interrupted job and keeps saving,
+/// once a minute unless told otherwise), as `--checkpoint-interval` and
+/// `--resume` set it.
+fn checkpoint_options(
+    py: Python<'_>,
+    interval: Option<f64>,
+    resume: bool,
+) -> PyResult<CheckpointOptions> {
+    let interval = match interval {
+        Some(seconds) if !(seconds.is_finite() && seconds >= 0.0) => {
+            return Err(usage(
+                py,
+                format!("checkpoint_interval must be a number of seconds ≥ 0, not {seconds}"),
+            ));
+        }
+        Some(seconds) => Some(Duration::from_secs_f64(seconds)),
+        None => resume.then_some(CheckpointOptions::DEFAULT_INTERVAL),
+    };
+    Ok(CheckpointOptions { interval, resume })
 }
 
 impl RunArgs {
@@ -302,7 +343,7 @@ impl RunArgs {
             overwrite: self.overwrite,
             options: options.pass_options(py)?,
             cluster: None,
-            checkpoint: Default::default(),
+            checkpoint: checkpoint_options(py, self.checkpoint_interval, self.resume)?,
         })
     }
 }
@@ -326,7 +367,7 @@ fn run(
 /// `hubnorm stats`: pass 1 into `out`; returns the path written.
 #[pyfunction]
 #[pyo3(signature = (gallery, bank, gallery_bank, methods, params, out, overwrite,
-    options, on_progress))]
+    checkpoint_interval, resume, options, on_progress))]
 #[allow(clippy::too_many_arguments)]
 fn stats(
     py: Python<'_>,
@@ -337,6 +378,8 @@ fn stats(
     params: &Bound<'_, PyDict>,
     out: PathBuf,
     overwrite: bool,
+    checkpoint_interval: Option<f64>,
+    resume: bool,
     options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<String> {
@@ -349,11 +392,7 @@ fn stats(
         out,
         overwrite,
         options: options.pass_options(py)?,
-        // A checkpoint is for a long run that a user resumes by hand.
-        checkpoint: hubnorm::checkpoint::CheckpointOptions {
-            interval: None,
-            resume: false,
-        },
+        checkpoint: checkpoint_options(py, checkpoint_interval, resume)?,
     };
     let outcome = run_job(py, on_progress, |progress| {
         pipeline::run_stats(&job, progress)

@@ -1,7 +1,7 @@
 """The Python package against the CLI on data-samples/: the same files byte
 for byte where files are written, the same tables otherwise; inputs as paths,
 pyarrow tables and readers, numpy arrays, pandas and polars frames; the
-error types; progress; Ctrl-C in a child interpreter."""
+error types; progress; Ctrl-C in a child interpreter, and resuming after it."""
 
 from __future__ import annotations
 
@@ -266,19 +266,15 @@ def test_help_explains_the_methods_and_parameters():
     assert beta[0][0] == "beta" and beta[0][1] == 20.0
 
 
-def test_ctrl_c_stops_a_run_without_outputs(tmp_path):
-    """SIGINT to an interpreter inside a long run: KeyboardInterrupt, exit
-    status of an interrupted Python, and no output file."""
-    script = textwrap.dedent(f"""
-        import sys, numpy as np, hubnorm
-        rng = np.random.default_rng(3)
-        gallery = hubnorm.embeddings(rng.standard_normal((20000, 128), dtype=np.float32))
-        bank = hubnorm.embeddings(rng.standard_normal((20000, 128), dtype=np.float32))
-        queries = hubnorm.embeddings(rng.standard_normal((200, 128), dtype=np.float32))
+def start_interruptible_run(setup: str, run_call: str) -> subprocess.Popen:
+    """A child interpreter that runs `setup`, then `run_call` (a
+    `hubnorm.run(...)`), exiting with 130 and printing "interrupted: MESSAGE"
+    on KeyboardInterrupt; returned once it is about to call."""
+    script = textwrap.dedent(setup) + textwrap.dedent(f"""
+        import sys
         print("started", flush=True)
         try:
-            hubnorm.run(queries, gallery, bank, methods="sn", iterations=200,
-                        out={str(tmp_path / "out")!r}, progress=False)
+            {run_call}
         except KeyboardInterrupt as e:
             print("interrupted:", e, flush=True)
             sys.exit(130)
@@ -287,6 +283,20 @@ def test_ctrl_c_stops_a_run_without_outputs(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "started"
+    return child
+
+
+def test_ctrl_c_stops_a_run_without_outputs(tmp_path):
+    """SIGINT to an interpreter inside a long run: KeyboardInterrupt, exit
+    status of an interrupted Python, and no output file."""
+    child = start_interruptible_run("""
+        import numpy as np, hubnorm
+        rng = np.random.default_rng(3)
+        gallery = hubnorm.embeddings(rng.standard_normal((20000, 128), dtype=np.float32))
+        bank = hubnorm.embeddings(rng.standard_normal((20000, 128), dtype=np.float32))
+        queries = hubnorm.embeddings(rng.standard_normal((200, 128), dtype=np.float32))
+    """, f"hubnorm.run(queries, gallery, bank, methods='sn', iterations=200, "
+         f"out={str(tmp_path / 'out')!r}, progress=False)")
     time.sleep(3)
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=60)
@@ -294,6 +304,50 @@ def test_ctrl_c_stops_a_run_without_outputs(tmp_path):
     assert "interrupted" in out, (out, err)
     leftovers = list((tmp_path / "out").glob("*")) if (tmp_path / "out").exists() else []
     assert not [p for p in leftovers if p.name in hubnorm.RUN_OUTPUTS], leftovers
+
+
+def test_an_interrupted_run_resumes_to_the_uninterrupted_files(tmp_path):
+    """A run keeping a checkpoint (checkpoint_interval=0), SIGINT once it
+    saved finished work: KeyboardInterrupt saying resume=True; a new
+    checkpointed call without it refuses to discard the checkpoint, one with
+    it writes the uninterrupted run's files byte for byte and removes the
+    checkpoint."""
+    rng = np.random.default_rng(11)
+    paths = {}
+    for name, rows in [("gallery", 30000), ("bank", 30000), ("queries", 1000)]:
+        paths[name] = str(tmp_path / f"{name}.parquet")
+        pq.write_table(hubnorm.embeddings(rng.standard_normal((rows, 128), dtype=np.float32)),
+                       paths[name])
+    job = dict(methods="is,nnn", k=10, memory_limit="64MiB", threads=1, progress=False)
+    hubnorm.run(paths["queries"], paths["gallery"], paths["bank"], out=tmp_path / "reference", **job)
+
+    out = tmp_path / "out"
+    child = start_interruptible_run(
+        "import hubnorm",
+        f"hubnorm.run({paths['queries']!r}, {paths['gallery']!r}, {paths['bank']!r}, "
+        f"out={str(out)!r}, checkpoint_interval=0, **{job!r})")
+    saved = out / "run.checkpoint" / "pass1"
+    deadline = time.monotonic() + 120
+    while not list(saved.glob("rows-*.parquet")) and child.poll() is None:
+        assert time.monotonic() < deadline, "no pass-1 chunk saved"
+        time.sleep(0.01)
+    child.send_signal(signal.SIGINT)
+    stdout, stderr = child.communicate(timeout=120)
+    assert child.returncode == 130, (stdout, stderr)
+    assert "resume=True" in stdout and "--resume" not in stdout, stdout
+
+    with pytest.raises(hubnorm.UsageError, match="resume=True"):
+        hubnorm.run(paths["queries"], paths["gallery"], paths["bank"], out=out, overwrite=True,
+                    checkpoint_interval=0, **job)
+    hubnorm.run(paths["queries"], paths["gallery"], paths["bank"], out=out, resume=True, **job)
+    for name in hubnorm.RUN_OUTPUTS:
+        assert bytes_of(out / name) == bytes_of(tmp_path / "reference" / name), name
+    assert not (out / "run.checkpoint").exists()
+    with pytest.raises(hubnorm.UsageError, match="out="):
+        hubnorm.run(paths["queries"], paths["gallery"], paths["bank"], resume=True, **job)
+    with pytest.raises(hubnorm.UsageError, match="path"):
+        hubnorm.run(paths["queries"], pq.read_table(paths["gallery"]), paths["bank"],
+                    out=tmp_path / "memory", checkpoint_interval=0, **job)
 
 
 def peak_growth_of_run(setup: str, tables: str, limit_mib: int) -> float:
