@@ -43,9 +43,11 @@ struct PartReader {
     pending: Option<(RecordBatch, usize)>,
     /// Row within the part of the pending batch's first row.
     batch_first_row: u64,
-    /// The Parquet columns read (roots, in file order; none for an
-    /// in-memory part), for [`first_undecodable_row`].
+    /// What [`first_undecodable_row`] needs to decode a failed batch again:
+    /// the Parquet columns read (roots, in file order) and the rows per
+    /// batch (none and 0 for an in-memory part).
     roots: Vec<usize>,
+    batch_rows: u64,
 }
 
 impl<'a> BlockReader<'a> {
@@ -169,7 +171,7 @@ impl<'a> BlockReader<'a> {
                     return Err(parquet_decode_error(
                         &part.path,
                         &roots,
-                        batch_first_row,
+                        batch_first_row..batch_first_row + batch_rows as u64,
                         e,
                         probe.as_ref(),
                     ));
@@ -186,6 +188,7 @@ impl<'a> BlockReader<'a> {
             pending,
             batch_first_row,
             roots,
+            batch_rows: batch_rows as u64,
         });
         Ok(true)
     }
@@ -226,6 +229,7 @@ impl<'a> BlockReader<'a> {
             pending,
             batch_first_row,
             roots: Vec::new(),
+            batch_rows: 0,
         });
         Ok(true)
     }
@@ -259,7 +263,7 @@ impl<'a> BlockReader<'a> {
                         let err = parquet_decode_error(
                             &part.path,
                             &part.roots,
-                            part.batch_first_row,
+                            part.batch_first_row..part.batch_first_row + part.batch_rows,
                             e,
                             part.probe.as_ref(),
                         );
@@ -364,22 +368,22 @@ impl<'a> BlockReader<'a> {
     }
 }
 
-/// The error for a batch of the Parquet part at `path` (columns `roots`)
-/// that failed to decode from its row `batch_first_row` on: it names the
-/// row where decoding fails ([`first_undecodable_row`]), or the batch's
-/// first row when decoding again does not fail.
+/// The error for a batch (`rows` of the Parquet part at `path`, columns
+/// `roots`) that failed to decode: it names the row where decoding fails
+/// ([`first_undecodable_row`]), or the batch's first row when decoding
+/// again does not fail.
 fn parquet_decode_error(
     path: &Path,
     roots: &[usize],
-    batch_first_row: u64,
+    rows: Range<u64>,
     error: String,
     probe: Option<&crate::storage::RemoteFile>,
 ) -> HubnormError {
     // A failed read of an object is reported as such (by `decode_error`),
     // and not read again.
     let row = match probe.and_then(|p| p.failure()) {
-        Some(_) => batch_first_row,
-        None => first_undecodable_row(path, roots, batch_first_row).unwrap_or(batch_first_row),
+        Some(_) => rows.start,
+        None => first_undecodable_row(path, roots, rows.clone()).unwrap_or(rows.start),
     };
     decode_error(
         path,
@@ -392,15 +396,15 @@ fn parquet_decode_error(
 /// Rows per batch while looking for the row group that fails to decode.
 const GROUP_SEARCH_BATCH_ROWS: usize = 4096;
 
-/// The first row, at or after `from`, at which the Parquet part at `path`
-/// fails to decode its columns `roots`, found by reading them again (only
-/// after a failure): a failed batch spans many rows, often several row
-/// groups, and the decoder's error names none of them. The row groups from
-/// the one holding `from` are decoded in large batches until one fails,
+/// The first row of the failed batch `rows` at which the Parquet part at
+/// `path` fails to decode its columns `roots`, found by reading them again
+/// (only after a failure): a batch spans many rows, often several row
+/// groups, and the decoder's error names none of them. The row groups
+/// holding the batch's rows are decoded in large batches until one fails,
 /// then that group a row at a time, so the row is the first of the damaged
 /// page. `None` when nothing fails this time or the part cannot be opened
 /// again.
-fn first_undecodable_row(path: &Path, roots: &[usize], from: u64) -> Option<u64> {
+fn first_undecodable_row(path: &Path, roots: &[usize], rows: Range<u64>) -> Option<u64> {
     let (builder, _) = open_parquet_probed(path).ok()?;
     let group_rows: Vec<u64> = builder
         .metadata()
@@ -430,11 +434,14 @@ fn first_undecodable_row(path: &Path, roots: &[usize], from: u64) -> Option<u64>
         Some(None)
     };
     let mut group_start = 0;
-    for (index, rows) in group_rows.into_iter().enumerate() {
-        let group_end = group_start + rows;
-        if group_end > from && failure_in_group(index, GROUP_SEARCH_BATCH_ROWS)?.is_some() {
+    for (index, group) in group_rows.into_iter().enumerate() {
+        if group_start >= rows.end {
+            break;
+        }
+        let group_end = group_start + group;
+        if group_end > rows.start && failure_in_group(index, GROUP_SEARCH_BATCH_ROWS)?.is_some() {
             let decoded = failure_in_group(index, 1)??;
-            return Some((group_start + decoded).max(from));
+            return Some((group_start + decoded).max(rows.start));
         }
         group_start = group_end;
     }
