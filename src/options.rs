@@ -178,54 +178,32 @@ impl Precision {
         }
     }
 
-    /// Whether pass 2 screens, for methods that `all_screenable` or not;
-    /// `Screened` where it cannot is refused, naming what is missing.
-    pub fn screens(self, all_screenable: bool) -> Result<bool> {
+    /// Whether pass 2 of `methods` screens; `Screened` where it cannot is
+    /// refused, naming what is missing.
+    pub fn screens(self, methods: &[MethodSpec]) -> Result<bool> {
         self.check_available()?;
-        self.check_methods(all_screenable)?;
-        Ok(self != Precision::Exact && all_screenable && screen_runs_here())
+        self.check_methods(methods)?;
+        Ok(self != Precision::Exact && all_screenable(methods) && screen_runs_here())
     }
 
-    /// Refuses `Screened` for a search whose methods are not
-    /// `all_screenable`, whatever the CPU.
-    pub fn check_methods(self, all_screenable: bool) -> Result<()> {
-        self.refuse_unscreenable(!all_screenable, || {
-            MethodKind::all()
-                .map(|kind| kind.method())
-                .filter(|m| !m.screened_search())
-                .map(|m| m.name())
-                .collect()
-        })
-    }
-
-    /// Refuses `Screened` for `methods` before any pass when one of them
-    /// scores other than s − h(g) ([`crate::method::Method::screened_search`]),
-    /// naming them: a run would otherwise find out after its pass 1.
-    pub fn check_method_kinds(self, methods: &[MethodSpec]) -> Result<()> {
-        let unscreenable = || {
-            methods
-                .iter()
-                .map(|m| m.method())
-                .filter(|m| !m.screened_search())
-                .map(|m| m.name())
-        };
-        self.refuse_unscreenable(unscreenable().next().is_some(), || unscreenable().collect())
-    }
-
-    /// The refusal naming the `unscreenable` methods (listed only when it is
-    /// made).
-    fn refuse_unscreenable(
-        self,
-        refuse: bool,
-        unscreenable: impl FnOnce() -> Vec<&'static str>,
-    ) -> Result<()> {
-        if self == Precision::Screened && refuse {
-            return Err(HubnormError::Usage(format!(
-                "--precision screened: {} score other than s − h(g), which the screen cannot bound; use --precision auto (they run exact) or exact",
-                unscreenable().join(", ")
-            )));
+    /// Refuses `Screened` for `methods` when one of them scores other than
+    /// s − h(g) ([`crate::method::Method::screened_search`]), naming them,
+    /// whatever the CPU: a run checks before any pass, which would
+    /// otherwise find out after its pass 1.
+    pub fn check_methods(self, methods: &[MethodSpec]) -> Result<()> {
+        if self != Precision::Screened || all_screenable(methods) {
+            return Ok(());
         }
-        Ok(())
+        let unscreenable: Vec<&str> = methods
+            .iter()
+            .map(|m| m.method())
+            .filter(|m| !m.screened_search())
+            .map(|m| m.name())
+            .collect();
+        Err(HubnormError::Usage(format!(
+            "--precision screened: {} score other than s − h(g), which the screen cannot bound; use --precision auto (they run exact) or exact",
+            unscreenable.join(", ")
+        )))
     }
 
     /// Refuses `Screened` where the screen cannot run (no AVX512_BF16, or
@@ -271,6 +249,12 @@ impl Precision {
     pub fn screens_bank_pass(self) -> bool {
         self != Precision::Exact && screen_runs_here()
     }
+}
+
+/// Whether the screen can serve every one of `methods`
+/// ([`crate::method::Method::screened_search`]).
+pub fn all_screenable(methods: &[MethodSpec]) -> bool {
+    methods.iter().all(|m| m.method().screened_search())
 }
 
 /// Whether the screen can run in this process: AVX512_BF16 (or the scalar

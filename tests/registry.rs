@@ -3,7 +3,8 @@
 //! same order and types; merging a file's rows with nothing gives back the
 //! very columns written (so the merge reads and writes the declared order);
 //! the columns pass 2 reads are declared ones; and `stats` then `search`
-//! gives exactly what `run` gives.
+//! gives exactly what `run` gives; and `--precision screened` serves a
+//! method exactly when its registry entry says it can.
 
 mod common;
 
@@ -15,6 +16,7 @@ use common::{
 };
 use hubnorm::bank::StatsLayout;
 use hubnorm::method::{MethodKind, MethodSpec, StatColumn, StoredRows, REGISTRY};
+use hubnorm::options::{PassOptions, Precision};
 use hubnorm::pipeline::{self, RunJob, SearchJob, StatsJob};
 use hubnorm::progress::Silent;
 
@@ -174,6 +176,97 @@ fn every_method_writes_reads_and_merges_its_declared_columns_in_one_order() {
             "{name}: stats → search differs from run"
         );
     }
+}
+
+/// Every registered method under `--precision screened`: one the registry
+/// calls screenable (`Method::screened_search`) writes the exact run's
+/// results and records the screen; any other is refused before any pass,
+/// naming it alone, and writes nothing. A method whose pass-2 rule does not
+/// score by subtraction while its entry says it can be screened fails its
+/// plan here. Without AVX512_BF16 the screen runs in scalar code.
+#[test]
+fn every_method_is_screened_exactly_when_the_registry_says_so() {
+    if !hubnorm::kernel::gemm::reproducible(512, 2048, 64) {
+        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no FMA)");
+        return;
+    }
+    if !hubnorm::kernel::bf16::has_avx512_bf16() {
+        hubnorm::kernel::bf16::allow_scalar_screen();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_inputs(d);
+    let precision_of = |out: &Path| {
+        common::parquet_metadata(&out.join("results.parquet"))
+            .into_iter()
+            .find(|(k, _)| k == "hubnorm.precision")
+            .map(|(_, v)| v)
+    };
+    let (mut screened_methods, mut refused_methods) = (0, 0);
+    for kind in MethodKind::all() {
+        let name = kind.name();
+        let spec = match name {
+            "nnn" => MethodSpec::new("nnn", &[("k", 16.0)]).unwrap(),
+            _ => MethodSpec::default_for(kind),
+        };
+        let run = |precision: Precision, out: &Path| RunJob {
+            methods: vec![spec],
+            gallery_bank: Some(path(d, "gallery_bank.parquet")),
+            options: PassOptions {
+                precision,
+                ..PassOptions::default()
+            },
+            ..RunJob::new(
+                path(d, "queries.parquet"),
+                path(d, "gallery.parquet"),
+                path(d, "bank.parquet"),
+                out,
+            )
+        };
+        let (exact_dir, screened_dir) = (
+            d.join(format!("{name}.exact")),
+            d.join(format!("{name}.screened")),
+        );
+        let screened = pipeline::run(&run(Precision::Screened, &screened_dir), &Silent);
+        if spec.method().screened_search() {
+            screened_methods += 1;
+            let screened = screened.unwrap_or_else(|e| panic!("{name} screened: {e}"));
+            pipeline::run(&run(Precision::Exact, &exact_dir), &Silent)
+                .unwrap_or_else(|e| panic!("{name} exact: {e}"));
+            assert!(screened.screen.is_some(), "{name}: no screen summary");
+            assert_eq!(
+                read_results(&screened_dir.join("results.parquet")),
+                read_results(&exact_dir.join("results.parquet")),
+                "{name}: screened results differ from exact"
+            );
+            assert_eq!(
+                precision_of(&screened_dir).as_deref(),
+                Some("screened"),
+                "{name}"
+            );
+        } else {
+            refused_methods += 1;
+            let refused = match screened {
+                Ok(_) => panic!("{name}: screened though its score is not s − h(g)"),
+                Err(e) => e,
+            };
+            assert_eq!(refused.exit_code(), 2, "{name}: {refused}");
+            assert!(
+                refused
+                    .to_string()
+                    .contains(&format!("--precision screened: {name} score other")),
+                "{name}: {refused}"
+            );
+            assert!(
+                !screened_dir.join("results.parquet").exists(),
+                "{name}: a refused run wrote results"
+            );
+        }
+    }
+    assert!(
+        screened_methods >= 10 && refused_methods >= 4,
+        "the registry lost methods: {screened_methods} screenable, {refused_methods} not"
+    );
 }
 
 #[test]

@@ -300,7 +300,8 @@ pub trait Method: Sync + Send + 'static {
     }
     /// Whether its pass-2 score is s − h(g) (or s itself), whose order the
     /// bf16 screen's bound carries over, so that `--precision screened` can
-    /// search it.
+    /// search it: the one place that decides, held to its rule by
+    /// [`crate::query::MethodRule::fits_screen`] when a plan is built.
     fn screened_search(&self) -> bool {
         true
     }

@@ -212,8 +212,8 @@ pub(super) fn results(
 ) -> Result<(AtomicFile, Vec<MethodOutcome>, Option<ScreenSummary>)> {
     // Each executor applies the precision on its own CPU; the methods are
     // checked here, before anything is sent.
-    let screenable = crate::query::pass::all_screenable(&plan.scorings);
-    job.options.precision.check_methods(screenable)?;
+    let methods = plan.method_specs();
+    job.options.precision.check_methods(&methods)?;
     let mut sink = results_sink(
         queries,
         gallery,
@@ -222,7 +222,9 @@ pub(super) fn results(
         &job.out,
         job.overwrite,
         &job.options,
-        job.options.precision.recorded_on_cluster(screenable),
+        job.options
+            .precision
+            .recorded_on_cluster(crate::options::all_screenable(&methods)),
         metadata,
     )?;
     let mut figures = OutcomesFromRows::new(

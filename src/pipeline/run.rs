@@ -73,7 +73,7 @@ pub(crate) fn run_uncommitted(
     let mut methods = vec![MethodSpec::default_for(none)];
     methods.extend(job.methods.iter().filter(|m| m.kind() != none));
     let methods = check_methods(&methods, job.gallery_bank.is_some())?;
-    job.options.precision.check_method_kinds(&methods)?;
+    job.options.precision.check_methods(&methods)?;
     if job.transductive {
         if let Some(m) = methods
             .iter()

@@ -22,10 +22,8 @@ pub(super) fn write_results(
     Vec<MethodOutcome>,
     Option<ScreenSummary>,
 )> {
-    let precision = crate::options::Precision::recorded(crate::query::pass::screens(
-        options.precision,
-        &plan.scorings,
-    )?);
+    let precision =
+        crate::options::Precision::recorded(crate::query::pass::screens(options.precision, plan)?);
     // Without a destination (tuning), only the figures are gathered.
     let mut sink = out
         .map(|out| {
@@ -74,7 +72,7 @@ pub(super) fn write_results_checkpointed(
     progress: &dyn Progress,
     checkpoint: &mut Checkpoint,
 ) -> Result<(AtomicFile, Vec<MethodOutcome>, Option<ScreenSummary>)> {
-    let screen = crate::query::pass::screens(options.precision, &plan.scorings)?;
+    let screen = crate::query::pass::screens(options.precision, plan)?;
     let mut sink = results_sink(
         queries,
         gallery,

@@ -189,6 +189,28 @@ pub struct MethodRule {
     pub query_term: QueryTerm,
 }
 
+impl MethodRule {
+    /// Whether the bf16 screen leaves its results exact: every scoring it
+    /// reports from (and its query term's raw scoring) is a subtraction
+    /// s − h(g), the one form whose order the screen's bound carries over,
+    /// or it reports from none (a single-query method has states of its own).
+    pub fn fits_screen(&self, scorings: &[Scoring]) -> bool {
+        let subtracts = |i: usize| matches!(scorings[i], Scoring::Subtract(_));
+        let selected = match &self.selection {
+            Selection::SingleQuery => true,
+            Selection::Fixed(i) => subtracts(*i),
+            Selection::Gated { raw, choices, .. } => {
+                subtracts(*raw) && choices.iter().all(|&i| subtracts(i))
+            }
+        };
+        selected
+            && match self.query_term {
+                QueryTerm::HalfNeighbourMean { raw, .. } => subtracts(raw),
+                QueryTerm::None | QueryTerm::DistributionShift { .. } => true,
+            }
+    }
+}
+
 /// Everything pass 2 computes: the scorings and the methods reported from them.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ScoringPlan {
@@ -211,6 +233,11 @@ impl ScoringPlan {
     /// The index of the raw scoring, adding it when absent.
     pub fn raw_scoring(&mut self, gallery_rows: usize) -> usize {
         self.add_scoring(Scoring::raw(gallery_rows))
+    }
+
+    /// Its methods, in order.
+    pub fn method_specs(&self) -> Vec<MethodSpec> {
+        self.methods.iter().map(|m| m.spec).collect()
     }
 
     /// The largest k any query term needs from the raw top-k.
@@ -255,5 +282,46 @@ mod tests {
         assert_eq!(plan.raw_scoring(3), raw);
         assert_ne!(raw, is);
         assert_eq!(plan.scorings.len(), 2);
+    }
+
+    #[test]
+    fn a_rule_fits_the_screen_only_when_every_scoring_it_reads_subtracts() {
+        let spec = MethodSpec::new("is", &[]).unwrap();
+        let scorings = vec![
+            Scoring::raw(2),
+            Scoring::Subtract(vec![0.1, 0.2]),
+            Scoring::BankRank {
+                sorted: vec![0.0; 2],
+                width: 1,
+            },
+        ];
+        let rule = |selection, query_term| MethodRule {
+            spec,
+            selection,
+            query_term,
+        };
+        let gated = |choices: Vec<usize>| Selection::Gated {
+            raw: 0,
+            sets: vec![vec![true, false]],
+            choices,
+        };
+        let neighbours = |raw| QueryTerm::HalfNeighbourMean { raw, k: 1 };
+        let fitting = [
+            rule(Selection::Fixed(1), QueryTerm::None),
+            rule(gated(vec![0, 1]), QueryTerm::None),
+            rule(Selection::Fixed(1), neighbours(0)),
+            rule(Selection::SingleQuery, QueryTerm::None),
+        ];
+        let otherwise = [
+            rule(Selection::Fixed(2), QueryTerm::None),
+            rule(gated(vec![0, 2]), QueryTerm::None),
+            rule(Selection::Fixed(1), neighbours(2)),
+        ];
+        for r in &fitting {
+            assert!(r.fits_screen(&scorings), "{r:?}");
+        }
+        for r in &otherwise {
+            assert!(!r.fits_screen(&scorings), "{r:?}");
+        }
     }
 }

@@ -22,7 +22,7 @@ fn screen_scratch_bytes(dim: usize, scorings: usize) -> usize {
 }
 use crate::plan::PlanRequest;
 use crate::progress::{Progress, RowProgress};
-use crate::query::method::{Scoring, MIN_STD};
+use crate::query::method::{Scoring, ScoringPlan, MIN_STD};
 use crate::query::targets::{resolve_targets, target_scores};
 use crate::source::{EmbeddingBlock, EmbeddingTable};
 
@@ -46,16 +46,10 @@ pub struct SearchRequest<'a> {
     pub screen: bool,
 }
 
-/// Whether a pass 2 with these scorings screens its tiles under `precision`
+/// Whether a pass 2 of `plan` screens its tiles under `precision`
 /// (`Screened` where it cannot is refused).
-pub fn screens(precision: Precision, scorings: &[Scoring]) -> Result<bool> {
-    precision.screens(all_screenable(scorings))
-}
-
-/// Whether the screen can serve every one of `scorings`: each a
-/// subtraction s − h(g), whose order its bound carries over.
-pub fn all_screenable(scorings: &[Scoring]) -> bool {
-    scorings.iter().all(|s| matches!(s, Scoring::Subtract(_)))
+pub fn screens(precision: Precision, plan: &ScoringPlan) -> Result<bool> {
+    precision.screens(&plan.method_specs())
 }
 
 /// The finished results of one query block.

@@ -81,6 +81,14 @@ pub fn load_plan(
             path,
         };
         let rule = m.method().rule(m, &mut context)?;
+        // The registry's word decides whether a search is screened; the
+        // screen's bound holds only for subtractions.
+        if m.method().screened_search() && !rule.fits_screen(&plan.scorings) {
+            return Err(HubnormError::Internal(format!(
+                "method {} is registered as screenable but scores other than s − h(g)",
+                m.kind()
+            )));
+        }
         plan.methods.push(rule);
     }
     Ok(plan)

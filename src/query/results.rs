@@ -396,7 +396,7 @@ pub(crate) fn search_blocks_into(
     progress: &dyn Progress,
     emit: &mut dyn FnMut(&RecordBatch, BlockExtent) -> Result<()>,
 ) -> Result<(Vec<MethodOutcome>, Option<ScreenCounts>)> {
-    let screen = crate::query::pass::screens(options.precision, &plan.scorings)?;
+    let screen = crate::query::pass::screens(options.precision, plan)?;
     let schema = rows_schema(queries.id_kind, gallery.id_kind, rows);
     let hubness_k = options.report.hubness_k;
     let depth = rows.depth(k);
