@@ -27,8 +27,8 @@ use crate::query::results::{
 use crate::query::sinkhorn_pp::SingleQuerySinkhorn;
 use crate::query::ScoringPlan;
 use crate::sink::{
-    refuse_existing, refuse_output_in_inputs, write_text_atomically, AtomicFile, OutputLock,
-    ParquetSink,
+    refuse_existing, refuse_output_in_inputs, write_text_atomically, AtomicFile, DeclaredTables,
+    OutputLock, ParquetSink, TableFormat,
 };
 use crate::source::EmbeddingTable;
 use crate::stats_file::{methods_json, stats_of_rows, write_stats, StatsInputs, StatsPlan};
@@ -43,13 +43,13 @@ mod search;
 mod stats;
 
 pub(crate) use run::{commit_all, evaluate_methods, run_uncommitted};
-pub use run::{run, RUN_OUTPUTS};
+pub use run::{declare_run_tables, run, RUN_OUTPUTS, RUN_TABLES};
 use search::prepare_protocol;
 pub use search::{run_search, run_search_on, stream_search, ProtocolBank};
 use search::{write_results, write_results_checkpointed};
 pub use stats::{
-    check_shardable, run_stats, run_stats_on, stats_methods, stream_sinkhorn_round, stream_stats,
-    stream_stats_rows,
+    check_shardable, declare_stats_table, run_stats, run_stats_on, stats_methods,
+    stream_sinkhorn_round, stream_stats, stream_stats_rows,
 };
 
 /// Inputs and options of `hubnorm stats`.

@@ -50,27 +50,124 @@ static DELTA_OUTPUTS: std::sync::Mutex<Vec<(PathBuf, DeltaOutput)>> =
     std::sync::Mutex::new(Vec::new());
 
 /// Declares `paths` as outputs to write as Delta tables (feature `delta`):
-/// each [`ParquetSink`] and [`AtomicFile`] whose destination is one of them
-/// commits its rows to the table at that path as a new version.
+/// each [`ParquetSink`] and [`AtomicFile`] created for one of them while
+/// the returned declaration lives commits its rows to the table at that
+/// path as a new version.
 pub fn write_as_delta_tables(
     paths: impl IntoIterator<Item = PathBuf>,
     mode: DeltaMode,
-) -> Result<()> {
+) -> Result<DeclaredTables> {
     if !cfg!(feature = "delta") {
         return Err(HubnormError::Usage(
             "--format delta needs a hubnorm built with the cargo feature `delta`".into(),
         ));
     }
     let mut outputs = DELTA_OUTPUTS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut declared = Vec::new();
     for path in paths {
         outputs.retain(|(p, _)| *p != path);
         let output = DeltaOutput {
             mode,
             resume_tag: None,
         };
-        outputs.push((path, output));
+        outputs.push((path.clone(), output));
+        declared.push(path);
     }
-    Ok(())
+    Ok(DeclaredTables {
+        paths: declared,
+        replaces: false,
+    })
+}
+
+/// Outputs declared as Delta tables ([`write_as_delta_tables`],
+/// [`TableFormat::declare`]); when dropped, their paths are plain files
+/// again, so that a long-lived process (Python's) declares per call.
+#[must_use = "the declaration ends when this is dropped"]
+#[derive(Debug, Default)]
+pub struct DeclaredTables {
+    paths: Vec<PathBuf>,
+    replaces: bool,
+}
+
+impl DeclaredTables {
+    /// Whether existing outputs may be written to: `overwrite`, or a new
+    /// version added to a table (`--append`).
+    pub fn replaces(&self) -> bool {
+        self.replaces
+    }
+
+    /// Keeps the declarations for the rest of the process (the command
+    /// line's one job) and returns [`DeclaredTables::replaces`].
+    pub fn for_process(mut self) -> bool {
+        self.paths.clear();
+        self.replaces
+    }
+
+    /// These declarations and `other`'s, ending together.
+    pub fn and(mut self, mut other: DeclaredTables) -> DeclaredTables {
+        self.paths.append(&mut other.paths);
+        self.replaces |= other.replaces;
+        self
+    }
+}
+
+impl Drop for DeclaredTables {
+    fn drop(&mut self) {
+        if self.paths.is_empty() {
+            return;
+        }
+        let mut outputs = DELTA_OUTPUTS.lock().unwrap_or_else(|e| e.into_inner());
+        outputs.retain(|(p, _)| !self.paths.contains(p));
+    }
+}
+
+/// How a command writes its tabular outputs (`--format`, `--append`):
+/// Parquet files, or Delta tables (feature `delta`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TableFormat {
+    #[default]
+    Parquet,
+    /// A new table each, or with `append` a new version adding the rows to
+    /// an existing one.
+    Delta { append: bool },
+}
+
+impl TableFormat {
+    /// From `--format parquet|delta` and `--append`.
+    pub fn new(format: &str, append: bool) -> Result<Self> {
+        match (format, append) {
+            ("parquet", false) => Ok(TableFormat::Parquet),
+            ("parquet", true) => Err(HubnormError::Usage(
+                "--append adds a version to a Delta table: it needs --format delta".into(),
+            )),
+            ("delta", append) => Ok(TableFormat::Delta { append }),
+            (other, _) => Err(HubnormError::Usage(format!(
+                "--format is parquet or delta, not '{other}'"
+            ))),
+        }
+    }
+
+    /// Declares `outputs` written in this format (Parquet needs no
+    /// declaration), in the mode `overwrite` and `--append` give.
+    pub fn declare(self, outputs: Vec<PathBuf>, overwrite: bool) -> Result<DeclaredTables> {
+        let append = match self {
+            TableFormat::Parquet => {
+                return Ok(DeclaredTables {
+                    paths: Vec::new(),
+                    replaces: overwrite,
+                })
+            }
+            TableFormat::Delta { append } => append,
+        };
+        let mode = match (append, overwrite) {
+            (true, _) => DeltaMode::Append,
+            (false, true) => DeltaMode::Overwrite,
+            (false, false) => DeltaMode::Create,
+        };
+        let mut declared = write_as_delta_tables(outputs, mode)?;
+        declared.replaces = overwrite || append;
+        Ok(declared)
+    }
 }
 
 /// Marks the Delta outputs at or under `path` as written by the checkpointed
@@ -784,4 +881,48 @@ fn describe_holder(file: &mut File) -> std::io::Result<()> {
         command.join(" ")
     )?;
     file.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delta_declarations_end_with_their_guard_unless_kept_for_the_process() {
+        let (scoped, kept) = (
+            PathBuf::from("/nowhere/scoped.parquet"),
+            PathBuf::from("/nowhere/kept.parquet"),
+        );
+        let delta = TableFormat::new("delta", false).unwrap();
+        if !cfg!(feature = "delta") {
+            assert!(delta.declare(vec![scoped], false).is_err());
+            return;
+        }
+        let declared = delta.declare(vec![scoped.clone()], true).unwrap();
+        assert!(declared.replaces());
+        assert_eq!(
+            delta_output_of(&scoped).map(|o| o.mode),
+            Some(DeltaMode::Overwrite)
+        );
+        drop(declared);
+        assert_eq!(delta_output_of(&scoped), None);
+
+        let append = TableFormat::new("delta", true).unwrap();
+        assert!(append
+            .declare(vec![kept.clone()], false)
+            .unwrap()
+            .for_process());
+        assert_eq!(
+            delta_output_of(&kept).map(|o| o.mode),
+            Some(DeltaMode::Append)
+        );
+        let parquet = TableFormat::new("parquet", false).unwrap();
+        assert!(!parquet
+            .declare(vec![scoped.clone()], false)
+            .unwrap()
+            .replaces());
+        assert_eq!(delta_output_of(&scoped), None);
+        assert!(TableFormat::new("parquet", true).is_err());
+        assert!(TableFormat::new("csv", false).is_err());
+    }
 }

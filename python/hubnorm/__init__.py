@@ -186,12 +186,42 @@ def _checkpointing(out: str | os.PathLike | None, checkpoint_interval: float | N
     return {"checkpoint_interval": checkpoint_interval, "resume": resume}
 
 
+def _table_format(format: str, append: bool, out: str | os.PathLike | None) -> tuple[str, bool]:
+    """How a call writes its tables (``format``, ``append``), refused where
+    it cannot: a Delta table belongs where ``out=`` puts it, not in a
+    temporary folder."""
+    if format not in ("parquet", "delta"):
+        raise UsageError(f"format is 'parquet' or 'delta', not {format!r}")
+    if append and format != "delta":
+        raise UsageError("append=True adds a version to a Delta table: it needs format='delta'")
+    if format == "delta" and out is None:
+        raise UsageError("format='delta' needs out= (the tables are written there)")
+    return format, append
+
+
+def _read_output(path: str, format: str) -> pa.Table:
+    """An output table as written: a Parquet file, or a Delta table's
+    latest version (read by the engine, which follows the table's log, with
+    its string views made plain strings as in the Parquet files; Delta's
+    own types stay: signed integers, variable lists)."""
+    if format != "delta":
+        return pq.read_table(path)
+    table = sql("SELECT * FROM output", {"output": path})
+    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+    schema = pa.schema([f.with_type(plain.get(f.type, f.type)) for f in table.schema],
+                       metadata=table.schema.metadata)
+    return table.cast(schema)
+
+
 def _run_args(inputs: _Inputs, queries: Any, gallery: Any, bank: Any, gallery_bank: Any,
               methods: str | Sequence[str], k: int, transductive: bool, directory: str,
-              overwrite: bool, checkpointing: dict[str, Any]) -> dict[str, Any]:
+              overwrite: bool, checkpointing: dict[str, Any],
+              table: tuple[str, bool]) -> dict[str, Any]:
     """A run's tables and choices, as the extension reads them."""
     return {
         **checkpointing,
+        "format": table[0],
+        "append": table[1],
         "queries": inputs.path(queries, "queries"),
         "gallery": inputs.path(gallery, "gallery"),
         "bank": inputs.path(bank, "bank"),
@@ -279,21 +309,30 @@ class Run:
     summary: dict[str, Any]
     _temporary: bool = field(default=False, repr=False)
     _files: tuple[str, ...] = field(default=RUN_OUTPUTS, repr=False)
+    #: ``"parquet"``, or ``"delta"`` when the tables are Delta tables.
+    format: str = field(default="parquet", kw_only=True)
+
+    def _table(self, name: str) -> pa.Table:
+        return _read_output(os.path.join(self.directory, name), self.format)
 
     @property
     def results(self) -> pa.Table:
-        """The top-k lists: ``method, query_id, rank, gallery_id, score, raw_score``."""
-        return pq.read_table(os.path.join(self.directory, "results.parquet"))
+        """The top-k lists: ``method, query_id, rank, gallery_id, score, raw_score``
+        (of every version appended, for a Delta table written with ``append``)."""
+        return self._table("results.parquet")
 
     @property
     def gallery_stats(self) -> pa.Table:
         """Per gallery item, each method's statistics (``gallery_stats.parquet``)."""
-        return pq.read_table(os.path.join(self.directory, "gallery_stats.parquet"))
+        return self._table("gallery_stats.parquet")
 
     def write(self, directory: str | os.PathLike, overwrite: bool = False) -> str:
         """Copies the output files into ``directory`` (created if missing),
         byte for byte as the CLI writes them; refuses to replace existing
-        files unless ``overwrite``."""
+        files unless ``overwrite``. Delta tables are not copied: they stay
+        where ``out=`` put them."""
+        if self.format == "delta":
+            raise UsageError(f"the run's Delta tables are in {self.directory} already")
         directory = os.fspath(directory)
         os.makedirs(directory, exist_ok=True)
         for name in self._files:
@@ -335,6 +374,8 @@ def run(
     precision: str = "exact",
     checkpoint_interval: float | None = None,
     resume: bool = False,
+    format: str = "parquet",
+    append: bool = False,
     progress: bool = True,
     **params: float,
 ) -> Run:
@@ -368,18 +409,27 @@ def run(
     ``resume=True`` goes on from the saved work and writes the bytes an
     uninterrupted run writes; it refuses inputs or choices that changed
     since. Both need ``out`` and every input as a path or URL.
+
+    ``format="delta"`` (a build with the feature ``delta``) writes each
+    table as a Delta Lake table at its usual path under ``out``, one
+    atomic commit each, as ``--format delta``: a new table, a new version
+    with only these rows (``overwrite=True``), or one adding them
+    (``append=True``: results and reports add rows, the statistics are
+    replaced). The :class:`Run`'s tables are then read from the tables'
+    latest versions.
     """
+    table = _table_format(format, append, out)
     checkpointing = _checkpointing(out, checkpoint_interval, resume,
                                    (queries, gallery, bank, gallery_bank))
     with _Outputs(out, "hubnorm-run-") as (directory, temporary), _Inputs() as inputs:
         summary = _hubnorm.run(
             _run_args(inputs, queries, gallery, bank, gallery_bank, methods, k, transductive,
-                      directory, overwrite or temporary, checkpointing),
+                      directory, overwrite or temporary, checkpointing, table),
             params,
             _options(memory_limit, threads, normalize, tolerance, bank_sample, seed, precision),
             _progress(progress),
         )
-    return Run(directory, json.loads(summary), temporary)
+    return Run(directory, json.loads(summary), temporary, format=format)
 
 
 def stats(
@@ -399,6 +449,7 @@ def stats(
     precision: str = "exact",
     checkpoint_interval: float | None = None,
     resume: bool = False,
+    format: str = "parquet",
     progress: bool = True,
     **params: float,
 ) -> pa.Table:
@@ -407,7 +458,9 @@ def stats(
     and returned as a table. Arguments as for :func:`run` (``precision``
     screens the statistics made of top-k lists: ``nnn``, ``csls``, ``ls``,
     ``nicdm``, ``dissim-local``; the checkpoint of ``checkpoint_interval``
-    and ``resume`` is ``OUT.checkpoint/`` beside ``out``)."""
+    and ``resume`` is ``OUT.checkpoint/`` beside ``out``; ``format="delta"``
+    writes a Delta table, a new version of it with ``overwrite=True``)."""
+    _table_format(format, False, out)
     checkpointing = _checkpointing(out, checkpoint_interval, resume, (gallery, bank, gallery_bank))
     with _Inputs() as inputs:
         path = _hubnorm.stats(
@@ -418,12 +471,13 @@ def stats(
             params,
             os.fspath(out),
             overwrite,
+            format,
             checkpointing["checkpoint_interval"],
             checkpointing["resume"],
             _options(memory_limit, threads, normalize, tolerance, bank_sample, seed, precision),
             _progress(progress),
         )
-    return pq.read_table(path)
+    return _read_output(path, format)
 
 
 def search(
@@ -439,6 +493,8 @@ def search(
     threads: int = 0,
     normalize: bool = True,
     precision: str = "exact",
+    format: str = "parquet",
+    append: bool = False,
     progress: bool = True,
     **params: float,
 ) -> tuple[pa.Table, dict[str, Any]]:
@@ -446,8 +502,10 @@ def search(
     ``queries`` with the statistics of the file ``stats`` (from
     :func:`stats`; none for ``methods=["none"]``), written to ``out``
     (``results.parquet``). Returns the results and the summary (hubness
-    and, with ground truth, recall figures). ``precision`` as for
-    :func:`run`."""
+    and, with ground truth, recall figures). ``precision``, ``format`` and
+    ``append`` as for :func:`run` (``append=True`` adds the new queries'
+    lists to a Delta results table, and returns the table's rows)."""
+    table = _table_format(format, append, out)
     with _Inputs() as inputs:
         summary = _hubnorm.search(
             inputs.path(queries, "queries"),
@@ -458,10 +516,11 @@ def search(
             k,
             os.fspath(out),
             overwrite,
+            table,
             _options(memory_limit, threads, normalize, precision=precision),
             _progress(progress),
         )
-    return pq.read_table(os.fspath(out)), json.loads(summary)
+    return _read_output(os.fspath(out), format), json.loads(summary)
 
 
 @dataclass
@@ -475,12 +534,12 @@ class Comparison(Run):
     @property
     def table(self) -> pa.Table:
         """One row per method: hubness measures and quality figures side by side."""
-        return pq.read_table(os.path.join(self.directory, "compare.parquet"))
+        return self._table("compare.parquet")
 
     @property
     def report(self) -> pa.Table:
         """Per method, the hubness and quality report (``report.parquet``)."""
-        return pq.read_table(os.path.join(self.directory, "report.parquet"))
+        return self._table("report.parquet")
 
 
 def compare(
@@ -505,6 +564,8 @@ def compare(
     precision: str = "exact",
     checkpoint_interval: float | None = None,
     resume: bool = False,
+    format: str = "parquet",
+    append: bool = False,
     progress: bool = True,
     **params: float,
 ) -> Comparison:
@@ -514,13 +575,14 @@ def compare(
     at ``hubness_k``, the comparison table and the reports; ``html`` also
     writes the self-contained HTML page there. Other arguments as for
     :func:`run`."""
+    table = _table_format(format, append, out)
     checkpointing = _checkpointing(out, checkpoint_interval, resume,
                                    (queries, gallery, bank, gallery_bank))
     with _Outputs(out, "hubnorm-compare-") as (directory, temporary), _Inputs() as inputs:
         summary, left_out = _hubnorm.compare(
             _run_args(inputs, queries, gallery, bank, gallery_bank,
                       [] if methods is None else methods, k, transductive, directory,
-                      overwrite or temporary, checkpointing),
+                      overwrite or temporary, checkpointing, table),
             params,
             hubness_k,
             None if html is None else os.fspath(html),
@@ -528,7 +590,7 @@ def compare(
             _progress(progress),
         )
     return Comparison(directory, json.loads(summary), temporary, RUN_OUTPUTS + COMPARE_OUTPUTS,
-                      left_out, None if html is None else os.fspath(html))
+                      left_out, None if html is None else os.fspath(html), format=format)
 
 
 def report(
@@ -544,6 +606,8 @@ def report(
     memory_limit: str = "2GiB",
     threads: int = 0,
     normalize: bool = True,
+    format: str = "parquet",
+    append: bool = False,
     progress: bool = True,
 ) -> pa.Table:
     """Hubness (k-occurrence at ``k``) and, with ``queries`` that have
@@ -551,7 +615,8 @@ def report(
     hubnorm's own or any table with ``query_id`` and ``gallery_id``
     (``method`` and ``rank`` used when present). Writes ``report.parquet``
     and ``gallery_report.parquet`` into ``out`` (and ``html``) and returns
-    the report table."""
+    the report table. ``format`` and ``append`` as for :func:`run`."""
+    table = _table_format(format, append, out)
     with _Inputs() as inputs:
         _hubnorm.report(
             inputs.path(results, "results", as_file=True),
@@ -562,10 +627,11 @@ def report(
             os.fspath(out),
             None if html is None else os.fspath(html),
             overwrite,
+            table,
             _options(memory_limit, threads, normalize),
             _progress(progress),
         )
-    return pq.read_table(os.path.join(os.fspath(out), "report.parquet"))
+    return _read_output(os.path.join(os.fspath(out), "report.parquet"), format)
 
 
 def export(
@@ -578,6 +644,8 @@ def export(
     memory_limit: str = "2GiB",
     threads: int = 0,
     normalize: bool = True,
+    format: str = "parquet",
+    append: bool = False,
     progress: bool = True,
     **params: float,
 ) -> pa.Table:
@@ -586,7 +654,8 @@ def export(
     values), so that a normalised query vector with :data:`QUERY_SUFFIX`
     (-1) appended ranks by the corrected score s(q, g) - h(g). ``method`` takes
     the statistic ``stats`` holds for it (or ``**params``). Writes ``out``
-    and returns it as a table."""
+    (``format`` and ``append`` as for :func:`run`) and returns it as a table."""
+    table = _table_format(format, append, out)
     with _Inputs() as inputs:
         _hubnorm.export(
             inputs.path(gallery, "gallery"),
@@ -595,10 +664,11 @@ def export(
             params,
             os.fspath(out),
             overwrite,
+            table,
             _options(memory_limit, threads, normalize),
             _progress(progress),
         )
-    return pq.read_table(os.fspath(out))
+    return _read_output(os.fspath(out), format)
 
 
 #: The value to append to every normalised query vector searched against

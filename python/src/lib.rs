@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hubnorm::checkpoint::CheckpointOptions;
 use hubnorm::error::{HubnormError, Location};
-use hubnorm::evaluate::{self, CompareJob, ReportJob};
+use hubnorm::evaluate::{self, CompareJob, ReportJob, REPORT_OUTPUTS};
 use hubnorm::export::ExportJob;
 use hubnorm::options::{
     BankSample, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, Precision,
@@ -18,6 +18,7 @@ use hubnorm::options::{
 };
 use hubnorm::pipeline::{self, RunJob, SearchJob, StatsJob};
 use hubnorm::progress::Progress;
+use hubnorm::sink::{DeclaredTables, TableFormat};
 use hubnorm::sql::{run_sql, OutputFormat, SqlJob, SqlOptions};
 use pyo3::exceptions::{PyKeyboardInterrupt, PyOSError, PyRuntimeError};
 use pyo3::prelude::*;
@@ -161,14 +162,17 @@ fn run_job<T: Send>(
 /// The Python exception for a hubnorm error: the classes of
 /// `hubnorm._errors`, with the CLI's message.
 fn to_python(py: Python<'_>, error: HubnormError) -> PyErr {
-    // The command line's flag, as the package's keyword.
+    // The command line's flags, as the package's keywords.
     let message = error
         .to_string()
         .replace(
             "run the same command with --resume",
             "call again with resume=True",
         )
-        .replace("--resume", "resume=True");
+        .replace("--resume", "resume=True")
+        .replace("--overwrite", "overwrite=True")
+        .replace("--append", "append=True")
+        .replace("--format delta", "format='delta'");
     let raise = |class: &str, extra: Option<&Location>| -> PyResult<PyErr> {
         let module = py.import("hubnorm._errors")?;
         let class = module.getattr(class)?;
@@ -298,6 +302,10 @@ struct RunArgs {
     /// Seconds between checkpoint saves (`None`: no checkpoint).
     checkpoint_interval: Option<f64>,
     resume: bool,
+    /// `parquet` or `delta`, as `--format`.
+    format: String,
+    /// Add a version to existing Delta tables, as `--append`.
+    append: bool,
 }
 
 /// The checkpointing of a job (`checkpoint_interval` seconds between saves,
@@ -322,15 +330,25 @@ fn checkpoint_options(
     Ok(CheckpointOptions { interval, resume })
 }
 
+/// The format of a call's tabular outputs (`format`, `append`), as
+/// `--format` and `--append` give it.
+fn table_format(py: Python<'_>, format: &str, append: bool) -> PyResult<TableFormat> {
+    TableFormat::new(format, append).map_err(|e| to_python(py, e))
+}
+
 impl RunArgs {
-    /// The run these arguments describe, with `params` and `options`.
+    /// The run these arguments describe, with `params` and `options`, and
+    /// its outputs declared in their format for the call.
     fn job(
         self,
         py: Python<'_>,
         params: &Bound<'_, PyDict>,
         options: &Options,
-    ) -> PyResult<RunJob> {
-        Ok(RunJob {
+    ) -> PyResult<(RunJob, DeclaredTables)> {
+        let format = table_format(py, &self.format, self.append)?;
+        let tables = pipeline::declare_run_tables(format, &self.out_dir, self.overwrite)
+            .map_err(|e| to_python(py, e))?;
+        let job = RunJob {
             queries: self.queries,
             gallery: self.gallery,
             bank: self.bank.unwrap_or_default(),
@@ -340,11 +358,12 @@ impl RunArgs {
             methods: method_specs(py, self.methods, params)?,
             k: self.k,
             out_dir: self.out_dir,
-            overwrite: self.overwrite,
+            overwrite: tables.replaces(),
             options: options.pass_options(py)?,
             cluster: None,
             checkpoint: checkpoint_options(py, self.checkpoint_interval, self.resume)?,
-        })
+        };
+        Ok((job, tables))
     }
 }
 
@@ -358,7 +377,7 @@ fn run(
     options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<String> {
-    let job = args.job(py, params, &options)?;
+    let (job, _tables) = args.job(py, params, &options)?;
     run_job(py, on_progress, |progress| pipeline::run(&job, progress))?;
     std::fs::read_to_string(job.out_dir.join("summary.json"))
         .map_err(|e| PyOSError::new_err(format!("{}: {e}", job.out_dir.display())))
@@ -366,7 +385,7 @@ fn run(
 
 /// `hubnorm stats`: pass 1 into `out`; returns the path written.
 #[pyfunction]
-#[pyo3(signature = (gallery, bank, gallery_bank, methods, params, out, overwrite,
+#[pyo3(signature = (gallery, bank, gallery_bank, methods, params, out, overwrite, format,
     checkpoint_interval, resume, options, on_progress))]
 #[allow(clippy::too_many_arguments)]
 fn stats(
@@ -378,11 +397,14 @@ fn stats(
     params: &Bound<'_, PyDict>,
     out: PathBuf,
     overwrite: bool,
+    format: String,
     checkpoint_interval: Option<f64>,
     resume: bool,
     options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<String> {
+    let tables = pipeline::declare_stats_table(table_format(py, &format, false)?, &out, overwrite)
+        .map_err(|e| to_python(py, e))?;
     let job = StatsJob {
         gallery,
         bank,
@@ -390,7 +412,7 @@ fn stats(
         bank_sample: options.bank_sample(),
         methods: method_specs(py, methods, params)?,
         out,
-        overwrite,
+        overwrite: tables.replaces(),
         options: options.pass_options(py)?,
         checkpoint: checkpoint_options(py, checkpoint_interval, resume)?,
     };
@@ -402,7 +424,7 @@ fn stats(
 
 /// `hubnorm search`: pass 2 into `out`; returns the summary as JSON.
 #[pyfunction]
-#[pyo3(signature = (queries, gallery, stats, methods, params, k, out, overwrite,
+#[pyo3(signature = (queries, gallery, stats, methods, params, k, out, overwrite, table,
     options, on_progress))]
 #[allow(clippy::too_many_arguments)]
 fn search(
@@ -415,9 +437,13 @@ fn search(
     k: usize,
     out: PathBuf,
     overwrite: bool,
+    table: (String, bool),
     options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<String> {
+    let tables = table_format(py, &table.0, table.1)?
+        .declare(vec![out.clone()], overwrite)
+        .map_err(|e| to_python(py, e))?;
     // Without parameters, each method takes the statistic the file holds.
     let from_file = match &stats {
         Some(path) => pipeline::stats_file_methods(path).map_err(|e| to_python(py, e))?,
@@ -433,7 +459,7 @@ fn search(
         methods,
         k,
         out,
-        overwrite,
+        overwrite: tables.replaces(),
         options: options.pass_options(py)?,
     };
     let summary = run_job(py, on_progress, |progress| {
@@ -459,7 +485,7 @@ fn compare(
     if hubness_k == 0 {
         return Err(usage(py, "hubness_k must be at least 1".into()));
     }
-    let mut run = args.job(py, params, &options)?;
+    let (mut run, _tables) = args.job(py, params, &options)?;
     run.options.report.hubness_k = hubness_k;
     let job = CompareJob {
         run,
@@ -477,7 +503,7 @@ fn compare(
 /// `hubnorm report`: hubness and quality of a results file (anyone's) into
 /// `out_dir`.
 #[pyfunction]
-#[pyo3(signature = (results, gallery, queries, stats, k, out_dir, html, overwrite,
+#[pyo3(signature = (results, gallery, queries, stats, k, out_dir, html, overwrite, table,
     options, on_progress))]
 #[allow(clippy::too_many_arguments)]
 fn report(
@@ -490,9 +516,19 @@ fn report(
     out_dir: PathBuf,
     html: Option<PathBuf>,
     overwrite: bool,
+    table: (String, bool),
     options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
+    let tables = table_format(py, &table.0, table.1)?
+        .declare(
+            REPORT_OUTPUTS
+                .iter()
+                .map(|name| out_dir.join(name))
+                .collect(),
+            overwrite,
+        )
+        .map_err(|e| to_python(py, e))?;
     let mut pass = options.pass_options(py)?;
     pass.report.hubness_k = k;
     let job = ReportJob {
@@ -504,7 +540,7 @@ fn report(
         out_dir,
         html,
         text_column: "text".into(),
-        overwrite,
+        overwrite: tables.replaces(),
         options: pass,
     };
     run_job(py, on_progress, |progress| evaluate::report(&job, progress))?;
@@ -514,7 +550,7 @@ fn report(
 /// `hubnorm export`: the gallery with the method's h(g) appended to every
 /// vector, for an inner-product index; returns (rows, dimension).
 #[pyfunction]
-#[pyo3(signature = (gallery, stats, method, params, out, overwrite, options, on_progress))]
+#[pyo3(signature = (gallery, stats, method, params, out, overwrite, table, options, on_progress))]
 #[allow(clippy::too_many_arguments)]
 fn export(
     py: Python<'_>,
@@ -524,9 +560,13 @@ fn export(
     params: &Bound<'_, PyDict>,
     out: PathBuf,
     overwrite: bool,
+    table: (String, bool),
     options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(u64, usize)> {
+    let tables = table_format(py, &table.0, table.1)?
+        .declare(vec![out.clone()], overwrite)
+        .map_err(|e| to_python(py, e))?;
     let from_file = pipeline::stats_file_methods(&stats).map_err(|e| to_python(py, e))?;
     let kinds = method_kinds(py, &[method])?;
     let [method] = hubnorm::stats_file::methods_for_stats_file(
@@ -541,7 +581,7 @@ fn export(
         stats,
         method,
         out,
-        overwrite,
+        overwrite: tables.replaces(),
         options: options.pass_options(py)?,
     };
     let summary = run_job(py, on_progress, |progress| {

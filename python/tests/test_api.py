@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -452,6 +455,86 @@ def test_compare_report_and_export_write_the_cli_files(cli, samples, tmp_path):
     assert bytes_of(tmp_path / "py_export.parquet") == bytes_of(tmp_path / "cli_export.parquet")
     assert exported.num_rows == 600
     assert exported.schema.field("embedding").type.list_size == 385
+
+
+def sorted_rows(table: pa.Table, keys: Sequence[str]) -> list[dict]:
+    """The rows of `table` as Python values (an unsigned and a signed
+    integer compare equal), in the order of `keys`."""
+    return table.sort_by([(k, "ascending") for k in keys]).to_pylist()
+
+
+def test_delta_outputs_take_new_versions_and_read_back_as_the_parquet_rows(cli, samples, tmp_path):
+    """format="delta" on run, stats, search, compare, report and export, as
+    the CLI's --format delta: each table a Delta table holding the Parquet
+    call's rows, refused when it exists, a new version with overwrite or
+    append; the CLI reads what the package wrote."""
+    q, g, b = (sample(samples, n) for n in ("queries", "gallery", "bank"))
+    kwargs = dict(methods="is,nnn", k=5, progress=False)
+    try:
+        run = hubnorm.run(q, g, b, out=tmp_path / "delta", format="delta", **kwargs)
+    except hubnorm.UsageError as e:
+        if "cargo feature `delta`" in str(e) and os.environ.get("HUBNORM_REQUIRE_DELTA") != "1":
+            pytest.skip("the extension was built without the feature `delta`")
+        raise
+    plain = hubnorm.run(q, g, b, out=tmp_path / "plain", **kwargs)
+    result_keys = ["method", "query_id", "rank"]
+    for name in ("results.parquet", "gallery_stats.parquet"):
+        assert (tmp_path / "delta" / name / "_delta_log").is_dir(), name
+        assert (tmp_path / "plain" / name).is_file(), name
+    assert run.format == "delta"
+    assert sorted_rows(run.results, result_keys) == sorted_rows(plain.results, result_keys)
+    assert sorted_rows(run.gallery_stats, ["gallery_id"]) == sorted_rows(plain.gallery_stats, ["gallery_id"])
+    assert run.summary == json.loads((tmp_path / "delta" / "summary.json").read_text())
+    counted = cli("sql", "--table", f"r={tmp_path / 'delta' / 'results.parquet'}",
+                  "SELECT count(*) AS n FROM r", "--format", "csv").stdout
+    assert counted.split() == ["n", str(600 * 3 * 5)], counted
+    with pytest.raises(hubnorm.UsageError, match=r"already exists \(pass overwrite=True"):
+        hubnorm.run(q, g, b, out=tmp_path / "delta", format="delta", **kwargs)
+    with pytest.raises(hubnorm.UsageError, match="Delta tables are in"):
+        run.write(tmp_path / "copy")
+    # append: results add a version's rows, the statistics are replaced.
+    appended = hubnorm.run(q, g, b, out=tmp_path / "delta", format="delta", append=True, **kwargs)
+    assert appended.results.num_rows == 2 * plain.results.num_rows
+    assert appended.gallery_stats.num_rows == plain.gallery_stats.num_rows
+    replaced = hubnorm.run(q, g, b, out=tmp_path / "delta", format="delta", overwrite=True, **kwargs)
+    assert replaced.results.num_rows == plain.results.num_rows
+    for bad, message in ((dict(format="delta"), "needs out="), (dict(append=True), "needs format='delta'"),
+                         (dict(format="csv"), "'parquet' or 'delta'")):
+        with pytest.raises(hubnorm.UsageError, match=message):
+            hubnorm.run(q, g, b, **(kwargs | bad))
+
+    # stats, search (whose append adds new queries' lists) and export.
+    stats = hubnorm.stats(g, b, methods="is,nnn", out=tmp_path / "stats", format="delta",
+                          progress=False)
+    assert sorted_rows(stats, ["gallery_id"]) == sorted_rows(plain.gallery_stats, ["gallery_id"])
+    results, _ = hubnorm.search(q, g, stats=tmp_path / "stats", out=tmp_path / "results",
+                                format="delta", **kwargs)
+    assert sorted_rows(results, result_keys) == sorted_rows(
+        plain.results.filter(pc.field("method") != "none"), result_keys)
+    more, _ = hubnorm.search(q, g, stats=tmp_path / "stats", out=tmp_path / "results",
+                             format="delta", append=True, **kwargs)
+    assert more.num_rows == 2 * results.num_rows
+    exported = hubnorm.export(g, tmp_path / "stats", method="nnn", out=tmp_path / "export",
+                              format="delta", progress=False)
+    plain_export = hubnorm.export(g, tmp_path / "plain" / "gallery_stats.parquet", method="nnn",
+                                  out=tmp_path / "export.parquet", progress=False)
+    assert sorted_rows(exported, ["id"]) == sorted_rows(plain_export, ["id"])
+    # A path is a Delta output for its call only: a later Parquet call to
+    # the same path (the table removed) writes a file.
+    shutil.rmtree(tmp_path / "export")
+    hubnorm.export(g, tmp_path / "stats", method="nnn", out=tmp_path / "export", progress=False)
+    assert (tmp_path / "export").is_file()
+
+    # compare and report.
+    comparison = hubnorm.compare(q, g, b, out=tmp_path / "compare", format="delta", **kwargs)
+    assert (tmp_path / "compare" / "compare.parquet" / "_delta_log").is_dir()
+    assert set(comparison.table["method"].to_pylist()) == {"none", "is", "nnn"}
+    report = hubnorm.report(tmp_path / "plain" / "results.parquet", g, queries=q, k=5,
+                            out=tmp_path / "report", format="delta", progress=False)
+    plain_report = hubnorm.report(tmp_path / "plain" / "results.parquet", g, queries=q, k=5,
+                                  out=tmp_path / "plain_report", progress=False)
+    report_keys = [c for c in ("method", "measure") if c in plain_report.column_names]
+    assert sorted_rows(report, report_keys) == sorted_rows(plain_report, report_keys)
 
 
 def test_the_faiss_example_serves_hubnorms_lists(samples):

@@ -6,6 +6,36 @@ use super::*;
 /// File names `hubnorm run` writes into its output directory.
 pub const RUN_OUTPUTS: [&str; 3] = ["results.parquet", "gallery_stats.parquet", "summary.json"];
 
+/// The tabular outputs `run` and `compare` may write in their folder.
+pub const RUN_TABLES: [&str; 5] = [
+    "results.parquet",
+    "gallery_stats.parquet",
+    "report.parquet",
+    "gallery_report.parquet",
+    "compare.parquet",
+];
+
+/// Declares the tables a `run` or `compare` writes into `out_dir` in
+/// `format`. Under `--append` the statistics get a new version replacing
+/// them (they describe the inputs as they are now), where results and
+/// reports add their rows.
+pub fn declare_run_tables(
+    format: TableFormat,
+    out_dir: &Path,
+    overwrite: bool,
+) -> Result<DeclaredTables> {
+    let tables = RUN_TABLES.iter().map(|name| out_dir.join(name)).collect();
+    let declared = format.declare(tables, overwrite)?;
+    if format != (TableFormat::Delta { append: true }) {
+        return Ok(declared);
+    }
+    let stats = crate::sink::write_as_delta_tables(
+        [out_dir.join("gallery_stats.parquet")],
+        crate::sink::DeltaMode::Overwrite,
+    )?;
+    Ok(declared.and(stats))
+}
+
 /// `hubnorm run`: pass 1, pass 2 and the summary, into `job.out_dir`.
 /// Nothing appears under the final names unless every output is complete.
 pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {

@@ -34,6 +34,21 @@ fn with_stats_inputs<T: Send>(
     })
 }
 
+/// Declares the stats file `out` in `format`. A stats table takes no
+/// `--append`: it holds one file per version, read whole.
+pub fn declare_stats_table(
+    format: TableFormat,
+    out: &Path,
+    overwrite: bool,
+) -> Result<DeclaredTables> {
+    if format == (TableFormat::Delta { append: true }) {
+        return Err(HubnormError::Usage(
+            "a stats table holds one file per version, read whole by search, export and --update: write a new version with --overwrite (or --update), not --append".into(),
+        ));
+    }
+    format.declare(vec![out.to_path_buf()], overwrite)
+}
+
 /// `hubnorm stats`: pass 1 only; writes `gallery_stats.parquet`,
 /// checkpointing finished gallery chunks as `job.checkpoint` says.
 pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome> {

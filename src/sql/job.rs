@@ -376,7 +376,8 @@ struct DeltaCopy {
 
 impl DeltaCopy {
     fn sink(self, schema: datafusion::arrow::datatypes::SchemaRef) -> Result<ParquetSink> {
-        crate::sink::write_as_delta_tables([self.target.clone()], self.mode)?;
+        // The sink takes its table's mode when it is created.
+        let _declared = crate::sink::write_as_delta_tables([self.target.clone()], self.mode)?;
         ParquetSink::create(&self.target, schema, vec![], true)
     }
 }

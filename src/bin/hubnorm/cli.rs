@@ -158,26 +158,16 @@ pub struct TableArgs {
 }
 
 impl TableArgs {
-    /// Declares `outputs` as Delta tables under `--format delta`. Returns
-    /// whether existing outputs may be written to (`--overwrite`, or a new
-    /// version by `--append`).
+    /// The format `--format` and `--append` name.
+    pub fn format(&self) -> hubnorm::Result<hubnorm::sink::TableFormat> {
+        hubnorm::sink::TableFormat::new(&self.format, self.append)
+    }
+
+    /// Declares `outputs` in that format for this process. Returns whether
+    /// existing outputs may be written to (`--overwrite`, or a new version
+    /// by `--append`).
     pub fn apply(&self, outputs: Vec<PathBuf>, overwrite: bool) -> hubnorm::Result<bool> {
-        use hubnorm::sink::DeltaMode;
-        if self.format != "delta" {
-            if self.append {
-                return Err(hubnorm::HubnormError::Usage(
-                    "--append adds a version to a Delta table: it needs --format delta".into(),
-                ));
-            }
-            return Ok(overwrite);
-        }
-        let mode = match (self.append, overwrite) {
-            (true, _) => DeltaMode::Append,
-            (false, true) => DeltaMode::Overwrite,
-            (false, false) => DeltaMode::Create,
-        };
-        hubnorm::sink::write_as_delta_tables(outputs, mode)?;
-        Ok(overwrite || self.append)
+        Ok(self.format()?.declare(outputs, overwrite)?.for_process())
     }
 }
 
@@ -720,18 +710,9 @@ impl MethodArgs {
 impl RunArgs {
     /// The run these arguments describe, with `methods`.
     pub fn job(&self, methods: Vec<MethodSpec>) -> hubnorm::Result<hubnorm::pipeline::RunJob> {
-        let overwrite = self.table.apply(
-            RUN_TABLES.iter().map(|name| self.out.join(name)).collect(),
-            self.overwrite,
-        )?;
-        if self.table.append {
-            // Statistics are of the inputs as they are now: a new version
-            // replaces them, where results and reports append.
-            hubnorm::sink::write_as_delta_tables(
-                [self.out.join("gallery_stats.parquet")],
-                hubnorm::sink::DeltaMode::Overwrite,
-            )?;
-        }
+        let overwrite =
+            hubnorm::pipeline::declare_run_tables(self.table.format()?, &self.out, self.overwrite)?
+                .for_process();
         Ok(hubnorm::pipeline::RunJob {
             queries: self.queries.clone(),
             gallery: self.gallery.clone(),
@@ -753,15 +734,6 @@ impl RunArgs {
         })
     }
 }
-
-/// The tabular outputs `run` and `compare` may write in their folder.
-const RUN_TABLES: [&str; 5] = [
-    "results.parquet",
-    "gallery_stats.parquet",
-    "report.parquet",
-    "gallery_report.parquet",
-    "compare.parquet",
-];
 
 /// The checkpoints of `--checkpoint-interval SECONDS` (when `save`) and `--resume`.
 fn checkpoint_options(
@@ -799,11 +771,6 @@ impl StatsArgs {
         } else {
             self.method.specs(MethodKind::default())?
         };
-        if self.table.append {
-            return Err(hubnorm::HubnormError::Usage(
-                "a stats table holds one file per version, read whole by search, export and --update: write a new version with --overwrite (or --update), not --append".into(),
-            ));
-        }
         let checkpoint = checkpoint_options(
             !self.no_checkpoint && !self.update,
             self.checkpoint_interval,
@@ -819,9 +786,12 @@ impl StatsArgs {
             methods,
             out: self.out.clone(),
             // --update writes a new version of a Delta stats table.
-            overwrite: self
-                .table
-                .apply(vec![self.out.clone()], self.overwrite || self.update)?
+            overwrite: hubnorm::pipeline::declare_stats_table(
+                self.table.format()?,
+                &self.out,
+                self.overwrite || self.update,
+            )?
+            .for_process()
                 && !self.update,
             options,
             checkpoint,
