@@ -18,8 +18,8 @@ use arrow::array::RecordBatch;
 use common::cluster::{Cluster, Env};
 use common::s3::{S3Server, SECRET_KEY};
 use common::{
-    hubnorm, parquet_metadata, queries_near, random_table, read_parquet, read_results, rng,
-    write_table, Layout, ResultRow,
+    hubnorm, parquet_metadata, queries_near, random_table, read_parquet, read_results,
+    recorded_precision, rng, write_table, Layout, ResultRow,
 };
 use hubnorm::options::MethodSpec;
 use hubnorm::options::{ClusterJob, PassOptions, ReportOptions};
@@ -1223,13 +1223,7 @@ fn precision_travels_to_each_executor() {
         .current_dir(&data)
         .output()
     };
-    let precision = |out: &str| {
-        parquet_metadata(&data.join(out))
-            .into_iter()
-            .find(|(k, _)| k == "hubnorm.precision")
-            .map(|(_, v)| v)
-            .unwrap_or_default()
-    };
+    let precision = |out: &str| recorded_precision(&data.join(out)).unwrap_or_default();
     let assert_same_values = |local: &str, cluster: &str| {
         let (a, b) = (
             read_parquet(&data.join(local)),

@@ -186,22 +186,13 @@ fn every_method_writes_reads_and_merges_its_declared_columns_in_one_order() {
 /// plan here. Without AVX512_BF16 the screen runs in scalar code.
 #[test]
 fn every_method_is_screened_exactly_when_the_registry_says_so() {
-    if !hubnorm::kernel::gemm::reproducible(512, 2048, 64) {
-        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no FMA)");
+    if !common::screen_in_process() {
         return;
-    }
-    if !hubnorm::kernel::bf16::has_avx512_bf16() {
-        hubnorm::kernel::bf16::allow_scalar_screen();
     }
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     write_inputs(d);
-    let precision_of = |out: &Path| {
-        common::parquet_metadata(&out.join("results.parquet"))
-            .into_iter()
-            .find(|(k, _)| k == "hubnorm.precision")
-            .map(|(_, v)| v)
-    };
+    let precision_of = |out: &Path| common::recorded_precision(&out.join("results.parquet"));
     let (mut screened_methods, mut refused_methods) = (0, 0);
     for kind in MethodKind::all() {
         let name = kind.name();

@@ -294,8 +294,7 @@ fn screened_search_equals_the_exact_search() {
 /// pruned enough (k beyond what the pool holds), decided early.
 #[test]
 fn screened_search_over_many_tiles_equals_the_exact_search() {
-    if !hubnorm::kernel::gemm::reproducible(512, 2048, 64) {
-        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no FMA)");
+    if !common::screen_comparable() {
         return;
     }
     let mut rng = StdRng::seed_from_u64(37);
@@ -347,12 +346,8 @@ fn screened_runs_write_the_exact_runs_results() {
     use hubnorm::options::{MemoryBudget, MethodSpec, PassOptions, Precision};
     use hubnorm::pipeline::{self, RunJob};
     use hubnorm::progress::Silent;
-    if !hubnorm::kernel::gemm::reproducible(512, 2048, 64) {
-        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no FMA)");
+    if !common::screen_in_process() {
         return;
-    }
-    if !hubnorm::kernel::bf16::has_avx512_bf16() {
-        hubnorm::kernel::bf16::allow_scalar_screen();
     }
     let dir = tempfile::tempdir().unwrap();
     common::write_case(
@@ -409,12 +404,8 @@ fn screened_runs_write_the_exact_runs_results() {
         screen.rescored_pairs < screen.screened_pairs / 4,
         "{screen:?}"
     );
-    let precision = |out: &str| {
-        common::parquet_metadata(&dir.path().join(out).join("results.parquet"))
-            .into_iter()
-            .find(|(k, _)| k == "hubnorm.precision")
-            .map(|(_, v)| v)
-    };
+    let precision =
+        |out: &str| common::recorded_precision(&dir.path().join(out).join("results.parquet"));
     assert_eq!(precision("exact").as_deref(), Some("exact"));
     assert_eq!(precision("screened").as_deref(), Some("screened"));
 
@@ -438,12 +429,8 @@ fn screened_runs_write_the_exact_runs_results() {
 
     // Pass 1 of the top-k statistics: screened under auto, though pass 2
     // of ls and nicdm is not.
-    let stats_precision = |out: &str| {
-        common::parquet_metadata(&dir.path().join(out).join("gallery_stats.parquet"))
-            .into_iter()
-            .find(|(k, _)| k == "hubnorm.precision")
-            .map(|(_, v)| v)
-    };
+    let stats_precision =
+        |out: &str| common::recorded_precision(&dir.path().join(out).join("gallery_stats.parquet"));
     let same_stats = |a: &str, b: &str| {
         let read =
             |out: &str| common::read_parquet(&dir.path().join(out).join("gallery_stats.parquet"));
@@ -622,8 +609,7 @@ fn screened_column_top_k_equals_the_exact_pass() {
 /// rows and records the choice; `auto` runs exact where it cannot screen.
 #[test]
 fn stats_precision_on_the_command_line() {
-    if !hubnorm::kernel::gemm::reproducible(512, 2048, 64) {
-        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no FMA)");
+    if !common::screen_comparable() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -646,12 +632,7 @@ fn stats_precision_on_the_command_line() {
         }
         command.output()
     };
-    let precision_of = |out: &str| {
-        common::parquet_metadata(&dir.path().join(out))
-            .into_iter()
-            .find(|(k, _)| k == "hubnorm.precision")
-            .map(|(_, v)| v)
-    };
+    let precision_of = |out: &str| common::recorded_precision(&dir.path().join(out));
     let bf16 = hubnorm::kernel::bf16::has_avx512_bf16();
     let exact = stats("exact", "exact.parquet", false);
     assert!(exact.success(), "{exact:?}");

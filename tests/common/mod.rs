@@ -475,6 +475,34 @@ pub fn parquet_metadata(path: &Path) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
+/// The precision an output records (`hubnorm.precision`), if any.
+pub fn recorded_precision(path: &Path) -> Option<String> {
+    parquet_metadata(path)
+        .into_iter()
+        .find(|(k, _)| k == "hubnorm.precision")
+        .map(|(_, v)| v)
+}
+
+/// Whether the screened path can be compared with the exact one here: the
+/// re-scoring reproduces the f32 tiles' bits only with FMA (printed as a
+/// skip otherwise).
+pub fn screen_comparable() -> bool {
+    let comparable = hubnorm::kernel::gemm::reproducible(512, 2048, 64);
+    if !comparable {
+        eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no FMA)");
+    }
+    comparable
+}
+
+/// [`screen_comparable`], with the scalar screen allowed in this process
+/// where the CPU lacks AVX512_BF16.
+pub fn screen_in_process() -> bool {
+    if !hubnorm::kernel::bf16::has_avx512_bf16() {
+        hubnorm::kernel::bf16::allow_scalar_screen();
+    }
+    screen_comparable()
+}
+
 // ------------------------------------------------------------------ reference
 
 /// Rows in f64, L2-normalised when `normalize`.
