@@ -408,6 +408,20 @@ fn error(root: &str, e: DeltaTableError) -> HubnormError {
     }
 }
 
+/// A commit to the table at `root` that failed: its store could not take
+/// the write (a full disk, a lost connection, a conflicting writer), which
+/// is not bad input.
+fn write_error(root: &str, e: DeltaTableError) -> HubnormError {
+    HubnormError::Storage {
+        url: root.to_owned(),
+        message: format!(
+            "the Delta commit failed: {}",
+            crate::storage::redact(&e.to_string())
+        ),
+        exit_code: 1,
+    }
+}
+
 // ------------------------------------------------------------------ writing
 
 /// The schema an output has in a Delta table: the types Delta lacks
@@ -541,11 +555,31 @@ pub fn commit_file(finished: &Path, table: &Path, output: &DeltaOutput) -> Resul
         // Never referenced by the log: remove it (a leftover would be invisible).
         let _ = crate::storage::remove_file(&data_path);
         if let Some(dir) = made_dir {
-            // Only an empty folder goes (a failed creation may have begun a log).
+            remove_uncommitted_log(dir);
             let _ = std::fs::remove_dir(dir);
         }
     }
     committed
+}
+
+/// Removes the `_delta_log/` that a failed first commit began in the local
+/// folder `table`, which this process made (under the output's lock), so
+/// that the path is free again rather than a table without versions; a log
+/// holding a commit (another writer's table) stays.
+fn remove_uncommitted_log(table: &Path) {
+    let log = table.join(LOG_DIR);
+    let Ok(entries) = std::fs::read_dir(&log) else {
+        return;
+    };
+    // Commits and checkpoints are named by their 20-digit version.
+    let committed = entries.filter_map(|e| e.ok()).any(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        name.len() > 20 && name.as_bytes()[..20].iter().all(u8::is_ascii_digit)
+    });
+    if !committed {
+        let _ = std::fs::remove_dir_all(&log);
+    }
 }
 
 fn commit_add(root: &str, add: Add, schema: &SchemaRef, output: &DeltaOutput) -> Result<u64> {
@@ -583,7 +617,7 @@ fn commit_add(root: &str, add: Add, schema: &SchemaRef, output: &DeltaOutput) ->
                     .with_metadata(app_metadata),
             );
         let created =
-            crate::storage::block_on_io(create.into_future())?.map_err(|e| error(root, e))?;
+            crate::storage::block_on_io(create.into_future())?.map_err(|e| write_error(root, e))?;
         return Ok(created.version().unwrap_or(0) as u64);
     }
     let state = table.snapshot().map_err(|e| error(root, e))?;
@@ -643,7 +677,7 @@ fn commit_add(root: &str, add: Add, schema: &SchemaRef, output: &DeltaOutput) ->
             .await
             .map(|done| done.version())
     };
-    let version = crate::storage::block_on_io(commit)?.map_err(|e| error(root, e))?;
+    let version = crate::storage::block_on_io(commit)?.map_err(|e| write_error(root, e))?;
     Ok(version as u64)
 }
 

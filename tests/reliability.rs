@@ -817,6 +817,33 @@ fn a_second_writer_of_the_same_output_is_refused_while_the_first_runs() {
 /// Unmounts a test's file system when the test ends, however it ends.
 struct Mounted(std::path::PathBuf);
 
+/// Mounts a tmpfs of `size` (as `mount -o size=`) at `disk` (made here),
+/// or says why not (mounting needs root; `.ci/run` runs as root).
+fn mount_small_disk(disk: &Path, size: &str) -> Option<Mounted> {
+    std::fs::create_dir(disk).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(disk)
+        .output();
+    match mounted {
+        Ok(out) if out.status.success() => Some(Mounted(disk.to_path_buf())),
+        other => {
+            eprintln!("SKIPPED: cannot mount a small tmpfs here (needs root): {other:?}");
+            None
+        }
+    }
+}
+
+/// Fills `disk` up to its last `free` bytes with the file `filler`.
+fn fill_disk(filler: &Path, free: u64) {
+    use std::io::Write;
+    let mut file = std::fs::File::create(filler).unwrap();
+    let chunk = vec![7u8; 4096];
+    while file.write_all(&chunk).is_ok() {}
+    let len = file.metadata().unwrap().len();
+    file.set_len(len.saturating_sub(free)).unwrap();
+}
+
 impl Drop for Mounted {
     fn drop(&mut self) {
         let _ = std::process::Command::new("umount").arg(&self.0).status();
@@ -831,19 +858,9 @@ impl Drop for Mounted {
 fn a_full_disk_fails_cleanly_and_keeps_the_previous_output() {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk");
-    std::fs::create_dir(&disk).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
-        .arg(&disk)
-        .output();
-    match mounted {
-        Ok(out) if out.status.success() => {}
-        other => {
-            eprintln!("SKIPPED: cannot mount a small tmpfs here (needs root): {other:?}");
-            return;
-        }
-    }
-    let _unmount = Mounted(disk.clone());
+    let Some(_unmount) = mount_small_disk(&disk, "16m") else {
+        return;
+    };
     let small = dir.path().join("small");
     let large = dir.path().join("large");
     std::fs::create_dir(&small).unwrap();
@@ -877,15 +894,7 @@ fn a_full_disk_fails_cleanly_and_keeps_the_previous_output() {
     );
     let before = std::fs::read(&out).unwrap();
     // The disk filled up to its last 64 KiB.
-    let filler = disk.join("filler");
-    {
-        use std::io::Write;
-        let mut file = std::fs::File::create(&filler).unwrap();
-        let chunk = vec![7u8; 4096];
-        while file.write_all(&chunk).is_ok() {}
-        let len = file.metadata().unwrap().len();
-        file.set_len(len.saturating_sub(64 << 10)).unwrap();
-    }
+    fill_disk(&disk.join("filler"), 64 << 10);
     // Twelve times the gallery: its statistics do not fit in what is left.
     let full = stats(&large, &["--overwrite", "--no-checkpoint"]);
     let err = String::from_utf8_lossy(&full.stderr);
@@ -906,6 +915,108 @@ fn a_full_disk_fails_cleanly_and_keeps_the_previous_output() {
         .collect();
     left.sort();
     assert_eq!(left, ["filler", "stats.parquet"], "temporaries left");
+}
+
+/// A full disk while a new Delta table is made, with the free space stepped
+/// a page at a time across the table's size, so that it runs out while the
+/// data file is written, in the first commit, or not at all: a failure exits
+/// with 1 and a message naming the table and the full disk, and leaves
+/// nothing at the table's path (not even a `_delta_log/` without commits,
+/// which the next run would take for an existing table); a success is a
+/// table holding every row. Root only, as the full-disk test above.
+#[cfg(feature = "delta")]
+#[test]
+fn a_full_disk_while_making_a_delta_table_leaves_no_table_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    let Some(_unmount) = mount_small_disk(&disk, "2m") else {
+        return;
+    };
+    let inputs = dir.path().join("inputs");
+    std::fs::create_dir(&inputs).unwrap();
+    small_case(&inputs);
+    let table = disk.join("stats");
+    let stats = || {
+        hubnorm([
+            "stats",
+            "--methods",
+            "is",
+            "--format",
+            "delta",
+            "--no-checkpoint",
+        ])
+        .arg("--gallery")
+        .arg(inputs.join("gallery.parquet"))
+        .arg("--bank")
+        .arg(inputs.join("bank.parquet"))
+        .arg("--out")
+        .arg(&table)
+        .arg("--quiet")
+        .output()
+    };
+    let listing = |path: &Path| -> Vec<String> {
+        walk(path)
+            .into_iter()
+            .map(|p| p.strip_prefix(path).unwrap().display().to_string())
+            .collect()
+    };
+    // The table's size, from a table made with room to spare.
+    stats().assert_success();
+    let page = 4096u64;
+    let pages = |path: &Path| std::fs::metadata(path).unwrap().len().div_ceil(page);
+    let used: u64 = walk(&table)
+        .iter()
+        .filter(|p| p.is_file())
+        .map(|p| pages(p))
+        .sum();
+    std::fs::remove_dir_all(&table).unwrap();
+
+    let (mut failed_in_commit, mut succeeded) = (false, false);
+    for free in used.saturating_sub(2)..=used + 2 {
+        let filler = disk.join("filler");
+        fill_disk(&filler, free * page);
+        let done = stats();
+        std::fs::remove_file(&filler).unwrap();
+        if done.success() {
+            succeeded = true;
+            let counted = hubnorm(["sql", "--format", "csv", "SELECT count(*) AS n FROM t"])
+                .arg("--table")
+                .arg(format!("t={}", table.display()))
+                .output();
+            counted.assert_success();
+            assert_eq!(counted.stdout().split_whitespace().last(), Some("1000"));
+            std::fs::remove_dir_all(&table).unwrap();
+            continue;
+        }
+        let err = done.stderr();
+        assert_eq!(done.code(), Some(1), "{free} pages free: {err}");
+        assert!(err.contains(&table.display().to_string()), "{err}");
+        assert!(err.to_lowercase().contains("no space left"), "{err}");
+        assert!(
+            !table.exists(),
+            "{free} pages free: a failed creation left {:?}",
+            listing(&table)
+        );
+        assert!(stray_files(&disk).is_empty(), "{:?}", stray_files(&disk));
+        failed_in_commit |= err.contains("Delta commit");
+    }
+    assert!(
+        failed_in_commit && succeeded,
+        "the steps of free space around {used} pages missed the commit (failed there: {failed_in_commit}) or never fit"
+    );
+}
+
+/// Every file and folder under `dir`, depth first.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        found.push(path.clone());
+        if path.is_dir() {
+            found.extend(walk(&path));
+        }
+    }
+    found
 }
 
 /// Every temporary or backup a writer may leave beside its outputs: hidden
