@@ -142,7 +142,7 @@ impl TableFormat {
             )),
             ("delta", append) => Ok(TableFormat::Delta { append }),
             (other, _) => Err(HubnormError::Usage(format!(
-                "--format is parquet or delta, not '{other}'"
+                "the table format is 'parquet' or 'delta', not '{other}'"
             ))),
         }
     }

@@ -954,21 +954,11 @@ fn a_full_disk_while_making_a_delta_table_leaves_no_table_behind() {
         .arg("--quiet")
         .output()
     };
-    let listing = |path: &Path| -> Vec<String> {
-        walk(path)
-            .into_iter()
-            .map(|p| p.strip_prefix(path).unwrap().display().to_string())
-            .collect()
-    };
     // The table's size, from a table made with room to spare.
     stats().assert_success();
     let page = 4096u64;
     let pages = |path: &Path| std::fs::metadata(path).unwrap().len().div_ceil(page);
-    let used: u64 = walk(&table)
-        .iter()
-        .filter(|p| p.is_file())
-        .map(|p| pages(p))
-        .sum();
+    let used: u64 = files_under(&table).iter().map(|p| pages(p)).sum();
     std::fs::remove_dir_all(&table).unwrap();
 
     let (mut failed_in_commit, mut succeeded) = (false, false);
@@ -994,8 +984,8 @@ fn a_full_disk_while_making_a_delta_table_leaves_no_table_behind() {
         assert!(err.to_lowercase().contains("no space left"), "{err}");
         assert!(
             !table.exists(),
-            "{free} pages free: a failed creation left {:?}",
-            listing(&table)
+            "{free} pages free: a failed creation left its folder, with files {:?}",
+            files_under(&table)
         );
         assert!(stray_files(&disk).is_empty(), "{:?}", stray_files(&disk));
         failed_in_commit |= err.contains("Delta commit");
@@ -1004,19 +994,6 @@ fn a_full_disk_while_making_a_delta_table_leaves_no_table_behind() {
         failed_in_commit && succeeded,
         "the steps of free space around {used} pages missed the commit (failed there: {failed_in_commit}) or never fit"
     );
-}
-
-/// Every file and folder under `dir`, depth first.
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        found.push(path.clone());
-        if path.is_dir() {
-            found.extend(walk(&path));
-        }
-    }
-    found
 }
 
 /// Every temporary or backup a writer may leave beside its outputs: hidden

@@ -187,13 +187,10 @@ def _checkpointing(out: str | os.PathLike | None, checkpoint_interval: float | N
 
 
 def _table_format(format: str, append: bool, out: str | os.PathLike | None) -> tuple[str, bool]:
-    """How a call writes its tables (``format``, ``append``), refused where
-    it cannot: a Delta table belongs where ``out=`` puts it, not in a
-    temporary folder."""
-    if format not in ("parquet", "delta"):
-        raise UsageError(f"format is 'parquet' or 'delta', not {format!r}")
-    if append and format != "delta":
-        raise UsageError("append=True adds a version to a Delta table: it needs format='delta'")
+    """How a call writes its tables (``format``, ``append``), as the
+    extension reads and checks them; refused here where the call would
+    otherwise make a temporary folder: a Delta table belongs where
+    ``out=`` puts it."""
     if format == "delta" and out is None:
         raise UsageError("format='delta' needs out= (the tables are written there)")
     return format, append
@@ -460,7 +457,6 @@ def stats(
     ``nicdm``, ``dissim-local``; the checkpoint of ``checkpoint_interval``
     and ``resume`` is ``OUT.checkpoint/`` beside ``out``; ``format="delta"``
     writes a Delta table, a new version of it with ``overwrite=True``)."""
-    _table_format(format, False, out)
     checkpointing = _checkpointing(out, checkpoint_interval, resume, (gallery, bank, gallery_bank))
     with _Inputs() as inputs:
         path = _hubnorm.stats(

@@ -336,6 +336,19 @@ fn table_format(py: Python<'_>, format: &str, append: bool) -> PyResult<TableFor
     TableFormat::new(format, append).map_err(|e| to_python(py, e))
 }
 
+/// `outputs` declared in the call's `table` format (`format`, `append`)
+/// for as long as the result lives.
+fn declare_tables(
+    py: Python<'_>,
+    table: &(String, bool),
+    outputs: Vec<PathBuf>,
+    overwrite: bool,
+) -> PyResult<DeclaredTables> {
+    table_format(py, &table.0, table.1)?
+        .declare(outputs, overwrite)
+        .map_err(|e| to_python(py, e))
+}
+
 impl RunArgs {
     /// The run these arguments describe, with `params` and `options`, and
     /// its outputs declared in their format for the call.
@@ -441,9 +454,7 @@ fn search(
     options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<String> {
-    let tables = table_format(py, &table.0, table.1)?
-        .declare(vec![out.clone()], overwrite)
-        .map_err(|e| to_python(py, e))?;
+    let tables = declare_tables(py, &table, vec![out.clone()], overwrite)?;
     // Without parameters, each method takes the statistic the file holds.
     let from_file = match &stats {
         Some(path) => pipeline::stats_file_methods(path).map_err(|e| to_python(py, e))?,
@@ -520,15 +531,11 @@ fn report(
     options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
-    let tables = table_format(py, &table.0, table.1)?
-        .declare(
-            REPORT_OUTPUTS
-                .iter()
-                .map(|name| out_dir.join(name))
-                .collect(),
-            overwrite,
-        )
-        .map_err(|e| to_python(py, e))?;
+    let outputs = REPORT_OUTPUTS
+        .iter()
+        .map(|name| out_dir.join(name))
+        .collect();
+    let tables = declare_tables(py, &table, outputs, overwrite)?;
     let mut pass = options.pass_options(py)?;
     pass.report.hubness_k = k;
     let job = ReportJob {
@@ -564,9 +571,7 @@ fn export(
     options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(u64, usize)> {
-    let tables = table_format(py, &table.0, table.1)?
-        .declare(vec![out.clone()], overwrite)
-        .map_err(|e| to_python(py, e))?;
+    let tables = declare_tables(py, &table, vec![out.clone()], overwrite)?;
     let from_file = pipeline::stats_file_methods(&stats).map_err(|e| to_python(py, e))?;
     let kinds = method_kinds(py, &[method])?;
     let [method] = hubnorm::stats_file::methods_for_stats_file(

@@ -475,6 +475,21 @@ pub fn parquet_metadata(path: &Path) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
+/// Files under `dir`, recursively, sorted.
+pub fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out.sort();
+    out
+}
+
 /// The precision an output records (`hubnorm.precision`), if any.
 pub fn recorded_precision(path: &Path) -> Option<String> {
     parquet_metadata(path)

@@ -209,7 +209,7 @@ impl S3Server {
 
     /// Uploads every file under `dir` to `bucket/prefix/<relative path>`.
     pub fn put_dir(&self, bucket: &str, prefix: &str, dir: &Path) {
-        for entry in walk(dir) {
+        for entry in super::files_under(dir) {
             let relative = entry
                 .strip_prefix(dir)
                 .unwrap()
@@ -310,21 +310,6 @@ fn dechunk(mut body: &[u8]) -> Vec<u8> {
         out.extend_from_slice(&body[start..start + size]);
         body = &body[start + size + 2..];
     }
-}
-
-/// Files under `dir`, recursively, sorted.
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            out.extend(walk(&path));
-        } else {
-            out.push(path);
-        }
-    }
-    out.sort();
-    out
 }
 
 /// A TCP proxy in front of a server that can lose it on cue: once `cut`,
