@@ -19,7 +19,7 @@ use common::cluster::{Cluster, Env};
 use common::s3::{S3Server, SECRET_KEY};
 use common::{
     hubnorm, parquet_metadata, queries_near, random_table, read_parquet, read_results,
-    recorded_precision, rng, write_table, Layout, ResultRow,
+    recorded_precision, rng, write_table, Layout, ResultRow, TestOutput,
 };
 use hubnorm::options::MethodSpec;
 use hubnorm::options::{ClusterJob, PassOptions, ReportOptions};
@@ -1194,9 +1194,10 @@ fn an_executor_stays_within_its_memory_limit() {
 /// CPU: an executor with the screen (`HUBNORM_SCALAR_SCREEN=1` where the CPU
 /// lacks AVX512_BF16) screens pass 1's top-k lists under `auto` and pass 2
 /// under `screened`, logging what it re-scored, and the files hold the
-/// local exact values with the precision asked for recorded; an executor
-/// without the screen computes `auto` exact and fails a `screened` task
-/// with the reason, writing nothing.
+/// local exact values with the precision asked for recorded; the client's
+/// summary sums the executors' counts (as many pairs screened as a local
+/// screened run); an executor without the screen computes `auto` exact
+/// and fails a `screened` task with the reason, writing nothing.
 #[test]
 fn precision_travels_to_each_executor() {
     let dir = tempfile::tempdir().unwrap();
@@ -1204,8 +1205,9 @@ fn precision_travels_to_each_executor() {
     write_data(&data);
     let stats = |extra: &[&str], methods: &str, out: &str| {
         hubnorm(["stats", "--gallery", "gallery", "--bank", "bank.parquet"])
-            .args(["--methods", methods, "--out", out, "--quiet"])
+            .args(["--methods", methods, "--out", out])
             .args(extra)
+            .env("HUBNORM_SCALAR_SCREEN", "1")
             .current_dir(&data)
             .output()
     };
@@ -1218,10 +1220,22 @@ fn precision_travels_to_each_executor() {
             "gallery",
         ])
         .args(["--stats", "local_stats.parquet", "--methods", "nnn,csls"])
-        .args(["--k", "5", "--out", out, "--quiet"])
+        .args(["--k", "5", "--out", out])
         .args(extra)
+        .env("HUBNORM_SCALAR_SCREEN", "1")
         .current_dir(&data)
         .output()
+    };
+    // (re-scored, screened) of the summary's line "bf16 screen: re-scored R of S ...".
+    let screen_counts = |output: &TestOutput| -> Option<(u64, u64)> {
+        let line = output
+            .stdout()
+            .lines()
+            .find(|l| l.starts_with("bf16 screen:"))?
+            .to_owned();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == "re-scored")?;
+        Some((words[at + 1].parse().ok()?, words[at + 3].parse().ok()?))
     };
     let precision = |out: &str| recorded_precision(&data.join(out)).unwrap_or_default();
     let assert_same_values = |local: &str, cluster: &str| {
@@ -1235,6 +1249,13 @@ fn precision_travels_to_each_executor() {
     stats(&[], "nnn,csls", "local_stats.parquet").assert_success();
     search(&[], "local_results.parquet").assert_success();
     assert_eq!(precision("local_stats.parquet"), "exact");
+    let local_screen = |output: TestOutput| {
+        output.assert_success();
+        screen_counts(&output).expect("a local screened run reports its screen")
+    };
+    let screened = ["--precision", "screened"];
+    let (_, local_bank_pairs) = local_screen(stats(&screened, "nnn,csls", "ls.parquet"));
+    let (_, local_query_pairs) = local_screen(search(&screened, "lr.parquet"));
 
     let screening = Cluster::start(
         &data,
@@ -1245,14 +1266,29 @@ fn precision_travels_to_each_executor() {
     let url = screening.url();
     let on =
         |precision: &'static str| ["--cluster", &url, "--shards", "3", "--precision", precision];
-    stats(&on("auto"), "nnn,csls", "auto_stats.parquet").assert_success();
+    let on_cluster = |output: TestOutput, local_pairs: u64| {
+        output.assert_success();
+        let (rescored, pairs) = screen_counts(&output)
+            .unwrap_or_else(|| panic!("no screen in the summary:\n{}", output.stdout()));
+        assert_eq!(pairs, local_pairs, "{}", output.stdout());
+        assert!(0 < rescored && rescored <= pairs, "{}", output.stdout());
+    };
+    on_cluster(
+        stats(&on("auto"), "nnn,csls", "auto_stats.parquet"),
+        local_bank_pairs,
+    );
     assert_same_values("local_stats.parquet", "auto_stats.parquet");
     assert_eq!(precision("auto_stats.parquet"), "auto");
-    search(&on("screened"), "screened_results.parquet").assert_success();
+    on_cluster(
+        search(&on("screened"), "screened_results.parquet"),
+        local_query_pairs,
+    );
     assert_same_values("local_results.parquet", "screened_results.parquet");
     assert_eq!(precision("screened_results.parquet"), "screened");
     // `is` needs every similarity: nothing to screen, recorded as exact.
-    stats(&on("screened"), "is", "is_stats.parquet").assert_success();
+    let is_stats = stats(&on("screened"), "is", "is_stats.parquet");
+    is_stats.assert_success();
+    assert_eq!(screen_counts(&is_stats), None);
     assert_eq!(precision("is_stats.parquet"), "exact");
     let log = screening.executor_log(0);
     for precision in ["auto", "screened"] {

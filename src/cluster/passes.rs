@@ -4,9 +4,10 @@
 //! committed here, once every task has finished).
 //!
 //! Ballista hands a job's result partitions over in the order their tasks
-//! finished, so each row carries its shard ([`SHARD_COLUMN`]): the rows of
+//! finished, so each row carries its shard ([`SHARD_COLUMNS`]): the rows of
 //! the next shard due go straight to the sink, those of later shards wait
-//! in scratch Arrow files and follow in turn.
+//! in scratch Arrow files and follow in turn. The last row of each shard
+//! also carries what its bf16 screen did, summed here for the summary.
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -17,7 +18,7 @@ use ballista_core::execution_plans::DistributedQueryExec;
 use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
 use ballista_core::serde::protobuf::CancelJobParams;
 use datafusion::arrow::array::{AsArray, RecordBatch};
-use datafusion::arrow::datatypes::{Schema, SchemaRef, UInt32Type};
+use datafusion::arrow::datatypes::{Schema, SchemaRef, UInt32Type, UInt64Type};
 use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::FileWriter;
 use datafusion::execution::SendableRecordBatchStream;
@@ -26,7 +27,8 @@ use datafusion_proto::protobuf::LogicalPlanNode;
 use futures::StreamExt;
 
 use crate::error::{HubnormError, Result};
-use crate::sql::pass::{PassSpec, PassTable, SHARD_COLUMN};
+use crate::kernel::ScreenCounts;
+use crate::sql::pass::{PassSpec, PassTable, SHARD_COLUMNS};
 use crate::sql::SqlOptions;
 
 use super::SchedulerAddress;
@@ -34,18 +36,19 @@ use super::SchedulerAddress;
 /// How long a client tries to cancel its job on the scheduler after a stop.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Runs the sharded pass `spec` on the cluster of `scheduler` and hands its
-/// rows to `emit` in shard order, without the shard column. `spec` must be
-/// sharded with [`PassSpec::shard_column`] set; `expected` holds the rows
-/// each shard makes (a shard is complete, and the next one's turn, when
-/// they are all in).
+/// Runs the sharded pass `spec` on the cluster of `scheduler`, hands its
+/// rows to `emit` in shard order, without the shard columns, and returns
+/// what the executors' bf16 screens did, summed. `spec` must be sharded
+/// with [`PassSpec::shard_column`] set; `expected` holds the rows each
+/// shard makes (a shard is complete, and the next one's turn, when they
+/// are all in).
 pub fn pass_rows(
     scheduler: &SchedulerAddress,
     spec: PassSpec,
     expected: Vec<u64>,
     options: &SqlOptions,
     emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
-) -> Result<()> {
+) -> Result<ScreenCounts> {
     if spec.shards.is_empty() || !spec.shard_column || expected.len() != spec.partitions() {
         return Err(HubnormError::Internal(
             "a pass sent to a cluster must be sharded with its shard column".into(),
@@ -128,6 +131,8 @@ async fn job_id(
 
 /// Puts the rows of a sharded pass back in shard order.
 struct ShardOrder {
+    /// What the shards' screens did, summed over the rows in so far.
+    screen: ScreenCounts,
     /// Rows each shard must have.
     expected: Vec<u64>,
     received: Vec<u64>,
@@ -136,25 +141,31 @@ struct ShardOrder {
     /// Rows of shards that came early, by shard.
     waiting: Vec<Option<(PathBuf, FileWriter<File>)>>,
     scratch: tempfile::TempDir,
-    /// The rows' schema without the shard column.
+    /// The rows' schema without the shard columns.
     schema: SchemaRef,
 }
 
 impl ShardOrder {
     fn new(expected: Vec<u64>, schema: SchemaRef) -> Result<Self> {
         let shards = expected.len();
-        let last = schema.fields().len().checked_sub(1);
-        if last.map(|i| schema.field(i).name().as_str()) != Some(SHARD_COLUMN) {
+        let own = schema.fields().len().saturating_sub(SHARD_COLUMNS.len());
+        let tail: Vec<&str> = schema.fields()[own..]
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        if tail != SHARD_COLUMNS {
             return Err(HubnormError::Internal(format!(
-                "the cluster's rows have no {SHARD_COLUMN} column"
+                "the cluster's rows do not end in the columns {}",
+                SHARD_COLUMNS.join(", ")
             )));
         }
-        let fields = schema.fields()[..schema.fields().len() - 1].to_vec();
+        let fields = schema.fields()[..own].to_vec();
         let scratch = tempfile::Builder::new()
             .prefix("hubnorm-shards-")
             .tempdir()
             .map_err(|e| HubnormError::io(std::env::temp_dir(), e))?;
         Ok(ShardOrder {
+            screen: ScreenCounts::default(),
             expected,
             received: vec![0; shards],
             next: 0,
@@ -173,11 +184,16 @@ impl ShardOrder {
         if batch.num_rows() == 0 {
             return Ok(());
         }
-        let tags = batch
-            .columns()
-            .last()
-            .expect("checked")
-            .as_primitive::<UInt32Type>();
+        let own = self.schema.fields().len();
+        let tags = batch.column(own).as_primitive::<UInt32Type>();
+        let count = |column: usize| -> u64 {
+            let counts = batch.column(column).as_primitive::<UInt64Type>();
+            counts.iter().flatten().sum()
+        };
+        self.screen.add(ScreenCounts {
+            screened: count(own + 1),
+            rescored: count(own + 2),
+        });
         let shard = tags.value(0) as usize;
         if shard >= self.expected.len() || tags.iter().any(|t| t != Some(shard as u32)) {
             return Err(HubnormError::Cluster(format!(
@@ -191,10 +207,7 @@ impl ShardOrder {
                 self.expected[shard]
             )));
         }
-        let rows = RecordBatch::try_new(
-            self.schema.clone(),
-            batch.columns()[..batch.num_columns() - 1].to_vec(),
-        )?;
+        let rows = RecordBatch::try_new(self.schema.clone(), batch.columns()[..own].to_vec())?;
         if shard == self.next {
             emit(&rows)?;
         } else {
@@ -237,10 +250,10 @@ impl ShardOrder {
         Ok(())
     }
 
-    /// Checks that every shard came back whole.
-    fn finish(self) -> Result<()> {
+    /// Checks that every shard came back whole; what their screens did.
+    fn finish(self) -> Result<ScreenCounts> {
         match (0..self.expected.len()).find(|&s| self.received[s] != self.expected[s]) {
-            None => Ok(()),
+            None => Ok(self.screen),
             Some(shard) => Err(HubnormError::Cluster(format!(
                 "the cluster returned {} of the {} rows of shard {shard}",
                 self.received[shard], self.expected[shard]

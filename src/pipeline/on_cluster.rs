@@ -4,10 +4,10 @@
 use super::search::{check_search, results_sink, search_metadata, search_summary, SearchInputs};
 use super::stats::write_potentials;
 use super::*;
-use crate::bank::driver::SinkhornReport;
-use crate::bank::driver::{FileStatsSink, StatsSink};
+use crate::bank::driver::{FileStatsSink, SinkhornReport, StatsReport, StatsSink};
 use crate::bank::shards::{shard_row_count, RoundMerge, ShardMerge};
 use crate::bank::sinkhorn::{sinkhorn_in_rounds, RoundsRequest};
+use crate::kernel::ScreenCounts;
 use crate::method::SinkhornSetup;
 use crate::progress::Silent;
 use crate::query::results::OutcomesFromRows;
@@ -40,8 +40,9 @@ pub(super) fn search(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary
 }
 
 /// Pass 1 of `job` (`methods`, checked) over `inputs` into an
-/// uncommitted stats file at `out` with `metadata`, and how each Sinkhorn
-/// method's iterations ended. The file a local pass writes, bit for bit,
+/// uncommitted stats file at `out` with `metadata`, and its report: how
+/// each Sinkhorn method's iterations ended, what the executors' screens
+/// did (when any screened). The file a local pass writes, bit for bit,
 /// but for the Sinkhorn potentials (to rounding: see
 /// [`sinkhorn_in_rounds`]). With activation sets (`dis`, `dual-dis`) the
 /// shards send their partial states after their rows and the client
@@ -54,7 +55,7 @@ pub(super) fn stats(
     metadata: Vec<(String, String)>,
     out: &Path,
     cluster: &ClusterJob,
-) -> Result<(AtomicFile, Vec<SinkhornReport>)> {
+) -> Result<(AtomicFile, StatsReport)> {
     let mut plan = StatsPlan::new(inputs, methods, metadata)?;
     // Each executor applies the precision on its own CPU.
     let precision = job
@@ -64,6 +65,7 @@ pub(super) fn stats(
     plan.metadata
         .push(crate::bank::driver::precision_entry(precision));
     let mut reports = Vec::new();
+    let screen;
     let mut sink = FileStatsSink::new(out, job.overwrite);
     let spec = PassSpec::stats(job, methods, inputs.gallery.id_kind)
         .sharded(inputs.gallery.rows, cluster.shards);
@@ -71,7 +73,7 @@ pub(super) fn stats(
         sink.begin(plan.schema.clone(), plan.metadata.clone())?;
         // A shard's rows: one per gallery row.
         let expected = spec.shards.windows(2).map(|w| w[1] - w[0]).collect();
-        send(spec, expected, &job.options, cluster, &mut |batch| {
+        screen = send(spec, expected, &job.options, cluster, &mut |batch| {
             sink.write(batch)
         })?;
     } else {
@@ -87,7 +89,7 @@ pub(super) fn stats(
             .map_err(|e| HubnormError::io(std::env::temp_dir(), e))?;
         let spool = scratch.path().join("early.parquet");
         let mut merge = ShardMerge::new(&plan, &shapes, inputs.gallery.rows as usize, &spool)?;
-        send(
+        screen = send(
             spec.with_activation_rows(),
             expected,
             &job.options,
@@ -103,7 +105,11 @@ pub(super) fn stats(
         }
         merge.finish(&plan, &potentials, &mut sink)?;
     }
-    Ok((sink.close_uncommitted()?, reports))
+    let report = StatsReport {
+        sinkhorn: reports,
+        screen: (screen.screened > 0).then_some(screen),
+    };
+    Ok((sink.close_uncommitted()?, report))
 }
 
 /// The potentials f over the gallery of the Sinkhorn `method` of `job` and
@@ -246,22 +252,26 @@ pub(super) fn results(
         .windows(2)
         .map(|w| (w[1] - w[0]) * per_query)
         .collect();
-    send(spec, expected, &job.options, cluster, &mut |batch| {
+    let screen = send(spec, expected, &job.options, cluster, &mut |batch| {
         sink.write(&figures.take(batch)?)
     })?;
-    Ok((sink.close_uncommitted()?, figures.finish(), None))
+    Ok((
+        sink.close_uncommitted()?,
+        figures.finish(),
+        (screen.screened > 0).then(|| ScreenSummary::of(screen)),
+    ))
 }
 
 /// Runs the sharded `spec` on `cluster`: one task per shard, one thread
 /// per task (a slot of an executor each), its rows into `emit` in shard
-/// order.
+/// order; what the executors' screens did.
 fn send(
     spec: PassSpec,
     expected: Vec<u64>,
     options: &PassOptions,
     cluster: &ClusterJob,
     emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
-) -> Result<()> {
+) -> Result<ScreenCounts> {
     let mut spec = spec.with_absolute_paths()?;
     spec.shard_column = true;
     spec.threads = 1;

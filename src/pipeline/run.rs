@@ -223,14 +223,7 @@ pub(crate) fn run_uncommitted(
                     checkpoint: Default::default(),
                 };
                 let inputs = banks.inputs(&gallery, &index);
-                let (file, sinkhorn) = on_cluster::stats(
-                    &stats_job, &methods, &inputs, metadata, &stats_out, cluster,
-                )?;
-                let report = crate::stats_file::StatsReport {
-                    sinkhorn,
-                    screen: None,
-                };
-                (file, report)
+                on_cluster::stats(&stats_job, &methods, &inputs, metadata, &stats_out, cluster)?
             }
             #[cfg(not(feature = "cluster"))]
             Some(cluster) => return Err(without_cluster(&cluster.scheduler)),

@@ -135,12 +135,12 @@ pub fn run_stats_on(job: &StatsJob, cluster: &ClusterJob) -> Result<StatsOutcome
     }
     #[cfg(feature = "cluster")]
     with_stats_inputs(job, &methods, |inputs, metadata| {
-        let (file, _) = on_cluster::stats(job, &methods, inputs, metadata, &job.out, cluster)?;
+        let (file, report) = on_cluster::stats(job, &methods, inputs, metadata, &job.out, cluster)?;
         let path = file.commit()?;
         Ok(StatsOutcome {
             path,
             resumed_rows: 0,
-            screen: None,
+            screen: report.screen.map(ScreenSummary::of),
         })
     })
 }

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{AsArray, RecordBatch, UInt32Array};
+use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, UInt32Array, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt32Type};
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -65,6 +65,16 @@ use super::{external, Placement};
 /// The column a sharded pass adds when asked, the shard of each row, so
 /// that a client can put the shards back in order.
 pub const SHARD_COLUMN: &str = "hubnorm_shard";
+
+/// With [`SHARD_COLUMN`], the pairs a shard's bf16 screen screened and
+/// re-scored ([`ScreenCounts`]): null but on the last row of each shard,
+/// which carries the shard's counts. A client sums them for its summary;
+/// rows are the only channel from a task back to it.
+pub const SCREENED_PAIRS_COLUMN: &str = "hubnorm_screened_pairs";
+/// See [`SCREENED_PAIRS_COLUMN`].
+pub const RESCORED_PAIRS_COLUMN: &str = "hubnorm_rescored_pairs";
+/// The columns after a pass's own rows with [`PassSpec::shard_column`].
+pub const SHARD_COLUMNS: [&str; 3] = [SHARD_COLUMN, SCREENED_PAIRS_COLUMN, RESCORED_PAIRS_COLUMN];
 
 /// Which pass, on which inputs: paths (absolute, or URLs) and methods.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -134,8 +144,8 @@ pub struct PassSpec {
     /// Shard bounds: partition `i` computes rows `shards[i]..shards[i + 1]`
     /// (gallery rows for stats, query rows for search). Empty: one partition, the whole pass.
     pub shards: Vec<u64>,
-    /// Whether every batch carries its shard in a last column
-    /// [`SHARD_COLUMN`].
+    /// Whether every batch carries its shard and the shard's screen counts
+    /// in last columns ([`SHARD_COLUMNS`]).
     pub shard_column: bool,
     /// `--precision`, applied by each process that runs partitions on its
     /// own CPU (`auto` screens where that CPU can).
@@ -378,6 +388,9 @@ impl PassSpec {
         }
         let mut fields = schema.fields().to_vec();
         fields.push(Arc::new(Field::new(SHARD_COLUMN, DataType::UInt32, false)));
+        for counts in [SCREENED_PAIRS_COLUMN, RESCORED_PAIRS_COLUMN] {
+            fields.push(Arc::new(Field::new(counts, DataType::UInt64, true)));
+        }
         Ok(Arc::new(Schema::new_with_metadata(
             fields,
             schema.metadata().clone(),
@@ -399,14 +412,14 @@ impl PassSpec {
     }
 
     /// Runs partition `partition` with `budget` bytes, handing its batches
-    /// (in this spec's schema before the shard column) to `emit`. An
-    /// executor logs what the bf16 screen did for it.
+    /// (in this spec's schema before the shard columns) to `emit`, and
+    /// returns what the bf16 screen did. An executor logs that too.
     fn run(
         &self,
         partition: usize,
         budget: usize,
         emit: &mut (dyn FnMut(&RecordBatch) -> crate::Result<()> + Send),
-    ) -> crate::Result<()> {
+    ) -> crate::Result<ScreenCounts> {
         let screen = self.run_partition(partition, budget, emit)?;
         #[cfg(feature = "cluster")]
         if screen.screened > 0 {
@@ -417,9 +430,7 @@ impl PassSpec {
                 screen.screened
             );
         }
-        #[cfg(not(feature = "cluster"))]
-        let _ = screen;
-        Ok(())
+        Ok(screen)
     }
 
     /// [`run`](Self::run) without the log: what the screen did.
@@ -695,6 +706,21 @@ impl DisplayAs for PassExec {
     }
 }
 
+/// The columns [`SHARD_COLUMNS`] of a batch of `rows` rows of shard `tag`:
+/// the screen's `counts` on its last row when given, null elsewhere.
+fn shard_columns(tag: u32, rows: usize, counts: Option<ScreenCounts>) -> [ArrayRef; 3] {
+    let on_last_row = |count: Option<u64>| -> ArrayRef {
+        Arc::new(UInt64Array::from_iter(
+            (0..rows).map(|row| count.filter(|_| row + 1 == rows)),
+        ))
+    };
+    [
+        Arc::new(UInt32Array::from_value(tag, rows)),
+        on_last_row(counts.map(|c| c.screened)),
+        on_last_row(counts.map(|c| c.rescored)),
+    ]
+}
+
 /// The shard numbers a partition of a shard list holds (each below `count`).
 fn shards_of(list: SendableRecordBatchStream, count: usize) -> Result<Vec<usize>> {
     let batches: Vec<RecordBatch> = futures::executor::block_on(list.try_collect())?;
@@ -895,10 +921,11 @@ impl ExecutionPlan for PassExec {
             for shard in shards {
                 let tag = spec.shard_column.then_some(shard as u32);
                 let closed = || HubnormError::Interrupted("the query stopped reading".into());
-                let mut send = |batch: &RecordBatch| {
+                // `counts` goes on the batch's last row, with the shard columns.
+                let deliver = |batch: &RecordBatch, counts: Option<ScreenCounts>| {
                     let mut columns = batch.columns().to_vec();
                     if let Some(tag) = tag {
-                        columns.push(Arc::new(UInt32Array::from_value(tag, batch.num_rows())));
+                        columns.extend(shard_columns(tag, batch.num_rows(), counts));
                     }
                     if let Some(indices) = &projection {
                         columns = indices.iter().map(|&i| columns[i].clone()).collect();
@@ -906,8 +933,23 @@ impl ExecutionPlan for PassExec {
                     let batch = RecordBatch::try_new(schema.clone(), columns)?;
                     tx.blocking_send(Ok(batch)).map_err(|_| closed())
                 };
+                // With shard columns, the shard's last batch waits for the
+                // counts, known once the shard has run.
+                let mut last: Option<RecordBatch> = None;
+                let mut send = |batch: &RecordBatch| match tag {
+                    None => deliver(batch, None),
+                    Some(_) if batch.num_rows() == 0 => Ok(()),
+                    Some(_) => match last.replace(batch.clone()) {
+                        Some(earlier) => deliver(&earlier, None),
+                        None => Ok(()),
+                    },
+                };
                 let ran = crate::plan::with_ledger(Some(ledger.clone()), || {
                     spec.run(shard, budget, &mut send)
+                })
+                .and_then(|counts| match &last {
+                    Some(batch) => deliver(batch, Some(counts)),
+                    None => Ok(()),
                 });
                 match ran {
                     // A consumer that stopped early (LIMIT) is not an error.
