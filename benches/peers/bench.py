@@ -38,6 +38,8 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, HERE)
 
+# the peak job's row for the bf16 dot loop of `hubnorm bench --peak-only` (CPUs with AVX512_BF16)
+BF16_PEAK_TOOL = "hubnorm-bf16-dot"
 JOBS_ALL = ["peak", "topk", "is-pass1", "is-pass2", "dis", "nnn", "sn", "hubness", "object-store", "memory",
             "scaling", "cluster"]
 RAW_FIELDS = ["run_id", "job", "size", "tool", "threads", "repeat", "wall_s", "cpu_s", "max_rss_mib",
@@ -481,6 +483,13 @@ class Bench:
                                wall_s=f"{m.wall:.4f}", cpu_s=f"{m.cpu:.4f}", max_rss_mib=f"{rss_mib:.1f}",
                                gflop=f"{gflop:.3f}" if gflop else "", status=m.status, check=check,
                                gflops_reported=gf, loadavg=f"{la:.2f}", note=note, **dims)
+                bf16 = re.search(r"bf16_peak_gflops=([0-9.eE+-]+)", m.output or "")
+                if job == "peak" and m.status == "ok" and bf16:
+                    # `bench --peak-only` times a vdpbf16ps loop after the FMA loop where the CPU has
+                    # AVX512_BF16: the screen's own ceiling, kept as a row of its own
+                    self.write_row(job=job, size=size_label, tool=BF16_PEAK_TOOL, threads=threads, repeat=rep,
+                                   wall_s=f"{m.wall:.4f}", cpu_s=f"{m.cpu:.4f}", max_rss_mib=f"{rss_mib:.1f}",
+                                   status="ok", gflops_reported=bf16.group(1), loadavg=f"{la:.2f}", **dims)
                 if m.status != "ok":
                     skip[tool.name] = m.status
                 if rep > 0 and not self.args.keep_work:
@@ -1542,6 +1551,42 @@ def _size_key(s):
     return (SIZE_ORDER.index(base) if base in SIZE_ORDER else len(SIZE_ORDER), s)
 
 
+def screened_targets(G, bf16_peak):
+    """The target table of `--precision screened` (issue 31): at most 0.5× faiss `IndexFlatIP`'s time and
+    faster than faiss's reduced-precision route, at equal results, with the share of the bf16 dot peak."""
+    L = ["", "### Screened search (`--precision screened`): ≤ 0.5× faiss IndexFlatIP, faster than faiss's "
+         "bf16/fp16 route, equal results", "",
+         "GFLOP/s counts the f32 path's work (2·queries·gallery·d); % bf16 peak is that over the bf16 dot "
+         "peak measured in the same run at that thread count.", "",
+         "| job | size | threads | screened s | exact s | faiss IndexFlatIP s | screened/faiss | faiss SQ+refine s "
+         "| GFLOP/s | % bf16 peak | equal results | target |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    keys = sorted([k for k in G if k[0] in ("topk", "is-pass2") and k[2] == "hubnorm-screened"],
+                  key=lambda k: (k[0], _size_key(k[1]), k[3]))
+    for job, size, _, t in keys:
+        s = G[(job, size, "hubnorm-screened", t)]
+        exact = G.get((job, size, "hubnorm", t))
+        flat = G.get((job, size, "faiss-flatip", t))
+        sq = [g for name in ("faiss-sq-bf16+refine", "faiss-sq-fp16+refine")
+              for g in [G.get((job, size, name, t))] if g and g.n]
+        sq_best = min(sq, key=lambda g: g.wall) if sq else None
+        ratio = s.wall / flat.wall if s.n and flat and flat.n else float("nan")
+        checks = [s.check] + [g.check for g in [flat] + sq if g and g.n]
+        eq = bool(s.n) and all(c.startswith("ok") for c in checks)
+        share = s.gflops / bf16_peak[t] * 100 if t in bf16_peak and not math.isnan(bf16_peak[t]) else float("nan")
+        if math.isnan(ratio):
+            verdict = "—"
+        else:
+            met = ratio <= 0.5 and eq and (sq_best is None or s.wall < sq_best.wall)
+            verdict = ("met" if met else "missed") + ("" if sq_best else " (SQ route not run)")
+        L.append(f"| {job} | {size} | {t} | {fmt(s.wall) if s.n else s.status} | "
+                 f"{fmt(exact.wall) if exact and exact.n else '—'} | {fmt(flat.wall) if flat and flat.n else '—'} | "
+                 f"{fmt(ratio)} | {fmt(sq_best.wall) if sq_best else 'not run'} | {fmt(s.gflops)} | {fmt(share)} | "
+                 f"{esc('; '.join(checks))} | {verdict} |")
+    if not keys:
+        L.append("| — | — | — | not run | — | — | — | — | — | — | — | — |")
+    return L
+
+
 def summarize(out_dir):
     rows = load_raw(out_dir)
     groups = {}
@@ -1552,12 +1597,15 @@ def summarize(out_dir):
 
     # measured peak per thread count
     peak = {}
+    bf16_peak = {}
     peak_rows = []
     for t in sorted({k[3] for k in G if k[0] == "peak"}):
         npy = G.get(("peak", "-", "numpy-sgemm", t))
         hub = G.get(("peak", "-", "hubnorm-fma", t))
         vals = [g.gfr for g in (npy, hub) if g and not math.isnan(g.gfr)]
         peak[t] = max(vals) if vals else float("nan")
+        bf16 = G.get(("peak", "-", BF16_PEAK_TOOL, t))
+        bf16_peak[t] = bf16.gfr if bf16 and bf16.n else float("nan")
         peak_rows.append((t, npy, hub))
 
     L = ["# Peer benchmark summary", "",
@@ -1579,13 +1627,16 @@ def summarize(out_dir):
 
     L += ["## Measured f32 peak", "",
           "numpy sgemm: (4096×1024)·(1024×16384), OPENBLAS_CORETYPE=SkylakeX, median of 3 products per process. "
-          "hubnorm: `hubnorm bench --peak-only` (an FMA loop). The higher is the peak used below.", "",
-          "| threads | numpy sgemm GFLOP/s | hubnorm FMA GFLOP/s | measured peak GFLOP/s |", "|---|---|---|---|"]
+          "hubnorm: `hubnorm bench --peak-only` (an FMA loop). The higher is the peak used below. bf16 dot: "
+          "the same command's `vdpbf16ps` loop (2 flops per bf16 pair, AVX512_BF16 only), the ceiling of "
+          "`--precision screened`'s screen.", "",
+          "| threads | numpy sgemm GFLOP/s | hubnorm FMA GFLOP/s | measured peak GFLOP/s | bf16 dot GFLOP/s |",
+          "|---|---|---|---|---|"]
     for t, npy, hub in peak_rows:
         cell = lambda g: (fmt(g.gfr) if g and g.n and not math.isnan(g.gfr) else (g.status if g else "not run"))  # noqa: E731
-        L.append(f"| {t} | {cell(npy)} | {cell(hub)} | {fmt(peak[t])} |")
+        L.append(f"| {t} | {cell(npy)} | {cell(hub)} | {fmt(peak[t])} | {fmt(bf16_peak[t])} |")
     if not peak_rows:
-        L.append("| — | not run | not run | — |")
+        L.append("| — | not run | not run | — | — |")
     L.append("")
 
     def pct(g, t):
@@ -1680,6 +1731,8 @@ def summarize(out_dir):
                      f"{f.status if f else 'not run'} | — | — | — |")
     if not p2:
         L.append("| — | — | — | not run | — | — | — | — |")
+
+    L += screened_targets(G, bf16_peak)
 
     mem = sorted([k for k in G if k[0] == "memory"], key=lambda k: k[2])
     L += ["", "### Memory: inputs ≥ 4× `--memory-limit`, peak RSS within the limit plus a stated overhead", ""]
