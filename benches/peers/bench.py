@@ -1572,7 +1572,7 @@ def screened_targets(G, bf16_peak):
         ratio = s.wall / flat.wall if s.n and flat and flat.n else float("nan")
         checks = [s.check] + [g.check for g in [flat] + sq if g and g.n]
         eq = bool(s.n) and all(c.startswith("ok") for c in checks)
-        share = s.gflops / bf16_peak[t] * 100 if t in bf16_peak and not math.isnan(bf16_peak[t]) else float("nan")
+        share = s.gflops / bf16_peak.get(t, float("nan")) * 100
         if math.isnan(ratio):
             verdict = "—"
         else:
