@@ -1,7 +1,14 @@
 //! The inner table of a pass: kept in memory when the plan says it fits,
-//! otherwise re-read block by block every time it is needed.
+//! otherwise re-read block by block every time it is needed (the next block
+//! read on a thread of its own while the current one is worked on, when the
+//! plan says so).
 
-use crate::error::Result;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+
+use crate::error::{HubnormError, Result};
+use crate::plan::BlockPlan;
 use crate::source::{EmbeddingBlock, EmbeddingTable};
 
 /// Blocks of a table, cached or streamed.
@@ -9,26 +16,87 @@ pub struct TableBlocks {
     table: EmbeddingTable,
     block_rows: usize,
     cached: Option<Vec<EmbeddingBlock>>,
+    read_ahead: bool,
+    /// Whether the plan has room for a second Parquet reader.
+    second_reader: bool,
 }
 
 impl TableBlocks {
-    /// Reads the table into memory now when `cache` is true.
-    pub fn new(
-        table: &EmbeddingTable,
-        block_rows: usize,
-        batch_rows: usize,
-        cache: bool,
-    ) -> Result<Self> {
-        let table = table.with_batch_rows(batch_rows);
-        let cached = if cache {
-            Some(table.blocks(block_rows).collect::<Result<Vec<_>>>()?)
+    /// The inner table of `plan`: read into memory now when the plan caches
+    /// it.
+    pub fn new(table: &EmbeddingTable, plan: &BlockPlan) -> Result<Self> {
+        let table = table.with_batch_rows(plan.batch_rows);
+        let cached = if plan.cache_inner {
+            Some(table.blocks(plan.inner_rows).collect::<Result<Vec<_>>>()?)
         } else {
             None
         };
         Ok(TableBlocks {
             table,
-            block_rows,
+            block_rows: plan.inner_rows,
             cached,
+            read_ahead: plan.read_ahead,
+            second_reader: plan.allows_second_reader(),
+        })
+    }
+
+    /// Folds every block into a state made by `start`: the blocks of the
+    /// table's first half on this thread and those of its second half on one
+    /// more at the same time, when the table is streamed with a read-ahead
+    /// and the plan has room for a second reader (a pass that only reads,
+    /// whose caller would otherwise wait); else every block into one state.
+    /// Returns the states in table order. The halves split on a block
+    /// boundary, so the blocks are those [`TableBlocks::for_each`] hands
+    /// over; an error in the first half is returned before one in the second.
+    pub fn fold_halves<S: Send>(
+        &mut self,
+        start: impl Fn() -> S + Sync,
+        f: impl Fn(&mut S, &EmbeddingBlock) -> Result<()> + Sync,
+    ) -> Result<Vec<S>> {
+        let rows = self.table.rows;
+        let blocks = rows.div_ceil(self.block_rows as u64);
+        let split = blocks / 2 * self.block_rows as u64;
+        if self.cached.is_some()
+            || !(self.read_ahead && self.second_reader)
+            || blocks < 2
+            || self.table.is_sampled()
+        {
+            let mut state = start();
+            self.for_each(|block| f(&mut state, block))?;
+            return Ok(vec![state]);
+        }
+        // The first failure stops the other half at its next block.
+        let failed = AtomicBool::new(false);
+        let fold = |rows: Range<u64>| -> Result<S> {
+            let mut state = start();
+            let mut reader = self.table.blocks_in(self.block_rows, rows)?;
+            while !failed.load(Ordering::Relaxed) {
+                let Some(block) = reader.next_block()? else {
+                    break;
+                };
+                f(&mut state, &block)?;
+            }
+            Ok(state)
+        };
+        let noting = |rows: Range<u64>| {
+            let state = fold(rows);
+            if state.is_err() {
+                failed.store(true, Ordering::Relaxed);
+            }
+            state
+        };
+        std::thread::scope(|scope| {
+            let second = std::thread::Builder::new()
+                .name("hubnorm-read".into())
+                .spawn_scoped(scope, || noting(split..rows))
+                .map_err(|e| {
+                    HubnormError::Internal(format!("cannot start a reading thread: {e}"))
+                })?;
+            let first = noting(0..split);
+            let second = second
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            Ok(vec![first?, second?])
         })
     }
 
@@ -39,6 +107,7 @@ impl TableBlocks {
                 crate::cancel::check()?;
                 f(block)
             }),
+            None if self.read_ahead => read_ahead(&self.table, self.block_rows, f),
             None => {
                 let mut reader = self.table.blocks(self.block_rows);
                 while let Some(block) = reader.next_block()? {
@@ -47,5 +116,200 @@ impl TableBlocks {
                 Ok(())
             }
         }
+    }
+}
+
+/// Calls `f` on every block of `table` in order while a thread of its own
+/// reads the next one. The hand-over waits for both sides, so at most two
+/// blocks are held: the one `f` works on and the one being read. The
+/// reader stops at its first error, which `f`'s side returns in turn; when
+/// `f` fails, the reader's next hand-over fails and it stops too.
+fn read_ahead(
+    table: &EmbeddingTable,
+    block_rows: usize,
+    mut f: impl FnMut(&EmbeddingBlock) -> Result<()>,
+) -> Result<()> {
+    std::thread::scope(|scope| {
+        let (hand_over, blocks) = mpsc::sync_channel::<Result<EmbeddingBlock>>(0);
+        std::thread::Builder::new()
+            .name("hubnorm-read".into())
+            .spawn_scoped(scope, move || {
+                let mut reader = table.blocks(block_rows);
+                while let Some(next) = reader.next_block().transpose() {
+                    let failed = next.is_err();
+                    if hand_over.send(next).is_err() || failed {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| HubnormError::Internal(format!("cannot start a reading thread: {e}")))?;
+        for block in blocks {
+            f(&block?)?;
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{FixedSizeListArray, Float32Array, Int64Array};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use arrow::record_batch::RecordBatch;
+
+    use super::*;
+    use crate::options::ReadOptions;
+
+    const DIM: usize = 4;
+
+    /// A Parquet table of `rows` rows (id `i`, embedding `[i+1, 1, 2, 3]`),
+    /// whose rows `nan_rows` hold a NaN.
+    fn table(dir: &std::path::Path, rows: usize, nan_rows: &[usize]) -> EmbeddingTable {
+        let values: Vec<f32> = (0..rows)
+            .flat_map(|i| {
+                let first = if nan_rows.contains(&i) {
+                    f32::NAN
+                } else {
+                    i as f32 + 1.0
+                };
+                [first, 1.0, 2.0, 3.0]
+            })
+            .collect();
+        let item = Arc::new(Field::new("item", DataType::Float32, false));
+        let embedding = FixedSizeListArray::new(
+            item.clone(),
+            DIM as i32,
+            Arc::new(Float32Array::from(values)),
+            None,
+        );
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new(
+                "embedding",
+                DataType::FixedSizeList(item, DIM as i32),
+                false,
+            ),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..rows as i64)),
+                Arc::new(embedding),
+            ],
+        )
+        .unwrap();
+        let path = dir.join(format!("table-{rows}-{nan_rows:?}.parquet"));
+        let mut writer = parquet::arrow::ArrowWriter::try_new(
+            std::fs::File::create(&path).unwrap(),
+            schema,
+            None,
+        )
+        .unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        EmbeddingTable::open(
+            "gallery",
+            path.to_str().unwrap(),
+            &ReadOptions::default(),
+            false,
+        )
+        .unwrap()
+    }
+
+    fn plan(read_ahead: bool) -> BlockPlan {
+        BlockPlan {
+            outer_rows: 128,
+            inner_rows: 128,
+            cache_inner: false,
+            read_ahead,
+            batch_rows: 50,
+            reader_bytes: 0,
+            spare_bytes: 0,
+        }
+    }
+
+    /// A block as handed over: its first row, ids and values.
+    type Seen = (u64, Vec<i64>, Vec<f32>);
+
+    /// Each block's first row, ids and values, as `for_each` handed them
+    /// over until `stop_at` blocks (when `f` fails), and the call's result.
+    fn blocks_seen(
+        table: &EmbeddingTable,
+        read_ahead: bool,
+        stop_at: usize,
+    ) -> (Vec<Seen>, Result<()>) {
+        let mut seen = Vec::new();
+        let result = TableBlocks::new(table, &plan(read_ahead))
+            .unwrap()
+            .for_each(|block| {
+                if seen.len() == stop_at {
+                    return Err(HubnormError::Internal("stopped by the caller".into()));
+                }
+                let ids = block.ids.as_any().downcast_ref::<Int64Array>().unwrap();
+                seen.push((block.first_row, ids.values().to_vec(), block.data.clone()));
+                Ok(())
+            });
+        (seen, result)
+    }
+
+    #[test]
+    fn reading_ahead_hands_over_the_same_blocks_and_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = table(dir.path(), 1000, &[]);
+        let (ahead, result) = blocks_seen(&good, true, usize::MAX);
+        result.unwrap();
+        assert_eq!(ahead, blocks_seen(&good, false, usize::MAX).0);
+        assert_eq!(ahead.len(), 8);
+        let first_rows: Vec<u64> = ahead.iter().map(|b| b.0).collect();
+        assert_eq!(first_rows, (0..8).map(|b| b * 128).collect::<Vec<_>>());
+        assert_eq!(ahead[7].1, (896..1000).collect::<Vec<_>>());
+
+        // A bad value in the sixth block: the five before it are worked on,
+        // then the reader's error, naming the file and row, is returned.
+        let bad = table(dir.path(), 1000, &[700]);
+        let (ahead, result) = blocks_seen(&bad, true, usize::MAX);
+        let err = result.unwrap_err().to_string();
+        assert!(
+            err.contains("table-1000-[700].parquet") && err.contains("row 700"),
+            "{err}"
+        );
+        let (inline, inline_result) = blocks_seen(&bad, false, usize::MAX);
+        assert_eq!(err, inline_result.unwrap_err().to_string());
+        assert_eq!((ahead.len(), inline.len()), (5, 5));
+        assert_eq!(ahead, inline);
+
+        // The caller's error ends the reading and is what is returned.
+        let (ahead, result) = blocks_seen(&good, true, 2);
+        assert_eq!(ahead.len(), 2);
+        assert!(result
+            .unwrap_err()
+            .to_string()
+            .contains("stopped by the caller"));
+    }
+
+    /// First rows of the blocks each state of `fold_halves` saw.
+    fn halves_seen(table: &EmbeddingTable, read_ahead: bool) -> Result<Vec<Vec<u64>>> {
+        TableBlocks::new(table, &plan(read_ahead))
+            .unwrap()
+            .fold_halves(Vec::new, |seen, block| {
+                seen.push(block.first_row);
+                Ok(())
+            })
+    }
+
+    #[test]
+    fn folding_halves_splits_on_a_block_boundary_and_reports_the_first_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = table(dir.path(), 1000, &[]);
+        let rows = |blocks: std::ops::Range<u64>| blocks.map(|b| b * 128).collect::<Vec<_>>();
+        assert_eq!(halves_seen(&good, true).unwrap(), [rows(0..4), rows(4..8)]);
+        assert_eq!(halves_seen(&good, false).unwrap(), [rows(0..8)]);
+        // An error in either half names its row; with one in each, the
+        // first half's is returned, as reading in order would.
+        let late = halves_seen(&table(dir.path(), 1000, &[700]), true).unwrap_err();
+        assert!(late.to_string().contains("row 700"), "{late}");
+        let early = halves_seen(&table(dir.path(), 1000, &[100, 700]), true).unwrap_err();
+        assert!(early.to_string().contains("row 100"), "{early}");
     }
 }

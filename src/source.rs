@@ -427,6 +427,12 @@ impl EmbeddingTable {
         BlockReader::new(self, block_rows.max(1), false)
     }
 
+    /// Whether the table is a sample of its file's rows (read from its first
+    /// row only).
+    pub fn is_sampled(&self) -> bool {
+        self.sample.is_some()
+    }
+
     /// Reads blocks of at most `block_rows` rows from global row `start`
     /// on (a resumed pass). Row groups before `start` in its part are
     /// skipped, not read; the rest of the rows before it are decoded and

@@ -442,6 +442,8 @@ class Bench:
             for tool in tools:
                 if tool.name in skip:
                     continue
+                if rep > 0 and tool is tools[0] and not tool.peer and self.args.reference_once:
+                    continue
                 oom = self.out_of_memory(tool)
                 if oom:
                     status, note = oom
@@ -1805,6 +1807,9 @@ def main(argv=None):
     p.add_argument("--threads", default="1,2", help="thread counts (default 1,2)")
     p.add_argument("--repeats", default="3,1m=1",
                    help="runs per measurement, optionally per size: '3,1m=1' (default) = 3, but 1 for the 1m size")
+    p.add_argument("--reference-once", action="store_true",
+                   help="run the reference hubnorm (whose output the others are checked against) in the first "
+                        "repeat only: for large sizes where only the other tools' times are wanted")
     p.add_argument("--jobs", default=",".join(JOBS_ALL), help=f"comma list of {','.join(JOBS_ALL)} (default all)")
     p.add_argument("--out", default=None, help="results folder (default benches/runs/<YYYY-MM-DD>)")
     p.add_argument("--data-dir", default=os.path.join(home, ".cache/hubnorm/bench-data"),

@@ -279,9 +279,7 @@ pub fn compute_bank_statistics(
     let read_banks = || {
         banks
             .iter()
-            .map(|(b, _)| {
-                TableBlocks::new(b.table, plan.inner_rows, plan.batch_rows, plan.cache_inner)
-            })
+            .map(|(b, _)| TableBlocks::new(b.table, &plan))
             .collect::<Result<Vec<_>>>()
     };
     let (mut streams, mut first_chunk) = if plan.cache_inner && plan.allows_second_reader() {

@@ -633,7 +633,7 @@ impl<'a> Sweeper<'a> {
                 .map(|(t, rows)| (t.with_batch_rows(plan.batch_rows), rows.clone()))
                 .collect(),
             target_rows: n,
-            bank: TableBlocks::new(sources, plan.inner_rows, plan.batch_rows, plan.cache_inner)?,
+            bank: TableBlocks::new(sources, &plan)?,
             chunk_rows: plan.outer_rows,
             inv_tau: (1.0 / tau) as f32,
             cache,

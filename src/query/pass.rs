@@ -128,8 +128,7 @@ pub fn search(
         inner_align: TILE_COLS,
     }
     .plan()?;
-    let mut gallery_blocks =
-        TableBlocks::new(gallery, plan.inner_rows, plan.batch_rows, plan.cache_inner)?;
+    let mut gallery_blocks = TableBlocks::new(gallery, &plan)?;
     let mut rows_done = RowProgress::start(progress, "pass 2: queries", query_count, gallery.rows);
     let query_table = queries.with_batch_rows(plan.batch_rows);
     let mut query_blocks = query_table.blocks_in(plan.outer_rows, query_rows.clone())?;

@@ -113,6 +113,19 @@ fn tile_similarity(
     }
 }
 
+/// Keeps `(score, raw similarity)` in `slot` when it ranks before what the
+/// slot holds under `scoring` (the first offered stays on a tie).
+fn offer(slot: &mut Option<(f32, f32)>, (v, s): (f32, f32), scoring: &Scoring) {
+    let better = match (*slot, scoring) {
+        (None, _) => true,
+        (Some((bv, bs)), Scoring::BankRank { .. }) => v > bv || (v == bv && s > bs),
+        (Some((bv, _)), _) => v > bv,
+    };
+    if better {
+        *slot = Some((v, s));
+    }
+}
+
 /// Ids cast to the gallery's id type (unconvertible values become null).
 fn cast_ids(values: &ArrayRef, id_type: &DataType) -> Result<ArrayRef> {
     if values.data_type() == id_type {
@@ -124,8 +137,9 @@ fn cast_ids(values: &ArrayRef, id_type: &DataType) -> Result<ArrayRef> {
 
 /// For each query of `block` and each scoring, the (score, raw similarity)
 /// of its best-ranked positive (None without ground truth). The gallery
-/// streams past the block once (in the blocks the search reads), and only
-/// positive rows are used; the scores are computed as the kernel computes
+/// streams past the block once (in the blocks the search reads, its two
+/// halves at once when [`TableBlocks::fold_halves`] can), and only positive
+/// rows are used; the scores are computed as the kernel computes
 /// them: the similarity with the bits of the search's GEMM tile where
 /// [`TileScorer`] reproduces it (else the f64 dot product rounded to f32,
 /// which may differ from the tile's in the last place), then the scoring's
@@ -139,44 +153,49 @@ pub fn target_scores(
     query_parameters: &[Vec<QueryGaussian>],
 ) -> Result<Vec<Option<(f32, f32)>>> {
     let nm = scorings.len();
-    let mut best: Vec<Option<(f32, f32)>> = vec![None; block.rows * nm];
     // (gallery row, query) pairs in gallery order.
     let mut wanted: Vec<(u32, u32)> = (0..block.rows)
         .flat_map(|q| positives.of(q).iter().map(move |&g| (g, q as u32)))
         .collect();
     if wanted.is_empty() {
-        return Ok(best);
+        return Ok(vec![None; block.rows * nm]);
     }
     wanted.sort_unstable();
     let dim = block.dim;
-    let mut next = 0;
-    gallery.for_each(|g_block| {
-        let end = g_block.first_row + g_block.rows as u64;
-        while next < wanted.len() && (wanted[next].0 as u64) < end {
-            let (g, q) = (wanted[next].0 as usize, wanted[next].1 as usize);
-            let local = g - g_block.first_row as usize;
-            let gv = &g_block.data[local * dim..(local + 1) * dim];
-            let qv = &block.data[q * dim..(q + 1) * dim];
-            let s = tile_similarity(qv, gv, (q, block.rows), (local, g_block.rows));
-            for (m, scoring) in scorings.iter().enumerate() {
-                let v = scoring
-                    .columns(g, g + 1)
-                    .with_queries(&query_parameters[m])
-                    .for_query(q)
-                    .score(0, s);
-                let slot = &mut best[q * nm + m];
-                let better = match (*slot, scoring) {
-                    (None, _) => true,
-                    (Some((bv, bs)), Scoring::BankRank { .. }) => v > bv || (v == bv && s > bs),
-                    (Some((bv, _)), _) => v > bv,
-                };
-                if better {
-                    *slot = Some((v, s));
+    let halves = gallery.fold_halves(
+        || vec![None; block.rows * nm],
+        |best: &mut Vec<Option<(f32, f32)>>, g_block| {
+            let (first, end) = (g_block.first_row, g_block.first_row + g_block.rows as u64);
+            let from = wanted.partition_point(|&(g, _)| (g as u64) < first);
+            let to = wanted.partition_point(|&(g, _)| (g as u64) < end);
+            for &(g, q) in &wanted[from..to] {
+                let (g, q) = (g as usize, q as usize);
+                let local = g - first as usize;
+                let gv = &g_block.data[local * dim..(local + 1) * dim];
+                let qv = &block.data[q * dim..(q + 1) * dim];
+                let s = tile_similarity(qv, gv, (q, block.rows), (local, g_block.rows));
+                for (m, scoring) in scorings.iter().enumerate() {
+                    let v = scoring
+                        .columns(g, g + 1)
+                        .with_queries(&query_parameters[m])
+                        .for_query(q)
+                        .score(0, s);
+                    offer(&mut best[q * nm + m], (v, s), scoring);
                 }
             }
-            next += 1;
+            Ok(())
+        },
+    )?;
+    // Later halves hold later gallery rows: merged in order, they keep the
+    // earlier row on a tie as one pass in gallery order does.
+    let mut halves = halves.into_iter();
+    let mut best = halves.next().expect("at least one state");
+    for later in halves {
+        for (at, found) in later.into_iter().enumerate() {
+            if let Some(found) = found {
+                offer(&mut best[at], found, &scorings[at % nm]);
+            }
         }
-        Ok(())
-    })?;
+    }
     Ok(best)
 }
