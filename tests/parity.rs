@@ -239,6 +239,36 @@ fn results_do_not_depend_on_memory_limit_or_threads() {
     check_against_reference(&c, &dir.path().join("small"), &small, 10);
 }
 
+/// A gallery too large for the limit streams in blocks read ahead on a
+/// thread of their own, and the ground-truth pass reads its two halves at
+/// once: the same bits as the cached gallery. (dim 64, 20,000 gallery rows
+/// and a 24 MiB limit: on 1 thread the plan streams the gallery in blocks of
+/// 8,192 rows, read ahead, and the ground-truth pass splits at row 8,192; on
+/// 2 threads, blocks of 2,048 read ahead, and no room for a second reader.)
+#[test]
+fn a_gallery_read_ahead_gives_the_cached_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = case(9, 700, 20_000, 3000, 64);
+    write_case(dir.path(), &c);
+    let limit: MemoryBudget = "24MiB".parse().unwrap();
+    let cached = pipeline::run(
+        &run_job(dir.path(), "cached", 10, MemoryBudget::DEFAULT, 1),
+        &Silent,
+    )
+    .unwrap();
+    for threads in [1, 2] {
+        let out = format!("streamed{threads}");
+        let streamed =
+            pipeline::run(&run_job(dir.path(), &out, 10, limit, threads), &Silent).unwrap();
+        assert_eq!(cached, streamed, "{out}");
+        assert_eq!(
+            results_of(dir.path(), "cached"),
+            results_of(dir.path(), &out),
+            "{out}"
+        );
+    }
+}
+
 #[test]
 fn multi_file_inputs_in_every_layout_give_the_same_results() {
     let dir = tempfile::tempdir().unwrap();
