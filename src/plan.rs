@@ -157,8 +157,8 @@ impl PlanRequest {
         let outer_rows = outer_rows.clamp(self.outer_align, outer_needed);
         let mut inner_rows = inner_rows.clamp(self.inner_align, inner_needed);
         // A streamed table is read while the blocks are worked on, in two
-        // blocks that share the room of one: decoding costs about a sixth of
-        // a screened search's time and would otherwise stall every core.
+        // blocks that share the room of one: reading can take a tenth of a
+        // screened search's time, which every worker would otherwise wait for.
         let read_ahead = !cache_inner && inner_rows >= 2 * self.inner_align;
         let inner_blocks = if read_ahead {
             inner_rows = round_down(inner_rows / 2, self.inner_align);
