@@ -1226,17 +1226,33 @@ fn precision_travels_to_each_executor() {
         .current_dir(&data)
         .output()
     };
-    // (re-scored, screened) of the summary's line "bf16 screen: re-scored R of S ...".
-    let screen_counts = |output: &TestOutput| -> Option<(u64, u64)> {
+    let run = |extra: &[&str], out: &str| {
+        hubnorm([
+            "run",
+            "--queries",
+            "queries.parquet",
+            "--gallery",
+            "gallery",
+        ])
+        .args(["--bank", "bank.parquet", "--methods", "nnn,csls"])
+        .args(["--k", "5", "--out", out])
+        .args(extra)
+        .env("HUBNORM_SCALAR_SCREEN", "1")
+        .current_dir(&data)
+        .output()
+    };
+    // (re-scored, screened) of the summary's line "`label`: re-scored R of S ...".
+    let counts_of = |output: &TestOutput, label: &str| -> Option<(u64, u64)> {
         let line = output
             .stdout()
             .lines()
-            .find(|l| l.starts_with("bf16 screen:"))?
+            .find(|l| l.starts_with(&format!("{label}:")))?
             .to_owned();
         let words: Vec<&str> = line.split_whitespace().collect();
         let at = words.iter().position(|w| *w == "re-scored")?;
         Some((words[at + 1].parse().ok()?, words[at + 3].parse().ok()?))
     };
+    let screen_counts = |output: &TestOutput| counts_of(output, "bf16 screen");
     let precision = |out: &str| recorded_precision(&data.join(out)).unwrap_or_default();
     let assert_same_values = |local: &str, cluster: &str| {
         let (a, b) = (
@@ -1256,6 +1272,23 @@ fn precision_travels_to_each_executor() {
     let screened = ["--precision", "screened"];
     let (_, local_bank_pairs) = local_screen(stats(&screened, "nnn,csls", "ls.parquet"));
     let (_, local_query_pairs) = local_screen(search(&screened, "lr.parquet"));
+    // `run` prints both passes' screens: pass 1's, then pass 2's.
+    let run_counts = |output: &TestOutput| {
+        (
+            counts_of(output, "bf16 screen, pass 1"),
+            counts_of(output, "bf16 screen"),
+        )
+    };
+    let local_run = run(&screened, "local_run");
+    local_run.assert_success();
+    let (Some((_, local_run_bank_pairs)), Some((_, local_run_query_pairs))) =
+        run_counts(&local_run)
+    else {
+        panic!(
+            "a local screened run reports both screens:\n{}",
+            local_run.stdout()
+        );
+    };
 
     let screening = Cluster::start(
         &data,
@@ -1285,6 +1318,22 @@ fn precision_travels_to_each_executor() {
     );
     assert_same_values("local_results.parquet", "screened_results.parquet");
     assert_eq!(precision("screened_results.parquet"), "screened");
+    let cluster_run = run(&on("screened"), "cluster_run");
+    cluster_run.assert_success();
+    let (Some(bank), Some(query)) = run_counts(&cluster_run) else {
+        panic!("no screens in the run's summary:\n{}", cluster_run.stdout());
+    };
+    for ((rescored, pairs), local_pairs) in
+        [(bank, local_run_bank_pairs), (query, local_run_query_pairs)]
+    {
+        assert_eq!(pairs, local_pairs, "{}", cluster_run.stdout());
+        assert!(
+            0 < rescored && rescored <= pairs,
+            "{}",
+            cluster_run.stdout()
+        );
+    }
+    assert_same_values("local_run/results.parquet", "cluster_run/results.parquet");
     // `is` needs every similarity: nothing to screen, recorded as exact.
     let is_stats = stats(&on("screened"), "is", "is_stats.parquet");
     is_stats.assert_success();
