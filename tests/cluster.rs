@@ -1203,43 +1203,31 @@ fn precision_travels_to_each_executor() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     write_data(&data);
-    let stats = |extra: &[&str], methods: &str, out: &str| {
-        hubnorm(["stats", "--gallery", "gallery", "--bank", "bank.parquet"])
-            .args(["--methods", methods, "--out", out])
+    // A command on the data with the scalar screen's model (`extra` last).
+    let command = |args: &[&str], extra: &[&str]| {
+        hubnorm(args)
             .args(extra)
             .env("HUBNORM_SCALAR_SCREEN", "1")
             .current_dir(&data)
             .output()
     };
+    let queries = ["--queries", "queries.parquet", "--gallery", "gallery"];
+    let stats = |extra: &[&str], methods: &str, out: &str| {
+        let base = ["stats", "--gallery", "gallery", "--bank", "bank.parquet"];
+        command(
+            &[&base[..], &["--methods", methods, "--out", out]].concat(),
+            extra,
+        )
+    };
     let search = |extra: &[&str], out: &str| {
-        hubnorm([
-            "search",
-            "--queries",
-            "queries.parquet",
-            "--gallery",
-            "gallery",
-        ])
-        .args(["--stats", "local_stats.parquet", "--methods", "nnn,csls"])
-        .args(["--k", "5", "--out", out])
-        .args(extra)
-        .env("HUBNORM_SCALAR_SCREEN", "1")
-        .current_dir(&data)
-        .output()
+        let stats = ["--stats", "local_stats.parquet", "--methods", "nnn,csls"];
+        let rest = ["--k", "5", "--out", out];
+        command(&[&["search"], &queries[..], &stats, &rest].concat(), extra)
     };
     let run = |extra: &[&str], out: &str| {
-        hubnorm([
-            "run",
-            "--queries",
-            "queries.parquet",
-            "--gallery",
-            "gallery",
-        ])
-        .args(["--bank", "bank.parquet", "--methods", "nnn,csls"])
-        .args(["--k", "5", "--out", out])
-        .args(extra)
-        .env("HUBNORM_SCALAR_SCREEN", "1")
-        .current_dir(&data)
-        .output()
+        let bank = ["--bank", "bank.parquet", "--methods", "nnn,csls"];
+        let rest = ["--k", "5", "--out", out];
+        command(&[&["run"], &queries[..], &bank, &rest].concat(), extra)
     };
     // (re-scored, screened) of the summary's line "`label`: re-scored R of S ...".
     let counts_of = |output: &TestOutput, label: &str| -> Option<(u64, u64)> {
