@@ -65,12 +65,14 @@ impl TableBlocks {
             self.for_each(|block| f(&mut state, block))?;
             return Ok(vec![state]);
         }
-        // The first failure stops the other half at its next block.
-        let failed = AtomicBool::new(false);
+        // The first half's failure stops the second at its next block; the
+        // second's cannot stop the first, which may still meet an earlier one.
+        let first_failed = AtomicBool::new(false);
         let fold = |rows: Range<u64>| -> Result<S> {
+            let second_half = rows.start > 0;
             let mut state = start();
             let mut reader = self.table.blocks_in(self.block_rows, rows)?;
-            while !failed.load(Ordering::Relaxed) {
+            while !(second_half && first_failed.load(Ordering::Relaxed)) {
                 let Some(block) = reader.next_block()? else {
                     break;
                 };
@@ -78,21 +80,12 @@ impl TableBlocks {
             }
             Ok(state)
         };
-        let noting = |rows: Range<u64>| {
-            let state = fold(rows);
-            if state.is_err() {
-                failed.store(true, Ordering::Relaxed);
-            }
-            state
-        };
         std::thread::scope(|scope| {
-            let second = std::thread::Builder::new()
-                .name("hubnorm-read".into())
-                .spawn_scoped(scope, || noting(split..rows))
-                .map_err(|e| {
-                    HubnormError::Internal(format!("cannot start a reading thread: {e}"))
-                })?;
-            let first = noting(0..split);
+            let second = spawn_reader(scope, || fold(split..rows))?;
+            let first = fold(0..split);
+            if first.is_err() {
+                first_failed.store(true, Ordering::Relaxed);
+            }
             let second = second
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -131,23 +124,31 @@ fn read_ahead(
 ) -> Result<()> {
     std::thread::scope(|scope| {
         let (hand_over, blocks) = mpsc::sync_channel::<Result<EmbeddingBlock>>(0);
-        std::thread::Builder::new()
-            .name("hubnorm-read".into())
-            .spawn_scoped(scope, move || {
-                let mut reader = table.blocks(block_rows);
-                while let Some(next) = reader.next_block().transpose() {
-                    let failed = next.is_err();
-                    if hand_over.send(next).is_err() || failed {
-                        break;
-                    }
+        spawn_reader(scope, move || {
+            let mut reader = table.blocks(block_rows);
+            while let Some(next) = reader.next_block().transpose() {
+                let failed = next.is_err();
+                if hand_over.send(next).is_err() || failed {
+                    break;
                 }
-            })
-            .map_err(|e| HubnormError::Internal(format!("cannot start a reading thread: {e}")))?;
+            }
+        })?;
         for block in blocks {
             f(&block?)?;
         }
         Ok(())
     })
+}
+
+/// Starts `read` on a thread of `scope` named for what it does.
+fn spawn_reader<'scope, T: Send + 'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    read: impl FnOnce() -> T + Send + 'scope,
+) -> Result<std::thread::ScopedJoinHandle<'scope, T>> {
+    std::thread::Builder::new()
+        .name("hubnorm-read".into())
+        .spawn_scoped(scope, read)
+        .map_err(|e| HubnormError::Internal(format!("cannot start a reading thread: {e}")))
 }
 
 #[cfg(test)]
@@ -306,10 +307,12 @@ mod tests {
         assert_eq!(halves_seen(&good, true).unwrap(), [rows(0..4), rows(4..8)]);
         assert_eq!(halves_seen(&good, false).unwrap(), [rows(0..8)]);
         // An error in either half names its row; with one in each, the
-        // first half's is returned, as reading in order would.
+        // first half's is returned, as reading in order would, even when the
+        // second half's comes first (row 515 is in its first block, row 450 in
+        // the first half's last).
         let late = halves_seen(&table(dir.path(), 1000, &[700]), true).unwrap_err();
         assert!(late.to_string().contains("row 700"), "{late}");
-        let early = halves_seen(&table(dir.path(), 1000, &[100, 700]), true).unwrap_err();
-        assert!(early.to_string().contains("row 100"), "{early}");
+        let early = halves_seen(&table(dir.path(), 1000, &[450, 515]), true).unwrap_err();
+        assert!(early.to_string().contains("row 450"), "{early}");
     }
 }

@@ -438,7 +438,7 @@ impl EmbeddingTable {
     /// skipped, not read; the rest of the rows before it are decoded and
     /// dropped. Not for sampled tables (their rows are picked as read).
     pub fn blocks_from(&self, block_rows: usize, start: u64) -> Result<BlockReader<'_>> {
-        if self.sample.is_some() && start > 0 {
+        if self.is_sampled() && start > 0 {
             return Err(HubnormError::Internal(
                 "a sampled table is always read from its first row".into(),
             ));
