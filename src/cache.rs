@@ -77,6 +77,7 @@ impl TableBlocks {
                     break;
                 };
                 f(&mut state, &block)?;
+                reader.recycle(block);
             }
             Ok(state)
         };
@@ -93,6 +94,30 @@ impl TableBlocks {
         })
     }
 
+    /// The table's rows.
+    pub fn rows(&self) -> u64 {
+        self.table.rows
+    }
+
+    /// The rows of each block (the last one may be shorter).
+    pub fn block_rows(&self) -> usize {
+        self.block_rows
+    }
+
+    /// The embeddings of `rows` (ascending, distinct table rows, at most
+    /// [`TableBlocks::block_rows`] of them), row after row, read alone when
+    /// the table is streamed ([`EmbeddingTable::read_rows`]). `None` when
+    /// the table is cached (its blocks are at hand), cannot be read so, or
+    /// the read failed: the caller then goes through the blocks, which
+    /// report a failure with its row.
+    pub fn rows_alone(&self, rows: &[u64]) -> Option<Vec<f32>> {
+        debug_assert!(rows.len() <= self.block_rows);
+        if self.cached.is_some() {
+            return None;
+        }
+        self.table.read_rows(rows).ok().flatten()
+    }
+
     /// Calls `f` on every block in table order.
     pub fn for_each(&mut self, mut f: impl FnMut(&EmbeddingBlock) -> Result<()>) -> Result<()> {
         match &self.cached {
@@ -105,6 +130,7 @@ impl TableBlocks {
                 let mut reader = self.table.blocks(self.block_rows);
                 while let Some(block) = reader.next_block()? {
                     f(&block)?;
+                    reader.recycle(block);
                 }
                 Ok(())
             }
@@ -114,9 +140,10 @@ impl TableBlocks {
 
 /// Calls `f` on every block of `table` in order while a thread of its own
 /// reads the next one. The hand-over waits for both sides, so at most two
-/// blocks are held: the one `f` works on and the one being read. The
-/// reader stops at its first error, which `f`'s side returns in turn; when
-/// `f` fails, the reader's next hand-over fails and it stops too.
+/// blocks are held: the one `f` works on and the one being read (into the
+/// buffer of the block `f` finished before). The reader stops at its first
+/// error, which `f`'s side returns in turn; when `f` fails, the reader's
+/// next hand-over fails and it stops too.
 fn read_ahead(
     table: &EmbeddingTable,
     block_rows: usize,
@@ -124,9 +151,18 @@ fn read_ahead(
 ) -> Result<()> {
     std::thread::scope(|scope| {
         let (hand_over, blocks) = mpsc::sync_channel::<Result<EmbeddingBlock>>(0);
+        let (give_back, finished) = mpsc::channel::<EmbeddingBlock>();
         spawn_reader(scope, move || {
             let mut reader = table.blocks(block_rows);
-            while let Some(next) = reader.next_block().transpose() {
+            loop {
+                // `f`'s side gives a block back before it takes the next,
+                // so the one before the last hand-over is here by now.
+                while let Ok(block) = finished.try_recv() {
+                    reader.recycle(block);
+                }
+                let Some(next) = reader.next_block().transpose() else {
+                    break;
+                };
                 let failed = next.is_err();
                 if hand_over.send(next).is_err() || failed {
                     break;
@@ -134,7 +170,10 @@ fn read_ahead(
             }
         })?;
         for block in blocks {
-            f(&block?)?;
+            let block = block?;
+            f(&block)?;
+            // The reader may have stopped already (at the table's end).
+            let _ = give_back.send(block);
         }
         Ok(())
     })
@@ -155,9 +194,13 @@ fn spawn_reader<'scope, T: Send + 'scope>(
 mod tests {
     use std::sync::Arc;
 
-    use arrow::array::{FixedSizeListArray, Float32Array, Int64Array};
+    use arrow::array::{
+        ArrayRef, FixedSizeListArray, Float32Array, Float64Array, Int64Array, ListArray,
+    };
+    use arrow::buffer::OffsetBuffer;
     use arrow::datatypes::{DataType, Field, Schema};
     use arrow::record_batch::RecordBatch;
+    use parquet::file::properties::WriterProperties;
 
     use super::*;
     use crate::options::ReadOptions;
@@ -167,7 +210,32 @@ mod tests {
     /// A Parquet table of `rows` rows (id `i`, embedding `[i+1, 1, 2, 3]`),
     /// whose rows `nan_rows` hold a NaN.
     fn table(dir: &std::path::Path, rows: usize, nan_rows: &[usize]) -> EmbeddingTable {
-        let values: Vec<f32> = (0..rows)
+        let path = dir.join(format!("table-{rows}-{nan_rows:?}.parquet"));
+        write_part(&path, 0..rows, nan_rows, false, usize::MAX);
+        open(&path)
+    }
+
+    fn open(path: &std::path::Path) -> EmbeddingTable {
+        EmbeddingTable::open(
+            "gallery",
+            path.to_str().unwrap(),
+            &ReadOptions::default(),
+            false,
+        )
+        .unwrap()
+    }
+
+    /// Writes rows `rows` of the tables above to `path` in row groups of
+    /// `group_rows`, the embeddings as `List<f64>` when `as_list`.
+    fn write_part(
+        path: &std::path::Path,
+        rows: std::ops::Range<usize>,
+        nan_rows: &[usize],
+        as_list: bool,
+        group_rows: usize,
+    ) {
+        let values: Vec<f32> = rows
+            .clone()
             .flat_map(|i| {
                 let first = if nan_rows.contains(&i) {
                     f32::NAN
@@ -177,45 +245,46 @@ mod tests {
                 [first, 1.0, 2.0, 3.0]
             })
             .collect();
-        let item = Arc::new(Field::new("item", DataType::Float32, false));
-        let embedding = FixedSizeListArray::new(
-            item.clone(),
-            DIM as i32,
-            Arc::new(Float32Array::from(values)),
-            None,
-        );
+        let (embedding, field): (ArrayRef, Field) = if as_list {
+            let item = Arc::new(Field::new("item", DataType::Float64, false));
+            let values = Float64Array::from_iter_values(values.iter().map(|&v| v as f64));
+            let offsets = OffsetBuffer::from_lengths(std::iter::repeat_n(DIM, rows.len()));
+            let list = ListArray::new(item.clone(), offsets, Arc::new(values), None);
+            (
+                Arc::new(list),
+                Field::new("embedding", DataType::List(item), false),
+            )
+        } else {
+            let item = Arc::new(Field::new("item", DataType::Float32, false));
+            let list = FixedSizeListArray::new(
+                item.clone(),
+                DIM as i32,
+                Arc::new(Float32Array::from(values)),
+                None,
+            );
+            let data_type = DataType::FixedSizeList(item, DIM as i32);
+            (Arc::new(list), Field::new("embedding", data_type, false))
+        };
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int64, false),
-            Field::new(
-                "embedding",
-                DataType::FixedSizeList(item, DIM as i32),
-                false,
-            ),
+            field,
         ]));
-        let batch = RecordBatch::try_new(
-            schema.clone(),
-            vec![
-                Arc::new(Int64Array::from_iter_values(0..rows as i64)),
-                Arc::new(embedding),
-            ],
-        )
-        .unwrap();
-        let path = dir.join(format!("table-{rows}-{nan_rows:?}.parquet"));
+        let ids = Int64Array::from_iter_values(rows.map(|i| i as i64));
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(ids), embedding]).unwrap();
+        let properties = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(group_rows))
+            // Several pages per row group.
+            .set_data_page_row_count_limit(50)
+            .set_write_batch_size(50)
+            .build();
         let mut writer = parquet::arrow::ArrowWriter::try_new(
-            std::fs::File::create(&path).unwrap(),
+            std::fs::File::create(path).unwrap(),
             schema,
-            None,
+            Some(properties),
         )
         .unwrap();
         writer.write(&batch).unwrap();
         writer.close().unwrap();
-        EmbeddingTable::open(
-            "gallery",
-            path.to_str().unwrap(),
-            &ReadOptions::default(),
-            false,
-        )
-        .unwrap()
     }
 
     fn plan(read_ahead: bool) -> BlockPlan {
@@ -262,6 +331,9 @@ mod tests {
         result.unwrap();
         assert_eq!(ahead, blocks_seen(&good, false, usize::MAX).0);
         assert_eq!(ahead.len(), 8);
+        // Blocks read into the buffers of earlier ones hold what fresh ones do.
+        let fresh: Vec<Vec<f32>> = good.blocks(128).map(|b| b.unwrap().data).collect();
+        assert!(ahead.iter().map(|b| &b.2).eq(&fresh));
         let first_rows: Vec<u64> = ahead.iter().map(|b| b.0).collect();
         assert_eq!(first_rows, (0..8).map(|b| b * 128).collect::<Vec<_>>());
         assert_eq!(ahead[7].1, (896..1000).collect::<Vec<_>>());
@@ -314,5 +386,51 @@ mod tests {
         assert!(late.to_string().contains("row 700"), "{late}");
         let early = halves_seen(&table(dir.path(), 1000, &[450, 515]), true).unwrap_err();
         assert!(early.to_string().contains("row 450"), "{early}");
+    }
+
+    #[test]
+    fn rows_read_alone_are_the_rows_of_the_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        // Two parts (FixedSizeList<f32> in row groups of 256, List<f64> in
+        // groups of 128), pages of 50 rows.
+        let write = |name: &str, nan_rows: &[usize]| {
+            let parts = dir.path().join(name);
+            std::fs::create_dir(&parts).unwrap();
+            write_part(&parts.join("a.parquet"), 0..700, nan_rows, false, 256);
+            write_part(&parts.join("b.parquet"), 700..1000, nan_rows, true, 128);
+            open(&parts)
+        };
+        let good = write("good", &[]);
+        let all: Vec<f32> = good.blocks(1000).flat_map(|b| b.unwrap().data).collect();
+        let rows = [
+            0u64, 1, 49, 50, 255, 256, 257, 511, 699, 700, 701, 827, 828, 999,
+        ];
+        let want: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| all[r as usize * DIM..(r as usize + 1) * DIM].to_vec())
+            .collect();
+        let streamed = TableBlocks::new(&good, &plan(true)).unwrap();
+        assert_eq!(streamed.rows_alone(&rows), Some(want.clone()));
+        assert_eq!(
+            streamed.rows_alone(&rows[9..10]),
+            Some(want[9 * DIM..10 * DIM].to_vec())
+        );
+        let cached = BlockPlan {
+            cache_inner: true,
+            ..plan(false)
+        };
+        assert_eq!(
+            TableBlocks::new(&good, &cached).unwrap().rows_alone(&rows),
+            None
+        );
+
+        // A bad value is only met where it is read; then the blocks say where.
+        let bad = TableBlocks::new(&write("bad", &[300, 800]), &plan(true)).unwrap();
+        assert_eq!(
+            bad.rows_alone(&[299, 301, 799, 801]).map(|v| v.len()),
+            Some(4 * DIM)
+        );
+        assert_eq!(bad.rows_alone(&[300]), None);
+        assert_eq!(bad.rows_alone(&[100, 800]), None);
     }
 }

@@ -466,6 +466,14 @@ impl EmbeddingTable {
         Ok(reader)
     }
 
+    /// The embeddings of rows `rows` (ascending, distinct), row after row,
+    /// decoded alone (the other rows are skipped, not decoded); `None` for a
+    /// sampled table or one with an in-memory part. An error names the file
+    /// but not the row: to report it, read the rows in blocks.
+    pub fn read_rows(&self, rows: &[u64]) -> Result<Option<Vec<f32>>> {
+        blocks::read_selected_rows(self, rows)
+    }
+
     /// Reads only the id column of the whole table (no embedding is decoded).
     pub fn read_all_ids(&self) -> Result<ArrayRef> {
         let mut reader = BlockReader::new(self, self.options.batch_rows.max(1), true);

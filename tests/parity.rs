@@ -240,11 +240,12 @@ fn results_do_not_depend_on_memory_limit_or_threads() {
 }
 
 /// A gallery too large for the limit streams in blocks read ahead on a
-/// thread of their own, and the ground-truth pass reads its two halves at
-/// once: the same bits as the cached gallery. (dim 64, 20,000 gallery rows
-/// and a 24 MiB limit: on 1 thread the plan streams the gallery in blocks of
-/// 8,192 rows, read ahead, and the ground-truth pass splits at row 8,192; on
-/// 2 threads, blocks of 2,048 read ahead, and no room for a second reader.)
+/// thread of their own (each read into the buffer of the block before), and
+/// the ground-truth pass reads the positive rows alone: the same bits as the
+/// cached gallery, whose scores come from its blocks. (dim 64, 20,000
+/// gallery rows and a 24 MiB limit: on 1 thread the plan streams the
+/// gallery in blocks of 8,192 rows, on 2 threads in blocks of 2,048, both
+/// read ahead; the positives' tiles are those of these blocks.)
 #[test]
 fn a_gallery_read_ahead_gives_the_cached_results() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,7 +3,8 @@
 //! The input is written to a `.parquet` file and opened the way the passes
 //! open the gallery, the bank and the queries (`EmbeddingTable::open` with
 //! the default read options, with and without the ground-truth column), then
-//! every block is read to the end, as are the ids alone, the second half
+//! every block is read to the end, as are the ids alone, every other row
+//! alone (`read_rows`), the second half
 //! (`blocks_from`, a resumed pass) and a seeded sample of the rows and its
 //! complement (`--bank-sample`, `tune --validation-split`). Any `Err` is a
 //! correct answer; a panic, an abort or an allocation beyond libFuzzer's
@@ -63,6 +64,11 @@ fn read(spec: &str, want_targets: bool) {
     };
     read_to_end(&table);
     let _ = table.read_all_ids();
+    // Rows read alone (the ground truth of a streamed gallery): every other row.
+    let alternate: Vec<u64> = (0..table.rows.min(10_000)).step_by(2).collect();
+    if let Ok(Some(values)) = table.read_rows(&alternate) {
+        assert_eq!(values.len(), alternate.len() * table.dim, "rows read alone");
+    }
     // A resumed pass starts mid-table (`stats --resume`).
     if let Ok(reader) = table.blocks_from(BLOCK_ROWS, table.rows / 2) {
         for block in reader {

@@ -290,6 +290,9 @@ pub fn compute_bank_statistics(
         (streams, chunks.next_block()?)
     };
     let empty = ColumnStatsRequest::default();
+    // The bf16 copies of the chunk and bank block before, whose buffers the
+    // next copies reuse.
+    let (mut used_chunk_copy, mut used_block_copy) = (None, None);
     // Each later chunk is read at the top of its iteration, once the previous
     // one and its states are dropped: the plan has room for one chunk only.
     loop {
@@ -306,7 +309,7 @@ pub fn compute_bank_statistics(
         let screened_chunk = banks
             .iter()
             .any(|(b, _)| screened(b))
-            .then(|| ScreenedRows::gallery(gallery_rows))
+            .then(|| ScreenedRows::gallery_reusing(gallery_rows, used_chunk_copy.take()))
             .flatten();
         for ((input, is_query_bank), stream) in banks.iter().zip(&mut streams) {
             let mut chunk_states =
@@ -320,7 +323,10 @@ pub fn compute_bank_statistics(
                 let copies = screened_chunk
                     .as_ref()
                     .filter(|_| screened(input))
-                    .and_then(|chunk| Some((ScreenedRows::queries(bank_rows)?, chunk)));
+                    .and_then(|chunk| {
+                        let rows = ScreenedRows::queries_reusing(bank_rows, used_block_copy.take());
+                        Some((rows?, chunk))
+                    });
                 let (row_tops, counts) = column_statistics_screened(
                     bank_rows,
                     gallery_rows,
@@ -330,6 +336,7 @@ pub fn compute_bank_statistics(
                     copies.as_ref().map(|(rows, cols)| Screen::new(rows, cols)),
                 );
                 output.screen.add(counts);
+                used_block_copy = copies.map(|(rows, _)| rows);
                 if !row_tops.is_empty() {
                     let activation = if *is_query_bank {
                         &mut output.bank_activation
@@ -370,6 +377,8 @@ pub fn compute_bank_statistics(
             gallery_bank: &gallery_bank_states,
             activations: &output,
         })?;
+        used_chunk_copy = screened_chunk;
+        chunks.recycle(chunk);
     }
     rows_done.finish();
     Ok(output)

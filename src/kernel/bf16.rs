@@ -157,17 +157,28 @@ super::dispatch::dispatched! {
 /// Rows (of `dim` values) packed for the kernel as query rows: row after
 /// row, ⌈dim/2⌉ pairs each; and each row's norms.
 pub fn pack_query_rows<T: Bf16Value>(rows: &[T], dim: usize) -> (Vec<u32>, Vec<RowNorms>) {
+    let mut packed = (Vec::new(), Vec::new());
+    pack_query_rows_into(rows, dim, &mut packed);
+    packed
+}
+
+/// [`pack_query_rows`] into the buffers of `packed` (reused, not zeroed
+/// first: every slot is written).
+pub fn pack_query_rows_into<T: Bf16Value>(
+    rows: &[T],
+    dim: usize,
+    (packed, norms): &mut (Vec<u32>, Vec<RowNorms>),
+) {
     let pairs = dim.div_ceil(2);
     let n = rows.len() / dim.max(1);
-    let mut packed = vec![0u32; n * pairs];
-    let mut norms = vec![RowNorms::default(); n];
+    resize(packed, n * pairs);
+    resize(norms, n);
     packed
         .par_chunks_mut(pairs.max(1))
         .zip(rows.par_chunks(dim.max(1)))
-        .zip(&mut norms)
+        .zip(norms)
         .with_min_len(64)
         .for_each(|((out, row), norms)| *norms = T::pack_row(row, out));
-    (packed, norms)
 }
 
 /// Rows (of `dim` values) packed for the kernel as gallery columns: panels
@@ -175,16 +186,32 @@ pub fn pack_query_rows<T: Bf16Value>(rows: &[T], dim: usize) -> (Vec<u32>, Vec<R
 /// columns' pairs side by side (columns past the last row are zeros); and
 /// each row's norms.
 pub fn pack_gallery_panels<T: Bf16Value>(rows: &[T], dim: usize) -> (Vec<u32>, Vec<RowNorms>) {
+    let mut packed = (Vec::new(), Vec::new());
+    pack_gallery_panels_into(rows, dim, &mut packed);
+    packed
+}
+
+/// [`pack_gallery_panels`] into the buffers of `packed` (reused, not zeroed
+/// first: every slot is written).
+pub fn pack_gallery_panels_into<T: Bf16Value>(
+    rows: &[T],
+    dim: usize,
+    (packed, norms): &mut (Vec<u32>, Vec<RowNorms>),
+) {
     let pairs = dim.div_ceil(2);
     let n = rows.len() / dim.max(1);
-    let mut packed = vec![0u32; n.div_ceil(PANEL) * pairs * PANEL];
-    let mut norms = vec![RowNorms::default(); n];
+    resize(packed, n.div_ceil(PANEL) * pairs * PANEL);
+    resize(norms, n);
     packed
         .par_chunks_mut(pairs.max(1) * PANEL)
         .zip(rows.par_chunks(dim.max(1) * PANEL))
         .zip(norms.par_chunks_mut(PANEL))
         .with_min_len(4)
         .for_each(|((panel, rows), norms)| {
+            let columns = rows.len() / dim.max(1);
+            if columns < PANEL {
+                panel.fill(0);
+            }
             let mut row_pairs = vec![0u32; pairs];
             for (c, (row, norms)) in rows.chunks_exact(dim).zip(norms).enumerate() {
                 *norms = T::pack_row(row, &mut row_pairs);
@@ -193,7 +220,13 @@ pub fn pack_gallery_panels<T: Bf16Value>(rows: &[T], dim: usize) -> (Vec<u32>, V
                 }
             }
         });
-    (packed, norms)
+}
+
+/// `buffer` at length `len`, keeping what it holds: the packers write every
+/// slot, and a block's buffer reused for the next one is not faulted in again.
+fn resize<T: Copy + Default>(buffer: &mut Vec<T>, len: usize) {
+    buffer.truncate(len);
+    buffer.resize(len, T::default());
 }
 
 /// Whether every bf16 of packed rows is finite: `false` when a value
@@ -576,6 +609,30 @@ mod tests {
                     "{i},{j}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn packing_into_used_buffers_gives_fresh_copies() {
+        let dim = 37;
+        let rows = |n: usize, salt: f32| -> Vec<f32> {
+            (0..n * dim)
+                .map(|i| ((i as f32 + salt) * 0.37).sin())
+                .collect()
+        };
+        // A full block, then a shorter one whose last panel is part empty
+        // (its padding must be zeros again), then a longer one.
+        let (mut queries, mut gallery) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
+        for (n, salt) in [(64, 1.0), (21, 2.0), (80, 3.0)] {
+            let block = rows(n, salt);
+            pack_query_rows_into(&block, dim, &mut queries);
+            assert_eq!(queries, pack_query_rows(&block, dim), "{n} query rows");
+            pack_gallery_panels_into(&block, dim, &mut gallery);
+            assert_eq!(
+                gallery,
+                pack_gallery_panels(&block, dim),
+                "{n} gallery rows"
+            );
         }
     }
 }

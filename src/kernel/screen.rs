@@ -16,8 +16,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use super::bf16::{
-    pack_gallery_panels, pack_query_rows, packed_finite, screen_packed, RowNorms, ScreenBound,
-    PANEL,
+    pack_gallery_panels_into, pack_query_rows_into, packed_finite, screen_packed, RowNorms,
+    ScreenBound, PANEL,
 };
 use super::gemm::TileScorer;
 use super::search::{compare_to_target, ColumnScoring, Positives, QueryState};
@@ -45,16 +45,28 @@ impl ScreenedRows {
     /// A query block's copy, or `None` when a value does not fit bf16's
     /// range (the block is then searched in f32 only).
     pub fn queries(rows: Rows<'_>) -> Option<ScreenedRows> {
-        Self::prepare(rows, Side::Queries, pack_query_rows(rows.data, rows.dim))
+        Self::queries_reusing(rows, None)
     }
 
     /// A gallery block's copy, or `None` as for [`ScreenedRows::queries`].
     pub fn gallery(rows: Rows<'_>) -> Option<ScreenedRows> {
-        Self::prepare(
-            rows,
-            Side::Gallery,
-            pack_gallery_panels(rows.data, rows.dim),
-        )
+        Self::gallery_reusing(rows, None)
+    }
+
+    /// [`ScreenedRows::queries`] in the buffers of `used`, a copy no
+    /// longer needed (of any side and size).
+    pub fn queries_reusing(rows: Rows<'_>, used: Option<ScreenedRows>) -> Option<ScreenedRows> {
+        let mut buffers = used.map(|u| (u.packed, u.norms)).unwrap_or_default();
+        pack_query_rows_into(rows.data, rows.dim, &mut buffers);
+        Self::prepare(rows, Side::Queries, buffers)
+    }
+
+    /// [`ScreenedRows::gallery`] in the buffers of `used`, as
+    /// [`ScreenedRows::queries_reusing`].
+    pub fn gallery_reusing(rows: Rows<'_>, used: Option<ScreenedRows>) -> Option<ScreenedRows> {
+        let mut buffers = used.map(|u| (u.packed, u.norms)).unwrap_or_default();
+        pack_gallery_panels_into(rows.data, rows.dim, &mut buffers);
+        Self::prepare(rows, Side::Gallery, buffers)
     }
 
     fn prepare(

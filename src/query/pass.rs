@@ -132,10 +132,14 @@ pub fn search(
     let mut rows_done = RowProgress::start(progress, "pass 2: queries", query_count, gallery.rows);
     let query_table = queries.with_batch_rows(plan.batch_rows);
     let mut query_blocks = query_table.blocks_in(plan.outer_rows, query_rows.clone())?;
+    // The bf16 copies of the blocks before, whose buffers the next copies reuse.
+    let (mut used_queries, mut used_gallery) = (None, None);
     while let Some(block) = query_blocks.next_block()? {
         // A block with values beyond bf16's range is searched in f32.
         let screened_queries = screen
-            .then(|| ScreenedRows::queries(Rows::new(&block.data, dim)))
+            .then(|| {
+                ScreenedRows::queries_reusing(Rows::new(&block.data, dim), used_queries.take())
+            })
             .flatten();
         let positives = resolve_targets(&block, queries, gallery_index)?;
         let query_parameters = scorings
@@ -182,7 +186,7 @@ pub fn search(
                 (Rows::new(&block.data, dim), Rows::new(&g_block.data, dim));
             let screened_gallery = screened_queries
                 .as_ref()
-                .and_then(|_| ScreenedRows::gallery(gallery_rows));
+                .and_then(|_| ScreenedRows::gallery_reusing(gallery_rows, used_gallery.take()));
             let block_screen = screened_queries
                 .as_ref()
                 .zip(screened_gallery.as_ref())
@@ -196,6 +200,7 @@ pub fn search(
                 &mut states,
                 block_screen,
             ));
+            used_gallery = screened_gallery;
             rows_done.advance(block.rows, g_block.rows);
             Ok(())
         })?;
@@ -207,6 +212,8 @@ pub fn search(
             positives: &positives,
             screen: block_screen_counts,
         })?;
+        used_queries = screened_queries;
+        query_blocks.recycle(block);
     }
     rows_done.finish();
     Ok(screened)

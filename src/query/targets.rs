@@ -136,15 +136,16 @@ fn cast_ids(values: &ArrayRef, id_type: &DataType) -> Result<ArrayRef> {
 }
 
 /// For each query of `block` and each scoring, the (score, raw similarity)
-/// of its best-ranked positive (None without ground truth). The gallery
-/// streams past the block once (in the blocks the search reads, its two
-/// halves at once when [`TableBlocks::fold_halves`] can), and only positive
-/// rows are used; the scores are computed as the kernel computes
-/// them: the similarity with the bits of the search's GEMM tile where
-/// [`TileScorer`] reproduces it (else the f64 dot product rounded to f32,
-/// which may differ from the tile's in the last place), then the scoring's
-/// f32 arithmetic. `query_parameters` holds each scoring's per-query
-/// parameters for the block ([`Scoring::query_parameters`]).
+/// of its best-ranked positive (None without ground truth). Only positive
+/// rows are used: read alone when the gallery is streamed
+/// ([`TableBlocks::rows_alone`]), else from the blocks the search reads
+/// (its two halves at once when [`TableBlocks::fold_halves`] can). The
+/// scores are computed as the kernel computes them: the similarity with
+/// the bits of the search's GEMM tile where [`TileScorer`] reproduces it
+/// (else the f64 dot product rounded to f32, which may differ from the
+/// tile's in the last place), then the scoring's f32 arithmetic.
+/// `query_parameters` holds each scoring's per-query parameters for the
+/// block ([`Scoring::query_parameters`]).
 pub fn target_scores(
     block: &EmbeddingBlock,
     positives: &Positives,
@@ -162,26 +163,42 @@ pub fn target_scores(
     }
     wanted.sort_unstable();
     let dim = block.dim;
+    // Offers the pairs of gallery row `g` (the row `local` of a search
+    // block of `block_rows` rows, whose embedding is `gv`).
+    let offer_row = |best: &mut Vec<Option<(f32, f32)>>,
+                     pairs: &[(u32, u32)],
+                     gv: &[f32],
+                     (local, block_rows): (usize, usize)| {
+        for &(g, q) in pairs {
+            let (g, q) = (g as usize, q as usize);
+            let qv = &block.data[q * dim..(q + 1) * dim];
+            let s = tile_similarity(qv, gv, (q, block.rows), (local, block_rows));
+            for (m, scoring) in scorings.iter().enumerate() {
+                let v = scoring
+                    .columns(g, g + 1)
+                    .with_queries(&query_parameters[m])
+                    .for_query(q)
+                    .score(0, s);
+                offer(&mut best[q * nm + m], (v, s), scoring);
+            }
+        }
+    };
+    if let Some(best) = scores_from_rows_alone(gallery, &wanted, block.rows * nm, &offer_row) {
+        return Ok(best);
+    }
     let halves = gallery.fold_halves(
         || vec![None; block.rows * nm],
         |best: &mut Vec<Option<(f32, f32)>>, g_block| {
             let (first, end) = (g_block.first_row, g_block.first_row + g_block.rows as u64);
-            let from = wanted.partition_point(|&(g, _)| (g as u64) < first);
+            let mut at = wanted.partition_point(|&(g, _)| (g as u64) < first);
             let to = wanted.partition_point(|&(g, _)| (g as u64) < end);
-            for &(g, q) in &wanted[from..to] {
-                let (g, q) = (g as usize, q as usize);
-                let local = g - first as usize;
+            while at < to {
+                let g = wanted[at].0;
+                let same = at + wanted[at..to].partition_point(|&(r, _)| r == g);
+                let local = (g as u64 - first) as usize;
                 let gv = &g_block.data[local * dim..(local + 1) * dim];
-                let qv = &block.data[q * dim..(q + 1) * dim];
-                let s = tile_similarity(qv, gv, (q, block.rows), (local, g_block.rows));
-                for (m, scoring) in scorings.iter().enumerate() {
-                    let v = scoring
-                        .columns(g, g + 1)
-                        .with_queries(&query_parameters[m])
-                        .for_query(q)
-                        .score(0, s);
-                    offer(&mut best[q * nm + m], (v, s), scoring);
-                }
+                offer_row(best, &wanted[at..same], gv, (local, g_block.rows));
+                at = same;
             }
             Ok(())
         },
@@ -198,4 +215,38 @@ pub fn target_scores(
         }
     }
     Ok(best)
+}
+
+/// [`target_scores`]'s states from the positive rows read alone, a
+/// block's worth of rows at a time (the room the search's blocks take
+/// later), in gallery order; `None` when the gallery cannot be read so.
+fn scores_from_rows_alone(
+    gallery: &TableBlocks,
+    wanted: &[(u32, u32)],
+    states: usize,
+    offer_row: &impl Fn(&mut Vec<Option<(f32, f32)>>, &[(u32, u32)], &[f32], (usize, usize)),
+) -> Option<Vec<Option<(f32, f32)>>> {
+    let (block_rows, total) = (gallery.block_rows(), gallery.rows());
+    let mut rows: Vec<u64> = wanted.iter().map(|&(g, _)| g as u64).collect();
+    rows.dedup();
+    let mut best = vec![None; states];
+    let mut at = 0;
+    for chunk in rows.chunks(block_rows) {
+        let vectors = gallery.rows_alone(chunk)?;
+        let dim = vectors.len() / chunk.len();
+        for (&g, gv) in chunk.iter().zip(vectors.chunks_exact(dim.max(1))) {
+            let same = at + wanted[at..].partition_point(|&(r, _)| r as u64 == g);
+            // Where the search meets this row: its block and place in it.
+            let start = g / block_rows as u64 * block_rows as u64;
+            let rows_in_block = (total - start).min(block_rows as u64) as usize;
+            offer_row(
+                &mut best,
+                &wanted[at..same],
+                gv,
+                ((g - start) as usize, rows_in_block),
+            );
+            at = same;
+        }
+    }
+    Some(best)
 }

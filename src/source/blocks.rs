@@ -9,7 +9,10 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Float16Type, Float32Type, Float64Type};
 use arrow::record_batch::RecordBatch;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReader;
+use parquet::arrow::arrow_reader::{
+    ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder, RowSelection, RowSelectionPolicy,
+    RowSelector,
+};
 
 use super::*;
 use crate::error::{HubnormError, Result};
@@ -29,6 +32,9 @@ pub struct BlockReader<'a> {
     pub(super) next_global_row: u64,
     /// The row the reader stops before (the table's end unless a range was asked).
     pub(super) end_row: u64,
+    /// A finished block's buffer for the next block: a fresh allocation of
+    /// a block's size is mapped anew and its pages faulted in one by one.
+    spare: Option<Vec<f32>>,
 }
 
 struct PartReader {
@@ -62,7 +68,14 @@ impl<'a> BlockReader<'a> {
             current: None,
             next_global_row: 0,
             end_row: u64::MAX,
+            spare: None,
         }
+    }
+
+    /// Hands back a block the caller is done with, so that the next block
+    /// is read into its buffer.
+    pub fn recycle(&mut self, block: EmbeddingBlock) {
+        self.spare = Some(block.data);
     }
 
     fn open_part(&mut self) -> Result<bool> {
@@ -87,21 +100,6 @@ impl<'a> BlockReader<'a> {
             roots.extend(columns.target);
         }
         let mask = ProjectionMask::roots(builder.parquet_schema(), roots.iter().copied());
-        if let Some(remote) = &probe {
-            // Ranged reads fetch the projected columns only.
-            let schema = builder.parquet_schema();
-            let leaves: Vec<usize> = (0..schema.num_columns())
-                .filter(|&leaf| roots.contains(&schema.get_column_root_idx(leaf)))
-                .collect();
-            let chunks = builder
-                .metadata()
-                .row_groups()
-                .iter()
-                .flat_map(|g| leaves.iter().map(move |&leaf| g.column(leaf).byte_range()))
-                .map(|(start, length)| start..start.saturating_add(length))
-                .collect();
-            remote.set_chunks(chunks);
-        }
         // The projected batch keeps the file's column order.
         roots.sort_unstable();
         let position = |c: usize| roots.iter().position(|&r| r == c).expect("projected");
@@ -124,9 +122,7 @@ impl<'a> BlockReader<'a> {
             table.options.batch_rows.min(self.block_rows).max(1)
         };
         if let Some(remote) = &probe {
-            // Windows the size of a decoded batch: what the plan counted.
-            let dim = table.dim.max(1);
-            remote.set_window_bytes(crate::storage::window_bytes_for(batch_rows * dim * 4));
+            aim_remote_reads(remote, &builder, &roots, batch_rows * table.dim.max(1) * 4);
         }
         let skip = std::mem::take(&mut self.skip_in_next_part);
         let mut builder = builder.with_projection(mask).with_batch_size(batch_rows);
@@ -238,11 +234,18 @@ impl<'a> BlockReader<'a> {
     pub fn next_block(&mut self) -> Result<Option<EmbeddingBlock>> {
         crate::cancel::check()?;
         let dim = self.table.dim;
-        let mut data = Vec::with_capacity(if self.ids_only {
+        let capacity = if self.ids_only {
             0
         } else {
             self.block_rows * dim
-        });
+        };
+        let mut data = match self.spare.take() {
+            Some(mut spare) if spare.capacity() >= capacity => {
+                spare.clear();
+                spare
+            }
+            _ => Vec::with_capacity(capacity),
+        };
         let mut ids: Vec<ArrayRef> = Vec::new();
         let mut targets: Vec<ArrayRef> = Vec::new();
         let mut rows = 0usize;
@@ -366,6 +369,131 @@ impl<'a> BlockReader<'a> {
             },
         }))
     }
+}
+
+/// Points a remote part's ranged reads at the column chunks of `roots`
+/// (the columns read) only, in windows the size of a decoded batch of
+/// `batch_bytes` (what the plan counted).
+fn aim_remote_reads(
+    remote: &crate::storage::RemoteFile,
+    builder: &ParquetRecordBatchReaderBuilder<InputFile>,
+    roots: &[usize],
+    batch_bytes: usize,
+) {
+    let schema = builder.parquet_schema();
+    let leaves: Vec<usize> = (0..schema.num_columns())
+        .filter(|&leaf| roots.contains(&schema.get_column_root_idx(leaf)))
+        .collect();
+    let chunks = builder
+        .metadata()
+        .row_groups()
+        .iter()
+        .flat_map(|g| leaves.iter().map(move |&leaf| g.column(leaf).byte_range()))
+        .map(|(start, length)| start..start.saturating_add(length))
+        .collect();
+    remote.set_chunks(chunks);
+    remote.set_window_bytes(crate::storage::window_bytes_for(batch_bytes));
+}
+
+/// The embeddings of table rows `rows` (ascending, distinct), row after
+/// row, with the values [`BlockReader`] gives them: only these rows are
+/// decoded, Parquet's record skipping (a `RowSelection`) passes over the
+/// others' values. `None` for a sampled table or one with an in-memory
+/// part. An error names the file but not the row: a caller that must
+/// report it reads the table in blocks instead.
+pub(super) fn read_selected_rows(table: &EmbeddingTable, rows: &[u64]) -> Result<Option<Vec<f32>>> {
+    debug_assert!(rows.windows(2).all(|w| w[0] < w[1]), "ascending, distinct");
+    if table.is_sampled() || table.parts.iter().any(|p| memory::is_memory(&p.path)) {
+        return Ok(None);
+    }
+    let dim = table.dim;
+    let mut out = Vec::with_capacity(rows.len() * dim);
+    let mut rest = rows;
+    for part in &table.parts {
+        let in_part = rest.partition_point(|&r| r < part.first_row + part.rows);
+        let (wanted, later) = rest.split_at(in_part);
+        rest = later;
+        if wanted.is_empty() {
+            continue;
+        }
+        let (builder, probe) = open_parquet_probed(&part.path)?;
+        let columns = locate_columns(&part.path, builder.schema(), &table.options, false)?;
+        let mask = ProjectionMask::roots(builder.parquet_schema(), [columns.embedding]);
+        // The row groups holding wanted rows; the selection counts the rows
+        // of those groups only.
+        let (mut groups, mut selectors) = (Vec::new(), Vec::new());
+        let mut wanted = wanted.iter().map(|&r| r - part.first_row).peekable();
+        let mut group_start = 0u64;
+        for (index, group) in builder.metadata().row_groups().iter().enumerate() {
+            let group_end = group_start + group.num_rows() as u64;
+            let mut at = group_start;
+            while let Some(row) = wanted.next_if(|&r| r < group_end) {
+                selectors.push(RowSelector::skip((row - at) as usize));
+                selectors.push(RowSelector::select(1));
+                at = row + 1;
+            }
+            if at > group_start {
+                selectors.push(RowSelector::skip((group_end - at) as usize));
+                groups.push(index);
+            }
+            group_start = group_end;
+        }
+        let batch_rows = table.options.batch_rows.max(1);
+        if let Some(remote) = &probe {
+            aim_remote_reads(
+                remote,
+                &builder,
+                &[columns.embedding],
+                batch_rows * dim.max(1) * 4,
+            );
+        }
+        let reader = builder
+            .with_projection(mask)
+            .with_row_groups(groups)
+            .with_row_selection(selectors.into_iter().collect::<RowSelection>())
+            // Skipped, not decoded and filtered, however dense the rows are.
+            .with_row_selection_policy(RowSelectionPolicy::Selectors)
+            .with_batch_size(batch_rows)
+            .build()
+            .map_err(|e| {
+                decode_error(
+                    &part.path,
+                    None,
+                    format!("cannot read: {e}"),
+                    probe.as_ref(),
+                )
+            })?;
+        let mut reader = PartBatches::Parquet(reader);
+        let mut block_dim = Some(dim);
+        while let Some(batch) = reader.next_batch() {
+            crate::cancel::check()?;
+            let batch = batch.map_err(|e| {
+                decode_error(
+                    &part.path,
+                    None,
+                    format!("cannot decode Parquet data: {e}"),
+                    probe.as_ref(),
+                )
+            })?;
+            append_embeddings(
+                batch.column(0),
+                &part.path,
+                0,
+                &table.options.embedding_column,
+                &mut block_dim,
+                table.options.normalize,
+                &mut out,
+            )?;
+        }
+    }
+    if out.len() != rows.len() * dim {
+        return Err(HubnormError::Internal(format!(
+            "{} of {} selected rows read",
+            out.len() / dim.max(1),
+            rows.len()
+        )));
+    }
+    Ok(Some(out))
 }
 
 /// The error for a batch (`rows` of the Parquet part at `path`, columns
