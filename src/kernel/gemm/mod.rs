@@ -178,13 +178,19 @@ impl TileScorer {
         );
         assert!(out.len() >= items.len(), "one output per item");
         for (items, out) in items.chunks(CHAINS).zip(out.chunks_mut(CHAINS)) {
+            #[cfg(target_arch = "x86_64")]
+            if super::dispatch::has_avx512() {
+                // SAFETY: the features were detected; the rows' lengths were checked.
+                unsafe { transposed_chains::chains(items, self.kc, out) };
+                continue;
+            }
             interleaved_chains(items, self.kc, out);
         }
     }
 }
 
-/// Chains [`TileScorer::scores`] runs side by side.
-const CHAINS: usize = 8;
+/// Chains [`TileScorer::scores`] runs side by side (one per AVX-512 lane).
+const CHAINS: usize = 16;
 
 mod chain_bodies {
     use super::CHAINS;
@@ -220,6 +226,105 @@ mod chain_bodies {
         }
         let count = items.len();
         out[..count].copy_from_slice(&element[..count]);
+    }
+}
+
+/// [`chain_bodies::interleaved_chains`] on AVX-512 without gathering:
+/// 16 values of each of the 16 rows on each side are loaded as vectors and
+/// transposed in registers, so that lane `l` of the `k`-th vector holds
+/// pair `l`'s `k`-th value; then one fused multiply-add per dimension serves
+/// all 16 chains, in the same order with the same roundings.
+#[cfg(target_arch = "x86_64")]
+mod transposed_chains {
+    use super::CHAINS;
+    use std::arch::x86_64::*;
+
+    const LANES: usize = 16;
+    const _: () = assert!(CHAINS == LANES);
+
+    /// # Safety
+    /// AVX-512F must be available; every row holds the first row's length.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn chains(items: &[(&[f32], &[f32])], kc: usize, out: &mut [f32]) {
+        let dim = items[0].0.len();
+        let (q, g): ([*const f32; LANES], [*const f32; LANES]) = {
+            let row = |l: usize| items[l.min(items.len() - 1)];
+            (
+                std::array::from_fn(|l| row(l).0.as_ptr()),
+                std::array::from_fn(|l| row(l).1.as_ptr()),
+            )
+        };
+        let mut element = _mm512_setzero_ps();
+        let mut start = 0;
+        while start < dim {
+            let end = (start + kc).min(dim);
+            let mut sum = _mm512_setzero_ps();
+            let mut k = start;
+            while k < end {
+                let count = (end - k).min(LANES);
+                let mask: __mmask16 = if count == LANES { !0 } else { (1 << count) - 1 };
+                let qt = transposed(&q, k, mask);
+                let gt = transposed(&g, k, mask);
+                for step in 0..count {
+                    sum = _mm512_fmadd_ps(qt[step], gt[step], sum);
+                }
+                k += count;
+            }
+            element = if start == 0 {
+                sum
+            } else {
+                _mm512_add_ps(element, sum)
+            };
+            start = end;
+        }
+        let mut lanes = [0f32; LANES];
+        _mm512_storeu_ps(lanes.as_mut_ptr(), element);
+        let count = items.len();
+        out[..count].copy_from_slice(&lanes[..count]);
+    }
+
+    /// Vectors `t` with lane `l` of `t[j]` = `rows[l][k + j]`, for the `j`
+    /// in `mask` (0 elsewhere).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn transposed(rows: &[*const f32; LANES], k: usize, mask: __mmask16) -> [__m512; LANES] {
+        let r: [__m512; LANES] =
+            std::array::from_fn(|l| _mm512_maskz_loadu_ps(mask, rows[l].add(k)));
+        // Within each 128-bit lane: pairs of rows, then fours.
+        let t: [__m512; LANES] = std::array::from_fn(|i| {
+            let (a, b) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 {
+                _mm512_unpacklo_ps(a, b)
+            } else {
+                _mm512_unpackhi_ps(a, b)
+            }
+        });
+        // u[4i + j]: in 128-bit lane L, element 4L + j of rows 4i..4i + 3.
+        let u: [__m512d; LANES] = std::array::from_fn(|n| {
+            let (i, j) = (n / 4, n % 4);
+            let a = _mm512_castps_pd(t[4 * i + j / 2]);
+            let b = _mm512_castps_pd(t[4 * i + 2 + j / 2]);
+            if j % 2 == 0 {
+                _mm512_unpacklo_pd(a, b)
+            } else {
+                _mm512_unpackhi_pd(a, b)
+            }
+        });
+        let u: [__m512; LANES] = std::array::from_fn(|n| _mm512_castpd_ps(u[n]));
+        // Across the 128-bit lanes: element 4L + j gathers lane L of
+        // u[j], u[4 + j], u[8 + j], u[12 + j].
+        let mut out = [_mm512_setzero_ps(); LANES];
+        for j in 0..4 {
+            let even01 = _mm512_shuffle_f32x4::<0x88>(u[j], u[4 + j]);
+            let odd01 = _mm512_shuffle_f32x4::<0xdd>(u[j], u[4 + j]);
+            let even23 = _mm512_shuffle_f32x4::<0x88>(u[8 + j], u[12 + j]);
+            let odd23 = _mm512_shuffle_f32x4::<0xdd>(u[8 + j], u[12 + j]);
+            out[j] = _mm512_shuffle_f32x4::<0x88>(even01, even23);
+            out[8 + j] = _mm512_shuffle_f32x4::<0xdd>(even01, even23);
+            out[4 + j] = _mm512_shuffle_f32x4::<0x88>(odd01, odd23);
+            out[12 + j] = _mm512_shuffle_f32x4::<0xdd>(odd01, odd23);
+        }
+        out
     }
 }
 
@@ -385,5 +490,48 @@ mod tests {
         assert!(checked > 10_000, "{checked}");
         assert!(tile_score(&[1.0; 8], &[1.0; 8], 1, 300).is_none());
         assert!(tile_score(&[1.0; 8], &[1.0; 8], 16, 16).is_none());
+    }
+
+    /// The AVX-512 chains (rows transposed in registers) give the portable
+    /// chains' bits for every batch length, depth block and dimension,
+    /// including dimensions and blocks that end mid-vector.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::print_stderr)] // a skipped test says so
+    fn transposed_chains_are_the_portable_chains() {
+        if !crate::kernel::dispatch::has_avx512() {
+            eprintln!("SKIPPED: no AVX-512 here");
+            return;
+        }
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let unit = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            unit * [1.0f32, 1e-3, 1e-20, 3.0][(state % 4) as usize]
+        };
+        for dim in [1, 3, 16, 17, 31, 384, 513, 768] {
+            let rows: Vec<Vec<f32>> = (0..2 * CHAINS)
+                .map(|_| (0..dim).map(|_| next()).collect())
+                .collect();
+            for kc in [1, 5, 16, 40, 256, dim] {
+                for count in [1, 7, CHAINS] {
+                    let items: Vec<(&[f32], &[f32])> = (0..count)
+                        .map(|l| (rows[l].as_slice(), rows[CHAINS + l].as_slice()))
+                        .collect();
+                    let (mut fast, mut portable) = ([f32::NAN; CHAINS], [f32::NAN; CHAINS]);
+                    // SAFETY: AVX-512F was detected; the rows have one length.
+                    unsafe { transposed_chains::chains(&items, kc, &mut fast) };
+                    chain_bodies::interleaved_chains(&items, kc, &mut portable);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&fast),
+                        bits(&portable),
+                        "dim {dim}, kc {kc}, {count} pairs"
+                    );
+                }
+            }
+        }
     }
 }
