@@ -143,15 +143,7 @@ impl<'a> BlockReader<'a> {
             }
             builder = builder.with_row_groups(kept);
         }
-        let reader = builder.build().map_err(|e| {
-            decode_error(
-                &part.path,
-                None,
-                format!("cannot read: {e}"),
-                probe.as_ref(),
-            )
-        })?;
-        let mut reader = PartBatches::Parquet(reader);
+        let mut reader = PartBatches::Parquet(build_reader(builder, &part.path, probe.as_ref())?);
         let mut pending = None;
         while batch_first_row < skip {
             match reader.next_batch() {
@@ -371,6 +363,17 @@ impl<'a> BlockReader<'a> {
     }
 }
 
+/// The reader `builder` makes, or the error naming the part at `path`.
+fn build_reader(
+    builder: ParquetRecordBatchReaderBuilder<InputFile>,
+    path: &Path,
+    probe: Option<&crate::storage::RemoteFile>,
+) -> Result<ParquetRecordBatchReader> {
+    builder
+        .build()
+        .map_err(|e| decode_error(path, None, format!("cannot read: {e}"), probe))
+}
+
 /// Points a remote part's ranged reads at the column chunks of `roots`
 /// (the columns read) only, in windows the size of a decoded batch of
 /// `batch_bytes` (what the plan counted).
@@ -447,23 +450,14 @@ pub(super) fn read_selected_rows(table: &EmbeddingTable, rows: &[u64]) -> Result
                 batch_rows * dim.max(1) * 4,
             );
         }
-        let reader = builder
+        let builder = builder
             .with_projection(mask)
             .with_row_groups(groups)
             .with_row_selection(selectors.into_iter().collect::<RowSelection>())
             // Skipped, not decoded and filtered, however dense the rows are.
             .with_row_selection_policy(RowSelectionPolicy::Selectors)
-            .with_batch_size(batch_rows)
-            .build()
-            .map_err(|e| {
-                decode_error(
-                    &part.path,
-                    None,
-                    format!("cannot read: {e}"),
-                    probe.as_ref(),
-                )
-            })?;
-        let mut reader = PartBatches::Parquet(reader);
+            .with_batch_size(batch_rows);
+        let mut reader = PartBatches::Parquet(build_reader(builder, &part.path, probe.as_ref())?);
         let mut block_dim = Some(dim);
         while let Some(batch) = reader.next_batch() {
             crate::cancel::check()?;
