@@ -171,8 +171,10 @@ pub fn pack_query_rows_into<T: Bf16Value>(
 ) {
     let pairs = dim.div_ceil(2);
     let n = rows.len() / dim.max(1);
-    resize(packed, n * pairs);
-    resize(norms, n);
+    // What the buffers hold stays (every slot is written below), so a
+    // block's buffer reused for the next one is not faulted in again.
+    packed.resize(n * pairs, 0);
+    norms.resize(n, RowNorms::default());
     packed
         .par_chunks_mut(pairs.max(1))
         .zip(rows.par_chunks(dim.max(1)))
@@ -200,8 +202,8 @@ pub fn pack_gallery_panels_into<T: Bf16Value>(
 ) {
     let pairs = dim.div_ceil(2);
     let n = rows.len() / dim.max(1);
-    resize(packed, n.div_ceil(PANEL) * pairs * PANEL);
-    resize(norms, n);
+    packed.resize(n.div_ceil(PANEL) * pairs * PANEL, 0);
+    norms.resize(n, RowNorms::default());
     packed
         .par_chunks_mut(pairs.max(1) * PANEL)
         .zip(rows.par_chunks(dim.max(1) * PANEL))
@@ -220,13 +222,6 @@ pub fn pack_gallery_panels_into<T: Bf16Value>(
                 }
             }
         });
-}
-
-/// `buffer` at length `len`, keeping what it holds: the packers write every
-/// slot, and a block's buffer reused for the next one is not faulted in again.
-fn resize<T: Copy + Default>(buffer: &mut Vec<T>, len: usize) {
-    buffer.truncate(len);
-    buffer.resize(len, T::default());
 }
 
 /// Whether every bf16 of packed rows is finite: `false` when a value

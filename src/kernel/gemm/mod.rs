@@ -436,6 +436,19 @@ mod tests {
         }
     }
 
+    /// Seeded values of both signs and of magnitudes from 1e-20 to 1.5
+    /// (tiny ones make products round and underflow).
+    fn mixed_magnitudes(seed: u64) -> impl FnMut() -> f32 {
+        let mut state = seed;
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let unit = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            unit * [1.0f32, 1e-3, 1e-20, 3.0][(state % 4) as usize]
+        }
+    }
+
     /// Every element of tiles of the search's shape and of edge shapes, at
     /// dimensions on both sides of the depth blocks, equals `tile_score`'s
     /// bits; values span magnitudes (tiny ones make products round and
@@ -447,15 +460,7 @@ mod tests {
             eprintln!("SKIPPED: no FMA here: the gemm crate takes its scalar kernel");
             return;
         }
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let unit = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-            let scale = [1.0f32, 1e-3, 1e-20, 3.0][(state % 4) as usize];
-            unit * scale
-        };
+        let mut next = mixed_magnitudes(0x9e37_79b9_7f4a_7c15);
         let shapes = [
             (512, 2048),
             (100, 37),
@@ -503,14 +508,7 @@ mod tests {
             eprintln!("SKIPPED: no AVX-512 here");
             return;
         }
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let unit = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-            unit * [1.0f32, 1e-3, 1e-20, 3.0][(state % 4) as usize]
-        };
+        let mut next = mixed_magnitudes(0x2545_f491_4f6c_dd1d);
         for dim in [1, 3, 16, 17, 31, 384, 513, 768] {
             let rows: Vec<Vec<f32>> = (0..2 * CHAINS)
                 .map(|_| (0..dim).map(|_| next()).collect())
