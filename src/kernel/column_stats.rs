@@ -24,11 +24,11 @@ use rayon::prelude::*;
 
 use super::dispatch::dispatched;
 use super::exp::fast_exp2;
-use super::gemm::{similarity_tile, TileScorer};
+use super::gemm::{similarity_tile, slab_depth, SlabTiles, TileScorer};
 use super::lse::{raise_column_maxima, LogSumExp};
 use super::screen::{floor_below, Screen, ScreenCounts};
 use super::search::{scan_row, QueryState};
-use super::tile::{Rows, TileBuffer, BANK_TILE_COLS, BANK_TILE_ROWS, GROUP_ROWS, LANES};
+use super::tile::{Rows, TileBuffer, BANK_TILE_COLS, BANK_TILE_ROWS, GROUP_ROWS, LANES, SLAB_ROWS};
 use super::topk::{Candidate, TopK, TopValues};
 
 /// Columns the pass-1 fold keeps in registers at a time (four 16-lane
@@ -337,7 +337,10 @@ fn fold_exp_columns(
 /// One column strip of pass 1, run by one thread; `first` is the global
 /// (row, column) of its first cell. With a screen (and the strip's first
 /// column in the screen's gallery block), tiles come from it where
-/// [`TileScorer`] reproduces their f32 bits.
+/// [`TileScorer`] reproduces their f32 bits. Otherwise, with the AVX-512
+/// slab kernel ([`SlabTiles`]), each tile is computed and folded one group
+/// of rows at a time, while the group is in L2; else the `gemm` crate
+/// computes the whole tile.
 fn column_strip(
     rows: Rows<'_>,
     cols: Rows<'_>,
@@ -346,29 +349,19 @@ fn column_strip(
     states: StripStates<'_>,
     screen: Option<(Screen<'_>, usize)>,
 ) -> (Option<Vec<TopK>>, ScreenCounts) {
-    let (nc, betas) = (cols.rows, request.betas);
-    let nb = betas.len();
-    // Structure-of-arrays copies of the states, per β, so the loops vectorise.
-    let mut max: Vec<Vec<f64>> = (0..nb)
-        .map(|b| (0..nc).map(|j| states.lse[j * nb + b].max).collect())
-        .collect();
-    let mut sum: Vec<Vec<f64>> = (0..nb)
-        .map(|b| (0..nc).map(|j| states.lse[j * nb + b].sum).collect())
-        .collect();
-    let mut top_thresholds: Vec<f32> = states.top.iter().map(TopValues::threshold).collect();
-    let mut row_thresholds: Vec<f32> = states.top_rows.iter().map(TopK::threshold).collect();
-    let mut row_tops: Vec<QueryState> = if request.row_top_k > 0 {
-        (0..rows.rows)
-            .map(|_| QueryState::new(request.row_top_k, None))
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let zeros = vec![0f32; if row_tops.is_empty() { 0 } else { nc }];
+    let nc = cols.rows;
+    let mut folds = StripFolds::new(rows.rows, nc, (first_row, first_col), request, states);
     let mut buffer = TileBuffer::new(BANK_TILE_ROWS.min(rows.rows), nc);
     let ld = buffer.stride;
     let mut counts = ScreenCounts::default();
     let mut screened_tops = ScreenedTops::default();
+    let mut slabs = match screen {
+        Some(_) => None,
+        None => SlabTiles::new().map(|mut slabs| {
+            slabs.pack_columns(cols.data, nc, cols.dim);
+            slabs
+        }),
+    };
     let mut r0 = 0;
     while r0 < rows.rows {
         let r1 = (r0 + BANK_TILE_ROWS).min(rows.rows);
@@ -388,57 +381,154 @@ fn column_strip(
             };
             counts.rescored += screened_tops.fold(
                 &tile,
-                (&mut top_thresholds, &mut *states.top),
-                (&mut row_thresholds, &mut *states.top_rows),
+                (&mut folds.top_thresholds, &mut *folds.states.top),
+                (&mut folds.row_thresholds, &mut *folds.states.top_rows),
             );
             counts.screened += (tile_rows * nc) as u64;
             r0 = r1;
             continue;
         }
-        similarity_tile(
-            tile,
-            ld,
-            &rows.data[r0 * rows.dim..r1 * rows.dim],
-            tile_rows,
-            cols.data,
+        let depth = slab_depth(tile_rows, nc, cols.dim);
+        if let (Some(slabs), Some(kc)) = (slabs.as_mut(), depth) {
+            for g0 in (r0..r1).step_by(SLAB_ROWS) {
+                let g1 = (g0 + SLAB_ROWS).min(r1);
+                let slab = &mut tile[..(g1 - g0) * ld];
+                slabs.slab(
+                    slab,
+                    ld,
+                    &rows.data[g0 * rows.dim..g1 * rows.dim],
+                    g1 - g0,
+                    kc,
+                );
+                folds.fold(slab, ld, g0);
+            }
+        } else {
+            similarity_tile(
+                tile,
+                ld,
+                &rows.data[r0 * rows.dim..r1 * rows.dim],
+                tile_rows,
+                cols.data,
+                nc,
+                cols.dim,
+            );
+            folds.fold(tile, ld, r0);
+        }
+        r0 = r1;
+    }
+    (folds.finish(), counts)
+}
+
+/// What the exact epilogues of one strip update, in the forms their loops
+/// want: the log-sum-exp states as structure-of-arrays per β (so the loops
+/// vectorise), each column's top-k thresholds beside the lists, and the
+/// rows' best columns.
+struct StripFolds<'a> {
+    betas: &'a [f32],
+    max: Vec<Vec<f64>>,
+    sum: Vec<Vec<f64>>,
+    top_thresholds: Vec<f32>,
+    row_thresholds: Vec<f32>,
+    row_tops: Vec<QueryState>,
+    /// The corrections `scan_row` subtracts: none in pass 1.
+    zeros: Vec<f32>,
+    states: StripStates<'a>,
+    nc: usize,
+    first_row: u32,
+    first_col: u32,
+}
+
+impl<'a> StripFolds<'a> {
+    fn new(
+        rows: usize,
+        nc: usize,
+        (first_row, first_col): (u32, u32),
+        request: &ColumnStatsRequest<'a>,
+        states: StripStates<'a>,
+    ) -> Self {
+        let nb = request.betas.len();
+        let row_tops: Vec<QueryState> = if request.row_top_k > 0 {
+            (0..rows)
+                .map(|_| QueryState::new(request.row_top_k, None))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        StripFolds {
+            betas: request.betas,
+            max: (0..nb)
+                .map(|b| (0..nc).map(|j| states.lse[j * nb + b].max).collect())
+                .collect(),
+            sum: (0..nb)
+                .map(|b| (0..nc).map(|j| states.lse[j * nb + b].sum).collect())
+                .collect(),
+            top_thresholds: states.top.iter().map(TopValues::threshold).collect(),
+            row_thresholds: states.top_rows.iter().map(TopK::threshold).collect(),
+            zeros: vec![0f32; if row_tops.is_empty() { 0 } else { nc }],
+            row_tops,
+            states,
             nc,
-            cols.dim,
-        );
-        let tile = &*tile;
-        fold_exp_columns(tile, ld, nc, betas, &mut max, &mut sum);
-        if !states.top.is_empty() {
-            column_top_values(tile, ld, nc, &mut top_thresholds, states.top);
+            first_row,
+            first_col,
         }
-        if !states.top_rows.is_empty() {
-            let tile_row = first_row + r0 as u32;
-            column_top_rows(tile, ld, nc, tile_row, &mut row_thresholds, states.top_rows);
+    }
+
+    /// Folds the f32 similarities of the strip's rows from `r0` (`tile`,
+    /// rows `ld` apart, starting on a group boundary) into every statistic
+    /// asked for.
+    fn fold(&mut self, tile: &[f32], ld: usize, r0: usize) {
+        let nc = self.nc;
+        let r1 = r0 + tile.len() / ld;
+        fold_exp_columns(tile, ld, nc, self.betas, &mut self.max, &mut self.sum);
+        if !self.states.top.is_empty() {
+            column_top_values(tile, ld, nc, &mut self.top_thresholds, self.states.top);
         }
-        if !states.all.is_empty() {
+        if !self.states.top_rows.is_empty() {
+            let tile_row = self.first_row + r0 as u32;
+            column_top_rows(
+                tile,
+                ld,
+                nc,
+                tile_row,
+                &mut self.row_thresholds,
+                self.states.top_rows,
+            );
+        }
+        if !self.states.all.is_empty() {
             for row in tile.chunks_exact(ld) {
-                for (values, &s) in states.all.iter_mut().zip(&row[..nc]) {
+                for (values, &s) in self.states.all.iter_mut().zip(&row[..nc]) {
                     values.push(s);
                 }
             }
         }
-        let tracked = row_tops.len();
-        for (i, state) in row_tops[r0.min(tracked)..r1.min(tracked)]
+        let tracked = self.row_tops.len();
+        for (i, state) in self.row_tops[r0.min(tracked)..r1.min(tracked)]
             .iter_mut()
             .enumerate()
         {
-            scan_row(&tile[i * ld..i * ld + nc], &zeros, first_col, state);
-        }
-        r0 = r1;
-    }
-    for j in 0..nc {
-        for b in 0..nb {
-            states.lse[j * nb + b] = LogSumExp {
-                max: max[b][j],
-                sum: sum[b][j],
-            };
+            scan_row(
+                &tile[i * ld..i * ld + nc],
+                &self.zeros,
+                self.first_col,
+                state,
+            );
         }
     }
-    let row_tops = (!row_tops.is_empty()).then(|| row_tops.into_iter().map(|s| s.top).collect());
-    (row_tops, counts)
+
+    /// Writes the log-sum-exp states back; returns the rows' best columns
+    /// when they were asked for.
+    fn finish(self) -> Option<Vec<TopK>> {
+        let nb = self.betas.len();
+        for j in 0..self.nc {
+            for b in 0..nb {
+                self.states.lse[j * nb + b] = LogSumExp {
+                    max: self.max[b][j],
+                    sum: self.sum[b][j],
+                };
+            }
+        }
+        (!self.row_tops.is_empty()).then(|| self.row_tops.into_iter().map(|s| s.top).collect())
+    }
 }
 
 /// A tile of screened similarities and what re-scores its cells.
@@ -855,5 +945,71 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Every statistic pass 1 folds comes out bit for bit as from the
+    /// `gemm` crate's whole tiles folded in one piece: the slab kernel's
+    /// row groups, depth blocks and row offsets (tile and group edges
+    /// crossed by the rows, a last partial vector of columns) change
+    /// nothing. On a CPU without AVX-512 both sides are the crate's.
+    #[test]
+    #[allow(clippy::print_stderr)] // a skipped test says so
+    fn statistics_from_slabs_are_those_of_whole_tiles() {
+        if SlabTiles::new().is_none() {
+            eprintln!("no AVX-512 here: both sides are the crate's tiles");
+        }
+        let (nr, nc, dim) = (BANK_TILE_ROWS + 2 * GROUP_ROWS + 37, 203, 513);
+        let (first_row, first_col) = (4096, 77);
+        let a = pseudo_random(nr * dim, 5);
+        let b = pseudo_random(nc * dim, 6);
+        let (rows, cols) = (Rows::new(&a, dim), Rows::new(&b, dim));
+        let request = ColumnStatsRequest {
+            betas: &[1.0, 20.0],
+            column_top_k: 5,
+            column_top_rows: 3,
+            keep_all: true,
+            row_top_k: 4,
+            ..ColumnStatsRequest::default()
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let mut got = ColumnStates::new(nc, &request, nr);
+        let got_rows = pool
+            .install(|| column_statistics(rows, cols, first_row, first_col, &request, &mut got));
+
+        let mut expected = ColumnStates::new(nc, &request, nr);
+        let strip = StripStates {
+            lse: &mut expected.lse,
+            top: &mut expected.top,
+            top_rows: &mut expected.top_rows,
+            all: &mut expected.all,
+        };
+        let mut folds = StripFolds::new(nr, nc, (first_row, first_col), &request, strip);
+        let mut buffer = TileBuffer::new(BANK_TILE_ROWS, nc);
+        let ld = buffer.stride;
+        for r0 in (0..nr).step_by(BANK_TILE_ROWS) {
+            let r1 = (r0 + BANK_TILE_ROWS).min(nr);
+            let tile = &mut buffer.cells_mut()[..(r1 - r0) * ld];
+            let block = &a[r0 * dim..r1 * dim];
+            similarity_tile(tile, ld, block, r1 - r0, &b, nc, dim);
+            folds.fold(tile, ld, r0);
+        }
+        let expected_rows = folds.finish().expect("row tops asked for");
+
+        let bits = |states: &[LogSumExp]| {
+            let bits = |s: &LogSumExp| (s.max.to_bits(), s.sum.to_bits());
+            states.iter().map(bits).collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&got.lse), bits(&expected.lse));
+        let all_bits = |all: &[Vec<f32>]| {
+            let bits = |v: &Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            all.iter().map(bits).collect::<Vec<_>>()
+        };
+        assert_eq!(all_bits(&got.all), all_bits(&expected.all));
+        assert_eq!(got.top, expected.top);
+        assert_eq!(got.top_rows, expected.top_rows);
+        assert_eq!(got_rows, expected_rows);
     }
 }

@@ -14,10 +14,10 @@
 use rayon::prelude::*;
 
 use super::dispatch::dispatched;
-use super::gemm::similarity_tile;
+use super::gemm::{similarity_tile, slab_depth, SlabTiles};
 use super::normal::log_normal_cdf;
 use super::screen::{Screen, ScreenCounts, StripScreen};
-use super::tile::{Rows, TileBuffer, LANES, TILE_COLS, TILE_ROWS};
+use super::tile::{Rows, TileBuffer, LANES, SLAB_COLS, SLAB_ROWS, TILE_COLS, TILE_ROWS};
 use super::topk::{Candidate, TieBreak, TopK};
 
 /// Per-query, per-method search state of pass 2.
@@ -452,6 +452,7 @@ impl StripSearch<'_> {
         let mut buffer = TileBuffer::new(q1 - q0, TILE_COLS.min(columns.len()));
         let ld = buffer.stride;
         let mut c0 = columns.start;
+        let mut slabs = SlabTiles::new();
         let mut screen = self.screen.map(|screen| {
             let k = strip_states.iter().map(|s| s.top.k()).max().unwrap_or(0);
             StripScreen::new(
@@ -469,52 +470,42 @@ impl StripSearch<'_> {
             let c1 = (c0 + TILE_COLS).min(columns.end);
             let nc = c1 - c0;
             let tile = &mut buffer.cells_mut()[..(q1 - q0) * ld];
-            let col0 = self.first_row + c0 as u32;
             if let Some(screen) = screen.as_mut() {
                 if screen.tile((c0, c1), strip_states, tile, ld) {
                     c0 = c1;
                     continue;
                 }
             }
-            similarity_tile(
-                tile,
-                ld,
-                &queries.data[q0 * queries.dim..q1 * queries.dim],
-                q1 - q0,
-                &gallery.data[c0 * gallery.dim..c1 * gallery.dim],
-                nc,
-                gallery.dim,
-            );
-            let tile = &*tile;
-            for (m, scoring) in self.corrections.iter().enumerate() {
-                let scoring = scoring.columns(c0, c1);
-                match scoring {
-                    ColumnScoring::Subtract(h) => {
-                        for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
-                            let scores = &tile[i * ld..i * ld + nc];
-                            scan_row(scores, h, col0, &mut row_states[m]);
-                        }
-                    }
-                    ColumnScoring::BankRank { .. } => {
-                        scan_bank_rank(tile, ld, nc, &scoring, col0, strip_states, m, nm)
-                    }
-                    ColumnScoring::DualSoftmax { .. }
-                    | ColumnScoring::LocalScaling { .. }
-                    | ColumnScoring::Nicdm { .. }
-                    | ColumnScoring::MutualProximity { .. } => {
-                        for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
-                            let scores = &tile[i * ld..i * ld + nc];
-                            let scoring = scoring.for_query(q0 + i);
-                            scan_transformed(scores, &scoring, col0, &mut row_states[m]);
-                        }
+            let depth = slabs
+                .as_ref()
+                .and_then(|_| slab_depth(q1 - q0, nc, gallery.dim));
+            if let (Some(slabs), Some(kc)) = (slabs.as_mut(), depth) {
+                // Pieces of the tile that stay in L2 while they are scanned;
+                // each query still sees its columns in increasing order.
+                for p0 in (c0..c1).step_by(SLAB_COLS) {
+                    let p1 = (p0 + SLAB_COLS).min(c1);
+                    let piece = &gallery.data[p0 * gallery.dim..p1 * gallery.dim];
+                    slabs.pack_columns(piece, p1 - p0, gallery.dim);
+                    for g0 in (q0..q1).step_by(SLAB_ROWS) {
+                        let g1 = (g0 + SLAB_ROWS).min(q1);
+                        let slab = &mut tile[..(g1 - g0) * ld];
+                        let rows = &queries.data[g0 * queries.dim..g1 * queries.dim];
+                        slabs.slab(slab, ld, rows, g1 - g0, kc);
+                        let states = &mut strip_states[(g0 - q0) * nm..(g1 - q0) * nm];
+                        self.scan(slab, ld, g0, (p0, p1), states);
                     }
                 }
-                for (i, row_states) in strip_states.chunks_mut(nm).enumerate() {
-                    let scores = &tile[i * ld..i * ld + nc];
-                    let positives = self.positives.of(q0 + i);
-                    let scoring = scoring.for_query(q0 + i);
-                    exclude_positives(scores, &scoring, col0, positives, &mut row_states[m]);
-                }
+            } else {
+                similarity_tile(
+                    tile,
+                    ld,
+                    &queries.data[q0 * queries.dim..q1 * queries.dim],
+                    q1 - q0,
+                    &gallery.data[c0 * gallery.dim..c1 * gallery.dim],
+                    nc,
+                    gallery.dim,
+                );
+                self.scan(tile, ld, q0, (c0, c1), strip_states);
             }
             c0 = c1;
         }
@@ -524,6 +515,54 @@ impl StripSearch<'_> {
                 .lock()
                 .expect("no task panicked")
                 .add(screen.counts);
+        }
+    }
+}
+
+impl StripSearch<'_> {
+    /// Offers the similarities of queries `q0..` (`tile`, rows `ld` apart,
+    /// one per state row of `states`) × gallery columns `c0..c1` (block
+    /// positions) to every scoring's states.
+    fn scan(
+        &self,
+        tile: &[f32],
+        ld: usize,
+        q0: usize,
+        (c0, c1): (usize, usize),
+        states: &mut [QueryState],
+    ) {
+        let nm = self.corrections.len();
+        let nc = c1 - c0;
+        let col0 = self.first_row + c0 as u32;
+        for (m, scoring) in self.corrections.iter().enumerate() {
+            let scoring = scoring.columns(c0, c1);
+            match scoring {
+                ColumnScoring::Subtract(h) => {
+                    for (i, row_states) in states.chunks_mut(nm).enumerate() {
+                        let scores = &tile[i * ld..i * ld + nc];
+                        scan_row(scores, h, col0, &mut row_states[m]);
+                    }
+                }
+                ColumnScoring::BankRank { .. } => {
+                    scan_bank_rank(tile, ld, nc, &scoring, col0, states, m, nm)
+                }
+                ColumnScoring::DualSoftmax { .. }
+                | ColumnScoring::LocalScaling { .. }
+                | ColumnScoring::Nicdm { .. }
+                | ColumnScoring::MutualProximity { .. } => {
+                    for (i, row_states) in states.chunks_mut(nm).enumerate() {
+                        let scores = &tile[i * ld..i * ld + nc];
+                        let scoring = scoring.for_query(q0 + i);
+                        scan_transformed(scores, &scoring, col0, &mut row_states[m]);
+                    }
+                }
+            }
+            for (i, row_states) in states.chunks_mut(nm).enumerate() {
+                let scores = &tile[i * ld..i * ld + nc];
+                let positives = self.positives.of(q0 + i);
+                let scoring = scoring.for_query(q0 + i);
+                exclude_positives(scores, &scoring, col0, positives, &mut row_states[m]);
+            }
         }
     }
 }
@@ -720,4 +759,106 @@ mod bodies {
 dispatched! {
     pub(super) fn scan_row(scores: &[f32], h: &[f32], col0: u32, state: &mut QueryState)
         = bodies::scan_row;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pseudo_random(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// The exact search from slabs (pieces of 128 queries × 512 columns,
+    /// on AVX-512) leaves every state as whole `gemm` crate tiles scanned
+    /// in one piece do: the same lists in the same order, the same counts
+    /// against the ground truth, across strip, tile, piece and slab edges.
+    #[test]
+    #[allow(clippy::print_stderr)] // says what the test compares
+    fn search_from_slabs_is_that_of_whole_tiles() {
+        if SlabTiles::new().is_none() {
+            eprintln!("no AVX-512 here: both sides are the crate's tiles");
+        }
+        let (nq, ng, dim) = (TILE_ROWS + SLAB_ROWS + 37, TILE_COLS + SLAB_COLS + 99, 385);
+        let queries = pseudo_random(nq * dim, 1);
+        let gallery = pseudo_random(ng * dim, 2);
+        let h: Vec<f32> = pseudo_random(ng, 3).iter().map(|x| x * 0.1).collect();
+        let zeros = vec![0f32; ng];
+        let corrections = [ColumnScoring::Subtract(&h), ColumnScoring::Subtract(&zeros)];
+        let nm = corrections.len();
+        let positives =
+            Positives::from_lists((0..nq).map(|q| vec![(q * 7 % ng) as u32, (q * 13 % ng) as u32]));
+        let (queries, gallery) = (Rows::new(&queries, dim), Rows::new(&gallery, dim));
+        let first_row = 1000;
+        let fresh = || -> Vec<QueryState> {
+            (0..nq * nm)
+                .map(|i| QueryState::new(10, (i % 3 != 0).then_some(0.05 * (i % 5) as f32)))
+                .collect()
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let mut got = fresh();
+        pool.install(|| {
+            search_block(
+                queries,
+                gallery,
+                first_row,
+                &corrections,
+                &positives,
+                &mut got,
+            )
+        });
+
+        let mut expected = fresh();
+        let counts = std::sync::Mutex::new(ScreenCounts::default());
+        let ctx = StripSearch {
+            queries,
+            gallery,
+            first_row,
+            corrections: &corrections,
+            positives: &positives,
+            screen: None,
+            counts: &counts,
+        };
+        for q0 in (0..nq).step_by(TILE_ROWS) {
+            let q1 = (q0 + TILE_ROWS).min(nq);
+            let mut buffer = TileBuffer::new(q1 - q0, TILE_COLS);
+            let ld = buffer.stride;
+            for c0 in (0..ng).step_by(TILE_COLS) {
+                let c1 = (c0 + TILE_COLS).min(ng);
+                let tile = &mut buffer.cells_mut()[..(q1 - q0) * ld];
+                let rows = &queries.data[q0 * dim..q1 * dim];
+                let cols = &gallery.data[c0 * dim..c1 * dim];
+                similarity_tile(tile, ld, rows, q1 - q0, cols, c1 - c0, dim);
+                ctx.scan(tile, ld, q0, (c0, c1), &mut expected[q0 * nm..q1 * nm]);
+            }
+        }
+
+        let summary = |states: &[QueryState]| -> Vec<_> {
+            states
+                .iter()
+                .map(|s| {
+                    let top: Vec<_> = s
+                        .top
+                        .sorted()
+                        .iter()
+                        .map(|c| (c.score.to_bits(), c.row))
+                        .collect();
+                    (top, s.greater, s.equal)
+                })
+                .collect()
+        };
+        assert_eq!(summary(&got), summary(&expected));
+        assert!(expected.iter().any(|s| s.greater > 0 && s.equal == 0));
+    }
 }

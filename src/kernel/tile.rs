@@ -49,6 +49,16 @@ pub const BANK_TILE_ROWS: usize = 2048;
 /// [`super::column_stats`]).
 pub const BANK_TILE_COLS: usize = 512;
 
+/// Rows of the pieces the AVX-512 slab kernel (`gemm::SlabTiles`) computes
+/// at a time, which the epilogues read back while they are in L2: whole
+/// groups of the pass-1 fold.
+pub const SLAB_ROWS: usize = GROUP_ROWS;
+
+/// Columns of those pieces in pass 2 (in pass 1, a strip's): a 128 × 512 f32
+/// piece is 256 KiB, and the packed columns, 512 × d floats, stay in L2
+/// while every row block passes them.
+pub const SLAB_COLS: usize = BANK_TILE_COLS;
+
 /// Lanes processed together by the epilogues (one AVX-512 register of f32).
 pub(super) const LANES: usize = 16;
 
@@ -77,13 +87,17 @@ const fn max(a: usize, b: usize) -> usize {
 /// Scratch memory one worker thread needs at dimension `dim`: the tile, the
 /// per-strip state copies, and the GEMM's buffers (the packed operands,
 /// `(TILE_ROWS + TILE_COLS) × kc` floats with a depth kc that `gemm` caps
-/// below 512, and its per-thread slab).
+/// below 512, and its per-thread slab), and the columns packed for the slab
+/// kernel (`gemm::SlabTiles`), counted beside the crate's buffers, which a
+/// thread keeps once it has used them.
 /// The memory plan counts this once per thread; `tests/memory.rs` checks the
 /// GEMM really allocates no more.
 pub const fn tile_workspace_bytes(dim: usize) -> usize {
     let search = shape_workspace_bytes(TILE_ROWS, TILE_COLS, dim);
     let bank = shape_workspace_bytes(BANK_TILE_ROWS, BANK_TILE_COLS, dim);
-    max(search, bank)
+    let packed_columns =
+        (max(BANK_TILE_COLS, SLAB_COLS) + LINE_CELLS) * dim * std::mem::size_of::<f32>();
+    max(search, bank) + packed_columns
 }
 
 /// [`tile_workspace_bytes`] for tiles of `rows × cols`.

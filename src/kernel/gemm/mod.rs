@@ -10,8 +10,12 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 pub mod blas;
+#[cfg(target_arch = "x86_64")]
+mod slabs;
 
 use self::blas::{Blas, BlasError};
+#[cfg(target_arch = "x86_64")]
+pub use self::slabs::SlabTiles;
 
 /// The BLAS every tile uses, when one was chosen; otherwise the `gemm` crate.
 static BLAS: OnceLock<Blas> = OnceLock::new();
@@ -331,6 +335,36 @@ mod transposed_chains {
 super::dispatch::dispatched! {
     fn interleaved_chains(items: &[(&[f32], &[f32])], kc: usize, out: &mut [f32])
         = chain_bodies::interleaved_chains;
+}
+
+/// Stands in for the AVX-512 slab kernel where there is none.
+#[cfg(not(target_arch = "x86_64"))]
+#[derive(Debug)]
+pub enum SlabTiles {}
+
+#[cfg(not(target_arch = "x86_64"))]
+impl SlabTiles {
+    /// Always `None`: no slab kernel on this architecture.
+    pub fn new() -> Option<SlabTiles> {
+        None
+    }
+
+    /// Never called: no value exists.
+    pub fn pack_columns(&mut self, _cols: &[f32], _n: usize, _dim: usize) {
+        match *self {}
+    }
+
+    /// Never called: no value exists.
+    pub fn slab(&mut self, _out: &mut [f32], _ld: usize, _rows: &[f32], _m: usize, _kc: usize) {
+        match *self {}
+    }
+}
+
+/// The depth block with which [`SlabTiles::slab`] reproduces the elements
+/// of an `m × n` tile of `dim`-dimensional rows as [`similarity_tile`]
+/// computes them, or `None` where it does not ([`reproducible`]).
+pub fn slab_depth(m: usize, n: usize, dim: usize) -> Option<usize> {
+    reproducible(m, n, dim).then(|| depth_block(m, n, dim))
 }
 
 /// Whether [`tile_score`] reproduces the elements of an `m × n` tile of
