@@ -355,8 +355,11 @@ fn column_strip(
     let ld = buffer.stride;
     let mut counts = ScreenCounts::default();
     let mut screened_tops = ScreenedTops::default();
+    // Packing the strip's columns pays off over many rows; a bank block of
+    // a few rows is left to the crate, as a few queries are in pass 2.
     let mut slabs = match screen {
         Some(_) => None,
+        None if rows.rows < SLAB_ROWS => None,
         None => SlabTiles::new().map(|mut slabs| {
             slabs.pack_columns(cols.data, nc, cols.dim);
             slabs

@@ -452,7 +452,9 @@ impl StripSearch<'_> {
         let mut buffer = TileBuffer::new(q1 - q0, TILE_COLS.min(columns.len()));
         let ld = buffer.stride;
         let mut c0 = columns.start;
-        let mut slabs = SlabTiles::new();
+        // Packing a piece's columns pays off over a slab's rows; a strip of a
+        // few queries leaves it to the crate, which reads them in place.
+        let mut slabs = SlabTiles::new().filter(|_| q1 - q0 >= SLAB_ROWS);
         let mut screen = self.screen.map(|screen| {
             let k = strip_states.iter().map(|s| s.top.k()).max().unwrap_or(0);
             StripScreen::new(

@@ -44,8 +44,10 @@ pub fn blas() -> Option<&'static Blas> {
     BLAS.get()
 }
 
-/// Which GEMM computes the tiles: `gemm crate` or `blas:<path>`. Recorded in
-/// the outputs' metadata, since the last bits of a score depend on it.
+/// Which GEMM's bits the tiles have: `gemm crate` or `blas:<path>`. Recorded
+/// in the outputs' metadata, since the last bits of a score depend on it.
+/// `gemm crate` also where [`SlabTiles`] computed them: with the crate's
+/// bits.
 pub fn backend_name() -> String {
     match BLAS.get() {
         Some(blas) => format!("blas:{}", blas.path().display()),
