@@ -13,6 +13,8 @@ pub mod normal;
 pub mod screen;
 pub mod search;
 pub mod sinkhorn;
+#[cfg(test)]
+mod test_values;
 pub mod tile;
 pub mod topk;
 

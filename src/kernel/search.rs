@@ -766,18 +766,7 @@ dispatched! {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pseudo_random(n: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-            })
-            .collect()
-    }
+    use crate::kernel::test_values::pseudo_random;
 
     /// The exact search from slabs (pieces of 128 queries × 512 columns,
     /// on AVX-512) leaves every state as whole `gemm` crate tiles scanned

@@ -87,26 +87,29 @@ const fn max(a: usize, b: usize) -> usize {
 /// Scratch memory one worker thread needs at dimension `dim`: the tile, the
 /// per-strip state copies, and the GEMM's buffers (the packed operands,
 /// `(TILE_ROWS + TILE_COLS) × kc` floats with a depth kc that `gemm` caps
-/// below 512, and its per-thread slab), and the columns packed for the slab
-/// kernel (`gemm::SlabTiles`), counted beside the crate's buffers, which a
-/// thread keeps once it has used them.
-/// The memory plan counts this once per thread; `tests/memory.rs` checks the
-/// GEMM really allocates no more.
+/// below 512, and its per-thread slab). The crate allocates its packed
+/// operands per call and keeps only the slab; a tile is computed either by
+/// the crate or by the slab kernel (`gemm::SlabTiles`), whose packed
+/// columns take the packed operands' place (beside them only the crate's
+/// small-matrix kernels run, which pack nothing), so the larger of the two
+/// is counted.
+/// The memory plan counts this once per thread; `tests/memory.rs` checks
+/// that the crate's allocations and the slab kernel's are no more.
 pub const fn tile_workspace_bytes(dim: usize) -> usize {
     let search = shape_workspace_bytes(TILE_ROWS, TILE_COLS, dim);
     let bank = shape_workspace_bytes(BANK_TILE_ROWS, BANK_TILE_COLS, dim);
-    let packed_columns =
-        (max(BANK_TILE_COLS, SLAB_COLS) + LINE_CELLS) * dim * std::mem::size_of::<f32>();
-    max(search, bank) + packed_columns
+    max(search, bank)
 }
 
 /// [`tile_workspace_bytes`] for tiles of `rows × cols`.
 const fn shape_workspace_bytes(rows: usize, cols: usize, dim: usize) -> usize {
     let f32_bytes = std::mem::size_of::<f32>();
     // The tile with its row padding and alignment (`TileBuffer`).
+    let packed_operands = (rows + cols) * min(dim, GEMM_MAX_DEPTH) * f32_bytes;
+    let packed_columns = (SLAB_COLS + LINE_CELLS) * dim * f32_bytes;
     (rows + 1) * (cols + 2 * LINE_CELLS) * f32_bytes
         + cols * 64
-        + (rows + cols) * min(dim, GEMM_MAX_DEPTH) * f32_bytes
+        + max(packed_operands, packed_columns)
         + GEMM_THREAD_SLAB_BYTES
 }
 

@@ -474,7 +474,7 @@ mod tests {
 
     /// Seeded values of both signs and of magnitudes from 1e-20 to 1.5
     /// (tiny ones make products round and underflow).
-    fn mixed_magnitudes(seed: u64) -> impl FnMut() -> f32 {
+    pub(super) fn mixed_magnitudes(seed: u64) -> impl FnMut() -> f32 {
         let mut state = seed;
         move || {
             state ^= state << 13;

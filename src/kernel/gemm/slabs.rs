@@ -254,19 +254,11 @@ mod tests {
     use super::super::{similarity_tile, slab_depth};
     use super::*;
 
-    /// Seeded values of both signs and of magnitudes from 1e-20 to 3, so
-    /// that another summation order would show in the last bits.
+    /// `count` seeded values of both signs and of magnitudes from 1e-20 to
+    /// 1.5, so that another summation order would show in the last bits.
     fn values(count: usize, seed: u64) -> Vec<f32> {
-        let mut state = seed;
-        (0..count)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                let unit = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-                unit * [1.0f32, 1e-3, 1e-20, 3.0][(state % 4) as usize]
-            })
-            .collect()
+        let mut next = super::super::tests::mixed_magnitudes(seed);
+        (0..count).map(|_| next()).collect()
     }
 
     /// Slabs of rows × pieces of columns cut from tiles of pass 1's and

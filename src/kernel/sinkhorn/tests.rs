@@ -2,18 +2,7 @@
 //! sweeps, bit for bit.
 
 use super::*;
-
-fn pseudo_random(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        })
-        .collect()
-}
+use crate::kernel::test_values::pseudo_random;
 
 /// Both sweeps against direct f64 sums, with a cache filled and reused,
 /// across tile edges in both directions.
