@@ -1,17 +1,27 @@
-//! Single-thread throughput of pass 1's tile (2048 bank rows × 512 gallery
-//! columns): the `gemm` crate's whole tile against hubnorm's AVX-512 slab
-//! kernel computing it 128 rows at a time (same bits), three rounds.
+//! Single-thread throughput of the exact passes' tiles: the `gemm` crate's
+//! whole tiles against hubnorm's AVX-512 slab kernel computing them a slab
+//! of rows (and a piece of columns) at a time (same bits), three rounds.
 //!
-//! Run: `cargo run --release --example slab_speed -- 384`
+//! - `pass1`: a 2048 bank rows × 512 gallery columns tile, slabs of 128 rows.
+//! - `sinkhorn`: a strip of 2048 columns packed once, four tiles of 512 rows
+//!   each, slabs of 32 or 128 rows.
+//!
+//! Run: `cargo run --release --example slab_speed -- 384 [pass1|sinkhorn]`
 use hubnorm::kernel::gemm::{similarity_tile, slab_depth, SlabTiles};
 use std::time::Instant;
 
 fn main() {
-    let dim: usize = std::env::args()
-        .nth(1)
+    let mut args = std::env::args().skip(1);
+    let dim: usize = args
+        .next()
         .map(|s| s.parse().expect("a dimension"))
         .unwrap_or(384);
-    let (m, n, slab_rows) = (2048usize, 512usize, 128usize);
+    let shape = args.next().unwrap_or_else(|| "pass1".into());
+    let (m, n, tile_rows) = match shape.as_str() {
+        "pass1" => (2048usize, 512usize, 2048usize),
+        "sinkhorn" => (2048, 2048, 512),
+        other => panic!("unknown shape {other}: pass1 or sinkhorn"),
+    };
     let a: Vec<f32> = (0..m * dim)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 100.0)
         .collect();
@@ -19,32 +29,49 @@ fn main() {
         .map(|i| ((i * 53 % 97) as f32 - 48.0) / 100.0)
         .collect();
     let ld = n + 16;
-    let mut out = vec![0f32; m * ld];
+    let mut out = vec![0f32; tile_rows * ld];
     let flops = 2.0 * (m * n * dim) as f64;
-    let kc = slab_depth(m, n, dim).expect("a tile the crate's micro-kernel computes");
+    let kc = slab_depth(tile_rows, n, dim).expect("a tile the crate's micro-kernel computes");
+    if SlabTiles::new().is_none() {
+        println!("no AVX-512 here: no slab kernel");
+        return;
+    }
     let reps = 10;
-    for round in 0..3 {
+    let time = |run: &mut dyn FnMut(&mut [f32])| {
+        let mut out = vec![0f32; tile_rows * ld];
         let start = Instant::now();
         for _ in 0..reps {
-            similarity_tile(&mut out, ld, &a, m, &b, n, dim);
+            run(&mut out);
         }
-        let crate_gflops = flops * reps as f64 / start.elapsed().as_secs_f64() / 1e9;
-        let start = Instant::now();
-        for _ in 0..reps {
-            let Some(mut tiles) = SlabTiles::new() else {
-                println!("no AVX-512 here: no slab kernel");
-                return;
-            };
-            tiles.pack_columns(&b, n, dim);
+        flops * reps as f64 / start.elapsed().as_secs_f64() / 1e9
+    };
+    // Slabs of `slab_rows` rows (the strip packed once per repetition).
+    let (a, b) = (&a, &b);
+    let slabs = |slab_rows: usize| {
+        move |out: &mut [f32]| {
+            let mut tiles = SlabTiles::new().expect("AVX-512");
+            tiles.pack_columns(b, n, dim);
             for g0 in (0..m).step_by(slab_rows) {
                 let rows = &a[g0 * dim..(g0 + slab_rows) * dim];
                 tiles.slab(&mut out[..slab_rows * ld], ld, rows, slab_rows, kc);
             }
         }
-        let slab_gflops = flops * reps as f64 / start.elapsed().as_secs_f64() / 1e9;
-        println!(
-            "round {round}, d = {dim}, depth block {kc}: gemm crate {crate_gflops:.1} GFLOP/s, \
-             slabs {slab_gflops:.1} GFLOP/s"
+    };
+    for round in 0..3 {
+        let crate_gflops = time(&mut |_| {
+            for t0 in (0..m).step_by(tile_rows) {
+                let rows = &a[t0 * dim..(t0 + tile_rows) * dim];
+                similarity_tile(&mut out, ld, rows, tile_rows, b, n, dim);
+            }
+        });
+        let mut line = format!(
+            "round {round}, {shape}, d = {dim}, depth block {kc}: gemm crate {crate_gflops:.1}"
         );
+        let slab_rows: &[usize] = if shape == "pass1" { &[128] } else { &[32, 128] };
+        for &rows in slab_rows {
+            let gflops = time(&mut slabs(rows));
+            line += &format!(", slabs of {rows} rows {gflops:.1}");
+        }
+        println!("{line} GFLOP/s");
     }
 }

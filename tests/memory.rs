@@ -226,7 +226,8 @@ fn toolkit_methods_stay_within_the_limit() {
     assert_heap_within("run of mp, dissim-local, ls", peak, limit);
 }
 
-/// The plan counts `tile_workspace_bytes(dim)` per thread; the GEMM's own
+/// The plan counts `tile_workspace_bytes(dim)` per thread (and, in a
+/// Sinkhorn sweep, `sweep_packing_bytes(dim)` more); the GEMM's own
 /// allocations (packing buffers, its per-thread slab), with the slab
 /// kernel's packed columns beside them, must fit inside it.
 #[test]
@@ -234,11 +235,17 @@ fn gemm_workspace_estimate_covers_its_allocations() {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     use hubnorm::kernel::{
         gemm::{similarity_tile, slab_depth, SlabTiles},
-        tile_workspace_bytes, BANK_TILE_COLS, BANK_TILE_ROWS, SLAB_COLS, SLAB_ROWS, TILE_COLS,
-        TILE_ROWS,
+        sweep_packing_bytes, tile_workspace_bytes, BANK_TILE_COLS, BANK_TILE_ROWS, SLAB_COLS,
+        SLAB_ROWS, TILE_COLS, TILE_ROWS,
     };
-    // Pass 2's query tiles, then pass 1's bank tiles.
-    for (rows, cols) in [(TILE_ROWS, TILE_COLS), (BANK_TILE_ROWS, BANK_TILE_COLS)] {
+    // Pass 2's query tiles (columns packed a piece at a time), pass 1's
+    // bank tiles (a strip packed), a sweep's tiles (a strip packed).
+    let shapes = [
+        ("search", TILE_ROWS, TILE_COLS, SLAB_COLS, 0),
+        ("pass 1", BANK_TILE_ROWS, BANK_TILE_COLS, BANK_TILE_COLS, 0),
+        ("sweep", TILE_ROWS, TILE_COLS, TILE_COLS, 1),
+    ];
+    for (pass, rows, cols, packed, sweeps) in shapes {
         for dim in [16, 384, 768, 1536, 4096] {
             let a = vec![0.5f32; rows * dim];
             let b = vec![0.25f32; cols * dim];
@@ -251,8 +258,7 @@ fn gemm_workspace_estimate_covers_its_allocations() {
                     s.spawn(|| {
                         similarity_tile(&mut out, cols, &a, rows, &b, cols, dim);
                         if let Some(mut slabs) = SlabTiles::new() {
-                            let n = cols.min(SLAB_COLS);
-                            slabs.pack_columns(&b, n, dim);
+                            slabs.pack_columns(&b, packed, dim);
                             let kc = slab_depth(rows, cols, dim).expect("a micro-kernel tile");
                             slabs.slab(&mut out, cols, &a, SLAB_ROWS, kc);
                         }
@@ -260,13 +266,14 @@ fn gemm_workspace_estimate_covers_its_allocations() {
                 })
             });
             let tile = rows * cols * 4;
+            let estimate = tile_workspace_bytes(dim) + sweeps * sweep_packing_bytes(dim);
             eprintln!(
-                "{rows} × {cols}, dim {dim}: the GEMMs allocated {used} bytes; estimate {}",
-                tile_workspace_bytes(dim) - tile
+                "{pass}, {rows} × {cols}, dim {dim}: the GEMMs allocated {used} bytes; estimate {}",
+                estimate - tile
             );
             assert!(
-                used + tile <= tile_workspace_bytes(dim),
-                "{rows} × {cols}, dim {dim}: {used} bytes"
+                used + tile <= estimate,
+                "{pass}, {rows} × {cols}, dim {dim}: {used} bytes"
             );
         }
     }

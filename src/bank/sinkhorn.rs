@@ -23,8 +23,8 @@ use std::ops::Range;
 use crate::cache::TableBlocks;
 use crate::error::Result;
 use crate::kernel::{
-    fused_group, fused_group_scratch, lse_sweep, LogSumExp, RowWeight, Rows, StripRows, Sweep,
-    TileSource, GROUP_ROWS, MIN_COLUMN_MASS, TILE_COLS, TILE_ROWS,
+    fused_group, fused_group_scratch, lse_sweep, sweep_packing_bytes, LogSumExp, RowWeight, Rows,
+    StripRows, Sweep, TileSource, GROUP_ROWS, MIN_COLUMN_MASS, TILE_COLS, TILE_ROWS,
 };
 use crate::plan::PlanRequest;
 use crate::progress::Progress;
@@ -584,13 +584,16 @@ impl<'a> Sweeper<'a> {
         // The fused iteration's scratch: a group's f32 mass sums, and one row
         // of exps per running task.
         let fused_scratch_bytes = (fused_group_scratch(GROUP_ROWS.min(m), n) + threads * n) * 4;
-        let free = budget.saturating_sub(resident_bytes + potential_bytes);
+        // Each sweep task's strip of targets packed for the slab kernel.
+        let packing_bytes = threads * sweep_packing_bytes(dim);
+        let free = budget.saturating_sub(resident_bytes + potential_bytes + packing_bytes);
         let request_for = |cache: bool| PlanRequest {
             budget,
             threads,
             dim,
             resident_bytes: resident_bytes
                 + potential_bytes
+                + packing_bytes
                 + if cache {
                     matrix_bytes + fused_scratch_bytes
                 } else {

@@ -34,7 +34,7 @@ pub use sinkhorn::{
     Sweep, TileSource, MIN_COLUMN_MASS,
 };
 pub use tile::{
-    tile_workspace_bytes, Rows, BANK_TILE_COLS, BANK_TILE_ROWS, GROUP_ROWS, SLAB_COLS, SLAB_ROWS,
-    TILE_COLS, TILE_ROWS,
+    sweep_packing_bytes, tile_workspace_bytes, Rows, BANK_TILE_COLS, BANK_TILE_ROWS, GROUP_ROWS,
+    SLAB_COLS, SLAB_ROWS, TILE_COLS, TILE_ROWS,
 };
 pub use topk::{Candidate, TieBreak, TopK, TopValues};

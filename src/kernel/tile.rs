@@ -105,12 +105,28 @@ pub const fn tile_workspace_bytes(dim: usize) -> usize {
 const fn shape_workspace_bytes(rows: usize, cols: usize, dim: usize) -> usize {
     let f32_bytes = std::mem::size_of::<f32>();
     // The tile with its row padding and alignment (`TileBuffer`).
-    let packed_operands = (rows + cols) * min(dim, GEMM_MAX_DEPTH) * f32_bytes;
-    let packed_columns = (SLAB_COLS + LINE_CELLS) * dim * f32_bytes;
     (rows + 1) * (cols + 2 * LINE_CELLS) * f32_bytes
         + cols * 64
-        + max(packed_operands, packed_columns)
+        + packing_bytes(rows, cols, dim)
         + GEMM_THREAD_SLAB_BYTES
+}
+
+/// The room [`shape_workspace_bytes`] counts for packed operands: the
+/// crate's, or the slab kernel's packed columns (at most [`SLAB_COLS`]).
+const fn packing_bytes(rows: usize, cols: usize, dim: usize) -> usize {
+    let f32_bytes = std::mem::size_of::<f32>();
+    let packed_operands = (rows + cols) * min(dim, GEMM_MAX_DEPTH) * f32_bytes;
+    let packed_columns = (SLAB_COLS + LINE_CELLS) * dim * f32_bytes;
+    max(packed_operands, packed_columns)
+}
+
+/// What a Sinkhorn sweep's thread needs beyond [`tile_workspace_bytes`]:
+/// there the slab kernel packs a whole strip of [`TILE_COLS`] columns once
+/// for all the rows that pass it, more than the room counted for packed
+/// operands above d ≈ 635 (nothing below).
+pub const fn sweep_packing_bytes(dim: usize) -> usize {
+    let strip = (TILE_COLS + LINE_CELLS) * dim * std::mem::size_of::<f32>();
+    strip.saturating_sub(packing_bytes(TILE_ROWS, TILE_COLS, dim))
 }
 
 /// A borrowed row-major block of embeddings.

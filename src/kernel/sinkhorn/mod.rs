@@ -21,9 +21,9 @@
 
 use rayon::prelude::*;
 
-use super::gemm::similarity_tile;
+use super::gemm::{similarity_tile, slab_depth, SlabTiles};
 use super::lse::LogSumExp;
-use super::tile::{Rows, GROUP_ROWS, TILE_COLS, TILE_ROWS};
+use super::tile::{Rows, GROUP_ROWS, SLAB_ROWS, TILE_COLS, TILE_ROWS};
 
 mod columns;
 mod rows;
@@ -163,7 +163,12 @@ pub fn lse_sweep(
 }
 
 /// One column strip of a sweep; returns the strip's row states for
-/// `Sweep::Rows`.
+/// `Sweep::Rows`. Tiles of [`TILE_ROWS`] rows come from the cache, or from
+/// the AVX-512 slab kernel ([`SlabTiles`], the strip's columns packed once
+/// for all the rows), which computes and folds them [`SLAB_ROWS`] rows at a
+/// time with the `gemm` crate's bits for the whole tile, or else from the
+/// crate, whole. The folds take rows in groups of [`GROUP_ROWS`] (a slab is
+/// one), so the results are the same either way.
 #[allow(clippy::too_many_arguments)]
 fn sweep_strip(
     rows: Rows<'_>,
@@ -176,71 +181,92 @@ fn sweep_strip(
     col_states: &mut [LogSumExp],
 ) -> Option<Vec<LogSumExp>> {
     let nc = cols.rows;
-    let mut tile = match cache {
-        TileSource::Compute => vec![0f32; TILE_ROWS * nc],
-        TileSource::Fill(_) | TileSource::Cached(_) => Vec::new(),
+    let mut slabs = match cache {
+        TileSource::Cached(_) => None,
+        // As in the other passes: packing pays off over many rows.
+        TileSource::Compute | TileSource::Fill(_) if rows.rows < SLAB_ROWS => None,
+        TileSource::Compute | TileSource::Fill(_) => SlabTiles::new().map(|mut slabs| {
+            slabs.pack_columns(cols.data, nc, cols.dim);
+            slabs
+        }),
     };
+    // Recomputed tiles: grown to the rows of the largest piece (a slab,
+    // or a whole tile for the crate).
+    let mut tile = Vec::new();
     let mut row_out = match sweep {
         Sweep::Rows { .. } => Some(vec![LogSumExp::default(); rows.rows]),
         Sweep::Columns { .. } | Sweep::WeightedColumns { .. } => None,
     };
     let mut max: Vec<f64> = col_states.iter().map(|s| s.max).collect();
     let mut sum: Vec<f64> = col_states.iter().map(|s| s.sum).collect();
-    let mut r0 = 0;
-    while r0 < rows.rows {
+    for r0 in (0..rows.rows).step_by(TILE_ROWS) {
         let r1 = (r0 + TILE_ROWS).min(rows.rows);
-        let nr = r1 - r0;
-        let similarities: &[f32] = match &mut cache {
-            TileSource::Cached(buffer) => &buffer[r0 * nc..r1 * nc],
-            // The GEMM writes straight into the cache (no copy of the tile).
-            TileSource::Fill(buffer) => {
-                let cells = &mut buffer[r0 * nc..r1 * nc];
-                let a = &rows.data[r0 * rows.dim..r1 * rows.dim];
-                similarity_tile(cells, nc, a, nr, cols.data, nc, cols.dim);
-                cells
-            }
-            TileSource::Compute => {
-                let a = &rows.data[r0 * rows.dim..r1 * rows.dim];
-                similarity_tile(&mut tile, nc, a, nr, cols.data, nc, cols.dim);
-                &tile[..nr * nc]
-            }
+        let mut slab_kernel = slabs.as_mut().zip(slab_depth(r1 - r0, nc, cols.dim));
+        let piece_rows = if slab_kernel.is_some() {
+            SLAB_ROWS
+        } else {
+            TILE_ROWS
         };
-        match sweep {
-            Sweep::Rows {
-                col_shift,
-                row_bound,
-            } => {
-                let shifts = &col_shift[c0..c0 + nc];
-                let out = row_out.as_mut().expect("row sweep");
-                for (i, state) in out[r0..r1].iter_mut().enumerate() {
-                    *state = shifted_row_lse(
-                        &similarities[i * nc..(i + 1) * nc],
-                        shifts,
-                        inv_tau,
-                        row_bound.map(|b| b[strip][r0 + i]),
-                    );
+        for g0 in (r0..r1).step_by(piece_rows) {
+            let g1 = (g0 + piece_rows).min(r1);
+            let a = &rows.data[g0 * rows.dim..g1 * rows.dim];
+            let mut compute = |cells: &mut [f32]| match slab_kernel.as_mut() {
+                Some((slabs, kc)) => slabs.slab(cells, nc, a, g1 - g0, *kc),
+                None => similarity_tile(cells, nc, a, g1 - g0, cols.data, nc, cols.dim),
+            };
+            let similarities: &[f32] = match &mut cache {
+                TileSource::Cached(buffer) => &buffer[g0 * nc..g1 * nc],
+                // The GEMM writes straight into the cache (no copy of the tile).
+                TileSource::Fill(buffer) => {
+                    let cells = &mut buffer[g0 * nc..g1 * nc];
+                    compute(cells);
+                    cells
                 }
+                TileSource::Compute => {
+                    if tile.len() < (g1 - g0) * nc {
+                        tile.resize((g1 - g0) * nc, 0f32);
+                    }
+                    let cells = &mut tile[..(g1 - g0) * nc];
+                    compute(cells);
+                    cells
+                }
+            };
+            match sweep {
+                Sweep::Rows {
+                    col_shift,
+                    row_bound,
+                } => {
+                    let shifts = &col_shift[c0..c0 + nc];
+                    let out = row_out.as_mut().expect("row sweep");
+                    for (i, state) in out[g0..g1].iter_mut().enumerate() {
+                        *state = shifted_row_lse(
+                            &similarities[i * nc..(i + 1) * nc],
+                            shifts,
+                            inv_tau,
+                            row_bound.map(|b| b[strip][g0 + i]),
+                        );
+                    }
+                }
+                Sweep::Columns { row_shift } => fold_columns(
+                    similarities,
+                    nc,
+                    nc,
+                    &row_shift[g0..g1],
+                    inv_tau,
+                    &mut max,
+                    &mut sum,
+                ),
+                Sweep::WeightedColumns { col_shift, weights } => fold_weighted_columns(
+                    similarities,
+                    nc,
+                    nc,
+                    &weights[strip][g0..g1],
+                    &col_shift[c0..c0 + nc],
+                    inv_tau,
+                    &mut sum,
+                ),
             }
-            Sweep::Columns { row_shift } => fold_columns(
-                similarities,
-                nc,
-                nc,
-                &row_shift[r0..r1],
-                inv_tau,
-                &mut max,
-                &mut sum,
-            ),
-            Sweep::WeightedColumns { col_shift, weights } => fold_weighted_columns(
-                similarities,
-                nc,
-                nc,
-                &weights[strip][r0..r1],
-                &col_shift[c0..c0 + nc],
-                inv_tau,
-                &mut sum,
-            ),
         }
-        r0 = r1;
     }
     if let Sweep::WeightedColumns { col_shift, .. } = sweep {
         for (m, &c) in max.iter_mut().zip(&col_shift[c0..c0 + nc]) {

@@ -302,3 +302,125 @@ fn fused_group_equals_a_row_sweep_then_a_column_sweep() {
     assert_eq!(redone.rows, unbounded.rows);
     assert_eq!(redone.strips, unbounded.strips);
 }
+
+/// The three sweeps computed by the slab kernel (recomputed, and filling
+/// the cache) give the bits of the same sweeps over the `gemm` crate's
+/// whole tiles: the cache cell for cell, the row and strip states, both
+/// column updates. Rows cross tile and slab edges, columns a strip edge
+/// and a partial vector, the dimension a depth block. On a CPU without
+/// AVX-512 both sides are the crate's.
+#[test]
+#[allow(clippy::print_stderr)] // a skipped comparison says so
+fn sweeps_from_slabs_are_those_of_whole_tiles() {
+    if SlabTiles::new().is_none() {
+        eprintln!("no AVX-512 here: both sides are the crate's tiles");
+    }
+    let dim = 513;
+    let (nr, nc) = (2 * TILE_ROWS + GROUP_ROWS + 37, TILE_COLS + 203);
+    let a = pseudo_random(nr * dim, 7);
+    let b = pseudo_random(nc * dim, 8);
+    let f = pseudo_random(nc, 9);
+    let g = pseudo_random(nr, 10);
+    let inv_tau = 20.0f32;
+    let (rows, cols) = (Rows::new(&a, dim), Rows::new(&b, dim));
+
+    // The crate's whole tiles, laid out as `TileSource::Fill` lays a cache.
+    let mut whole = vec![0f32; nr * nc];
+    for c0 in (0..nc).step_by(TILE_COLS) {
+        let width = TILE_COLS.min(nc - c0);
+        let strip = &mut whole[c0 * nr..(c0 + width) * nr];
+        for r0 in (0..nr).step_by(TILE_ROWS) {
+            let r1 = (r0 + TILE_ROWS).min(nr);
+            similarity_tile(
+                &mut strip[r0 * width..r1 * width],
+                width,
+                &a[r0 * dim..r1 * dim],
+                r1 - r0,
+                &b[c0 * dim..(c0 + width) * dim],
+                width,
+                dim,
+            );
+        }
+    }
+
+    let row_sweep = Sweep::Rows {
+        col_shift: &f,
+        row_bound: None,
+    };
+    let mut filled = vec![f32::NAN; nr * nc];
+    let mut by_row = vec![LogSumExp::default(); nr];
+    let fill = TileSource::Fill(&mut filled);
+    let strips = lse_sweep(rows, cols, fill, row_sweep, inv_tau, &mut by_row, &mut []);
+    let mut by_row_whole = vec![LogSumExp::default(); nr];
+    let cached = TileSource::Cached(&whole);
+    let strips_whole = lse_sweep(
+        rows,
+        cols,
+        cached,
+        row_sweep,
+        inv_tau,
+        &mut by_row_whole,
+        &mut [],
+    );
+    if let Some(cell) = (0..nr * nc).find(|&c| filled[c].to_bits() != whole[c].to_bits()) {
+        panic!("cache cell {cell}: {} vs {}", filled[cell], whole[cell]);
+    }
+    assert_same_states(&by_row, &by_row_whole, "rows");
+    assert_eq!(strips.len(), 2);
+    for (strip, whole) in strips.iter().zip(&strips_whole) {
+        assert_same_states(strip, whole, "a strip's rows");
+    }
+
+    let shifts: Vec<Vec<f32>> = strips
+        .iter()
+        .map(|strip| strip.iter().map(|s| s.max as f32).collect())
+        .collect();
+    let masses: Vec<f64> = g.iter().map(|&x| x as f64).collect();
+    let weights = RowWeight::per_strip(shifts.iter().map(Vec::as_slice), &masses);
+    let weight_slices: Vec<&[RowWeight]> = weights.iter().map(|w| w.as_slice()).collect();
+    let column_sweeps = [
+        ("exact", Sweep::Columns { row_shift: &g }),
+        (
+            "weighted",
+            Sweep::WeightedColumns {
+                col_shift: &f,
+                weights: &weight_slices,
+            },
+        ),
+    ];
+    for (name, sweep) in column_sweeps {
+        let mut by_col = vec![LogSumExp::default(); nc];
+        lse_sweep(
+            rows,
+            cols,
+            TileSource::Compute,
+            sweep,
+            inv_tau,
+            &mut [],
+            &mut by_col,
+        );
+        let mut by_col_whole = vec![LogSumExp::default(); nc];
+        let cached = TileSource::Cached(&whole);
+        lse_sweep(
+            rows,
+            cols,
+            cached,
+            sweep,
+            inv_tau,
+            &mut [],
+            &mut by_col_whole,
+        );
+        assert_same_states(&by_col, &by_col_whole, name);
+    }
+}
+
+/// Panics at the first state whose bits differ.
+fn assert_same_states(got: &[LogSumExp], expected: &[LogSumExp], what: &str) {
+    assert_eq!(got.len(), expected.len(), "{what}: counts");
+    let same = |a: &LogSumExp, b: &LogSumExp| {
+        a.max.to_bits() == b.max.to_bits() && a.sum.to_bits() == b.sum.to_bits()
+    };
+    if let Some(i) = (0..got.len()).find(|&i| !same(&got[i], &expected[i])) {
+        panic!("{what}, state {i}: {:?} vs {:?}", got[i], expected[i]);
+    }
+}
