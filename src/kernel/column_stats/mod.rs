@@ -509,12 +509,19 @@ impl<'a> StripFolds<'a> {
             .iter_mut()
             .enumerate()
         {
-            scan_row(
-                &tile[i * ld..i * ld + nc],
-                &self.zeros,
-                self.first_col,
-                state,
-            );
+            let row = &tile[i * ld..i * ld + nc];
+            if state.top.k() == 1 {
+                // The usual activation sets (k_A = 1): one vectorised pass.
+                if let Some((j, s)) = row_best(row, state.top.threshold()) {
+                    state.top.push(Candidate {
+                        score: s,
+                        raw: s,
+                        row: self.first_col + j as u32,
+                    });
+                }
+            } else {
+                scan_row(row, &self.zeros, self.first_col, state);
+            }
         }
     }
 
@@ -677,6 +684,43 @@ fn column_top_rows(
 /// [`dispatched!`] compiles them for each instruction set.
 mod bodies {
     use super::*;
+
+    /// The first column of `row` holding its highest value above
+    /// `threshold`, and that value: what offering the columns in order to a
+    /// top-1 list whose threshold is `threshold` keeps (a value enters
+    /// only strictly above the kept one, so the first of equal maxima
+    /// stays; NaN never enters). Each lane keeps its own best while the
+    /// row passes, then the lanes are compared.
+    #[inline(always)]
+    pub fn row_best(row: &[f32], threshold: f32) -> Option<(usize, f32)> {
+        let full = row.len() - row.len() % LANES;
+        let mut best = [threshold; LANES];
+        let mut at = [u32::MAX; LANES];
+        for j0 in (0..full).step_by(LANES) {
+            let values: &[f32; LANES] = row[j0..j0 + LANES].try_into().expect("a full vector");
+            for l in 0..LANES {
+                let better = values[l] > best[l];
+                best[l] = if better { values[l] } else { best[l] };
+                at[l] = if better { (j0 + l) as u32 } else { at[l] };
+            }
+        }
+        let mut found: Option<(usize, f32)> = None;
+        for l in 0..LANES {
+            let (j, value) = (at[l] as usize, best[l]);
+            if at[l] != u32::MAX
+                && found.is_none_or(|(k, kept)| value > kept || (value == kept && j < k))
+            {
+                found = Some((j, value));
+            }
+        }
+        // The tail's columns come after every lane's.
+        for (j, &value) in row.iter().enumerate().skip(full) {
+            if value > found.map_or(threshold, |(_, kept)| kept) {
+                found = Some((j, value));
+            }
+        }
+        found
+    }
 
     /// Folds one group of rows (`cells`, rows `stride` apart) of `width`
     /// columns into the per-β column states: [`FOLD_COLUMNS`] columns at a
@@ -847,6 +891,7 @@ dispatched! {
         tops: &mut [TopValues]
     ) = bodies::column_top_values;
     fn above_floors(values: &[f32], floors: &[f32], out: &mut Vec<u32>) = bodies::above_floors;
+    fn row_best(row: &[f32], threshold: f32) -> Option<(usize, f32)> = bodies::row_best;
 }
 
 #[cfg(test)]

@@ -165,3 +165,76 @@ fn statistics_from_slabs_are_those_of_whole_tiles() {
     assert_eq!(got.top_rows, expected.top_rows);
     assert_eq!(got_rows, expected_rows);
 }
+
+/// A top-1 list given `row_best`'s column ends as one offered every column
+/// in order (`scan_row`): the first of equal maxima (within a lane, across
+/// lanes and vectors, in the tail past the last full vector), NaN never
+/// kept, −0 and +0 equal, a list already holding an entry below, between
+/// or above the row's values.
+#[test]
+fn row_best_keeps_what_the_scan_of_a_top_1_list_keeps() {
+    let mut rows: Vec<Vec<f32>> = [
+        (0, 1),
+        (1, 2),
+        (15, 3),
+        (16, 4),
+        (17, 5),
+        (512, 6),
+        (531, 7),
+    ]
+    .iter()
+    .map(|&(n, seed)| pseudo_random(n, seed))
+    .collect();
+    // Few distinct values: maxima repeat in many lanes and vectors.
+    for (n, seed) in [(200, 8), (37, 9), (512, 10), (64, 11), (19, 12)] {
+        let coarse = pseudo_random(n, seed)
+            .iter()
+            .map(|x| (x * 4.0).round() / 4.0)
+            .collect();
+        rows.push(coarse);
+    }
+    let mut special = vec![0.0f32; 70];
+    (special[3], special[20], special[40], special[66]) = (f32::NAN, -0.0, f32::NAN, 0.5);
+    special[68] = 0.5;
+    rows.extend([special, vec![f32::NAN; 40], vec![-0.0; 33]]);
+    let bits = |top: &TopK| -> Vec<(u32, u32, u32)> {
+        let entries = top.sorted().into_iter();
+        entries
+            .map(|c| (c.score.to_bits(), c.raw.to_bits(), c.row))
+            .collect()
+    };
+    let mut compared = 0;
+    for row in &rows {
+        for kept in [None, Some(-1.0f32), Some(0.2), Some(0.0), Some(10.0)] {
+            let fresh = || {
+                let mut state = QueryState::new(1, None);
+                if let Some(score) = kept {
+                    state.top.push(Candidate {
+                        score,
+                        raw: score,
+                        row: 9_999,
+                    });
+                }
+                state
+            };
+            let mut scanned = fresh();
+            scan_row(row, &vec![0.0; row.len()], 100, &mut scanned);
+            let mut best = fresh();
+            if let Some((j, score)) = row_best(row, best.top.threshold()) {
+                let row = 100 + j as u32;
+                best.top.push(Candidate {
+                    score,
+                    raw: score,
+                    row,
+                });
+            }
+            assert_eq!(
+                bits(&best.top),
+                bits(&scanned.top),
+                "{row:?}, kept {kept:?}"
+            );
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, rows.len() * 5);
+}
