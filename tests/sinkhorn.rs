@@ -293,6 +293,74 @@ fn resumed_iterations_equal_the_uninterrupted_ones() {
     }
 }
 
+/// Streamed sweeps whose targets fit one chunk keep them between sweeps
+/// rather than read them again; the potentials are those of a smaller limit
+/// that reads several chunks every sweep, bit for bit (the strips and bank
+/// blocks do not depend on the limit), for one target table (`sn`) and for
+/// two (`dbsn`: each table a chunk of its own, kept in order).
+#[test]
+fn kept_targets_give_the_potentials_of_targets_read_every_sweep() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = case(
+        41,
+        10,
+        TILE_COLS * 2 + 7,
+        TILE_ROWS * 3 + 3,
+        TILE_COLS + 5,
+        256,
+    );
+    write_case(dir.path(), &c);
+    let (gallery, gallery_bank, bank) = (
+        open_table(dir.path(), "gallery"),
+        open_table(dir.path(), "gallery_bank"),
+        open_table(dir.path(), "bank"),
+    );
+    // The first index where two potentials differ in any bit.
+    let first_difference = |a: &[f64], b: &[f64]| {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .position(|(x, y)| x.to_bits() != y.to_bits())
+    };
+    for targets in [vec![&gallery], vec![&gallery, &gallery_bank]] {
+        let request = |budget| SinkhornRequest {
+            sources: &bank,
+            targets: &targets,
+            tau: 0.05,
+            iterations: 6,
+            tolerance: None,
+            budget,
+            resident_bytes: 0,
+        };
+        // 48 MiB: the matrix (1539 × 4103 or × 6156: 25 or 38 MB) is not
+        // cached and the targets (at most 6.6 MB) fit one chunk; near the
+        // smallest limit that runs they take several.
+        let kept = sinkhorn_potentials(&request(48 << 20), &Silent).unwrap();
+        let read = (16..64usize)
+            .find_map(|mib| sinkhorn_potentials(&request(mib << 20), &Silent).ok())
+            .expect("some limit under 64 MiB runs");
+        let label = format!("{} target tables", targets.len());
+        assert!(!kept.cached && !read.cached, "{label}");
+        assert_eq!(kept.target_chunks, targets.len(), "{label}");
+        assert!(
+            read.target_chunks > targets.len(),
+            "{label}: {}",
+            read.target_chunks
+        );
+        assert_eq!(
+            first_difference(&kept.target_potential, &read.target_potential),
+            None,
+            "{label}: f"
+        );
+        assert_eq!(
+            first_difference(&kept.source_potential, &read.source_potential),
+            None,
+            "{label}: g"
+        );
+        assert_eq!(kept.marginal_error.to_bits(), read.marginal_error.to_bits());
+    }
+}
+
 /// The potentials of the library, through its API, define a plan whose rows
 /// and columns sum to the uniform marginals within 1e-3 after enough
 /// iterations (checked densely here), and the reported marginal error is the

@@ -483,6 +483,9 @@ struct Sweeper<'a> {
     source_blocks: usize,
     /// What the last source update left per strip and source row.
     rows_by_strip: RowsByStrip,
+    /// The target chunks' embeddings (in `chunks` order), kept after the
+    /// first streamed sweep when they all fit one chunk.
+    kept_targets: Option<Vec<Vec<f32>>>,
 }
 
 /// Per strip of targets (all chunks, in order), per source row, what the
@@ -645,6 +648,7 @@ impl<'a> Sweeper<'a> {
             strips,
             source_blocks: 0,
             rows_by_strip: RowsByStrip::default(),
+            kept_targets: None,
         })
     }
 
@@ -811,53 +815,93 @@ impl<'a> Sweeper<'a> {
             return Ok(states);
         }
         let mut chunks = Vec::new();
-        let mut offset = 0;
         let mut blocks = 0;
-        for (table, rows) in &self.targets {
-            let mut reader = table.blocks_in(self.chunk_rows, rows.clone())?;
-            while let Some(block) = reader.next_block()? {
-                if block.dim != dim {
-                    return Err(crate::bank::pass::dimension_error(table, self.sources));
-                }
-                let chunk = Chunk {
-                    offset,
-                    rows: block.rows,
-                };
-                let strips = chunk.rows.div_ceil(TILE_COLS);
-                self.rows_by_strip.reserve(strip_base + strips, m);
-                let cols = Rows::new(&block.data, dim);
-                let mut fold = ChunkFold::new(&fold_context, chunk, strip_base);
-                let (tiles, cache) = (&mut self.tiles, self.cache);
-                let by_strip = &mut self.rows_by_strip;
-                self.bank.for_each(|bank_block| {
-                    let rows = Rows::new(&bank_block.data, dim);
-                    let source = if cache {
-                        tiles.push(vec![0f32; rows.rows * chunk.rows]);
-                        TileSource::Fill(tiles.last_mut().expect("pushed"))
-                    } else {
-                        TileSource::Compute
-                    };
-                    fold.visit(
-                        rows,
-                        cols,
-                        bank_block.first_row as usize,
-                        source,
-                        &mut states,
-                        by_strip,
-                    );
-                    blocks += 1;
-                    Ok(())
-                })?;
-                fold.finish(&mut states);
+        if let Some(kept) = self.kept_targets.take() {
+            // The targets are at hand from the first sweep.
+            for (chunk, data) in self.chunks.clone().into_iter().zip(&kept) {
+                let cols = Rows::new(data, dim);
+                blocks +=
+                    self.fold_chunk(&fold_context, chunk, cols, &mut strip_base, &mut states)?;
                 chunks.push(chunk);
-                offset += block.rows;
-                strip_base += strips;
+            }
+            self.kept_targets = Some(kept);
+        } else {
+            // Keep the targets for the next sweeps when they fit one chunk:
+            // the plan holds that much during a sweep anyway.
+            let keep = !self.cache && self.chunk_rows >= self.target_rows;
+            let mut kept = Vec::new();
+            let mut offset = 0;
+            for (table, rows) in &self.targets.clone() {
+                let mut reader = table.blocks_in(self.chunk_rows, rows.clone())?;
+                while let Some(block) = reader.next_block()? {
+                    if block.dim != dim {
+                        return Err(crate::bank::pass::dimension_error(table, self.sources));
+                    }
+                    let chunk = Chunk {
+                        offset,
+                        rows: block.rows,
+                    };
+                    let cols = Rows::new(&block.data, dim);
+                    blocks +=
+                        self.fold_chunk(&fold_context, chunk, cols, &mut strip_base, &mut states)?;
+                    chunks.push(chunk);
+                    offset += block.rows;
+                    if keep {
+                        kept.push(block.data);
+                    }
+                }
+            }
+            if keep {
+                self.kept_targets = Some(kept);
             }
         }
         self.source_blocks = blocks / chunks.len().max(1);
         self.chunks = chunks;
         self.finish_sweep(kind, f32s);
         Ok(states)
+    }
+
+    /// Folds one target chunk (`cols`, the chunk's embeddings) against
+    /// every bank block into `states`, filling the tile cache when it is
+    /// kept; returns the bank blocks visited.
+    fn fold_chunk(
+        &mut self,
+        fold_context: &FoldContext<'_>,
+        chunk: Chunk,
+        cols: Rows<'_>,
+        strip_base: &mut usize,
+        states: &mut [LogSumExp],
+    ) -> Result<usize> {
+        let m = self.sources.rows as usize;
+        let dim = self.sources.dim;
+        let strips = chunk.rows.div_ceil(TILE_COLS);
+        self.rows_by_strip.reserve(*strip_base + strips, m);
+        let mut fold = ChunkFold::new(fold_context, chunk, *strip_base);
+        let (tiles, cache) = (&mut self.tiles, self.cache);
+        let by_strip = &mut self.rows_by_strip;
+        let mut blocks = 0;
+        self.bank.for_each(|bank_block| {
+            let rows = Rows::new(&bank_block.data, dim);
+            let source = if cache {
+                tiles.push(vec![0f32; rows.rows * chunk.rows]);
+                TileSource::Fill(tiles.last_mut().expect("pushed"))
+            } else {
+                TileSource::Compute
+            };
+            fold.visit(
+                rows,
+                cols,
+                bank_block.first_row as usize,
+                source,
+                states,
+                by_strip,
+            );
+            blocks += 1;
+            Ok(())
+        })?;
+        fold.finish(states);
+        *strip_base += strips;
+        Ok(blocks)
     }
 
     /// After a row sweep, its target shifts are the base of the next bounds.
