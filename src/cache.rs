@@ -9,7 +9,7 @@ use std::sync::mpsc;
 
 use crate::error::{HubnormError, Result};
 use crate::plan::BlockPlan;
-use crate::source::{EmbeddingBlock, EmbeddingTable};
+use crate::source::{BlockReader, EmbeddingBlock, EmbeddingTable};
 
 /// Blocks of a table, cached or streamed.
 pub struct TableBlocks {
@@ -125,7 +125,10 @@ impl TableBlocks {
                 crate::cancel::check()?;
                 f(block)
             }),
-            None if self.read_ahead => read_ahead(&self.table, self.block_rows, f),
+            None if self.read_ahead => {
+                let open = || Ok(self.table.blocks(self.block_rows));
+                read_ahead(open, || Ok(()), |_, b| f(b))
+            }
             None => {
                 let mut reader = self.table.blocks(self.block_rows);
                 while let Some(block) = reader.next_block()? {
@@ -138,22 +141,30 @@ impl TableBlocks {
     }
 }
 
-/// Calls `f` on every block of `table` in order while a thread of its own
-/// reads the next one. The hand-over waits for both sides, so at most two
-/// blocks are held: the one `f` works on and the one being read (into the
-/// buffer of the block `f` finished before). The reader stops at its first
-/// error, which `f`'s side returns in turn; when `f` fails, the reader's
-/// next hand-over fails and it stops too.
-fn read_ahead(
-    table: &EmbeddingTable,
-    block_rows: usize,
-    mut f: impl FnMut(&EmbeddingBlock) -> Result<()>,
+/// Calls `f` on every block of the reader `open` makes, in order, while a
+/// thread of its own (which opens it) reads the next one. The hand-over
+/// waits for both sides, so at most two blocks are held: the one `f` works
+/// on and the one being read (into the buffer of the block `f` finished
+/// before). The reader stops at its first error, which `f`'s side returns in
+/// turn; when `f` (or `start`) fails, the reader's next hand-over fails and
+/// it stops too. `start` runs on the calling thread while the first block is
+/// read, and makes the state `f` works with.
+pub fn read_ahead<'t, S>(
+    open: impl FnOnce() -> Result<BlockReader<'t>> + Send,
+    start: impl FnOnce() -> Result<S>,
+    mut f: impl FnMut(&mut S, &EmbeddingBlock) -> Result<()>,
 ) -> Result<()> {
     std::thread::scope(|scope| {
         let (hand_over, blocks) = mpsc::sync_channel::<Result<EmbeddingBlock>>(0);
         let (give_back, finished) = mpsc::channel::<EmbeddingBlock>();
         spawn_reader(scope, move || {
-            let mut reader = table.blocks(block_rows);
+            let mut reader = match open() {
+                Ok(reader) => reader,
+                Err(e) => {
+                    let _ = hand_over.send(Err(e));
+                    return;
+                }
+            };
             loop {
                 // `f`'s side gives a block back before it takes the next,
                 // so the one before the last hand-over is here by now.
@@ -169,9 +180,10 @@ fn read_ahead(
                 }
             }
         })?;
+        let mut state = start()?;
         for block in blocks {
             let block = block?;
-            f(&block)?;
+            f(&mut state, &block)?;
             // The reader may have stopped already (at the table's end).
             let _ = give_back.send(block);
         }
@@ -359,6 +371,47 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("stopped by the caller"));
+    }
+
+    #[test]
+    fn reading_ahead_a_range_hands_over_its_blocks_to_the_started_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = table(dir.path(), 1000, &[]);
+        // Rows 300..900 in blocks of 128, folded into the state `start` made.
+        let mut seen = Vec::new();
+        read_ahead(
+            || good.blocks_in(128, 300..900),
+            || Ok(vec![u64::MAX]),
+            |state, block| {
+                state.push(block.first_row);
+                seen.push((state.clone(), block.data.clone()));
+                Ok(())
+            },
+        )
+        .unwrap();
+        let firsts: Vec<u64> = (300..900).step_by(128).collect();
+        let inline: Vec<Vec<f32>> = good
+            .blocks_in(128, 300..900)
+            .unwrap()
+            .map(|b| b.unwrap().data)
+            .collect();
+        assert_eq!(seen.len(), firsts.len());
+        let last = &seen.last().unwrap().0;
+        assert_eq!(last[0], u64::MAX);
+        assert_eq!(last[1..], firsts);
+        assert!(seen.iter().map(|s| &s.1).eq(&inline));
+        // A failing start is returned, and no block is worked on.
+        let mut worked = 0;
+        let result = read_ahead(
+            || Ok(good.blocks(128)),
+            || Err::<(), _>(HubnormError::Internal("no state".into())),
+            |_, _| {
+                worked += 1;
+                Ok(())
+            },
+        );
+        assert!(result.unwrap_err().to_string().contains("no state"));
+        assert_eq!(worked, 0);
     }
 
     /// First rows of the blocks each state of `fold_halves` saw.

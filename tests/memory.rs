@@ -145,19 +145,20 @@ fn peak_heap_follows_the_memory_limit_not_the_input_size() {
 }
 
 /// Pass 1 with a bank small enough to be cached: the gallery (several times
-/// the limit) is read one chunk at a time, the next chunk only once the
-/// previous one is dropped.
+/// the limit) is read in pieces of half the plan's chunk, the next one read
+/// ahead while the current one is worked on, so two pieces fit the room of
+/// one chunk.
 #[test]
 fn stats_holds_one_gallery_chunk_at_a_time() {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     // Large enough that a gallery chunk (about 75 MB) outweighs what the plan
-    // reserves and does not use (GEMM workspace estimates): a second chunk
+    // reserves and does not use (GEMM workspace estimates): two whole chunks
     // held at the same time would show.
     let limit: usize = 128 << 20;
     let dim = 384;
     let mut r = rng(37);
-    // 120,000 × 384 f32 = 184 MB (1.4 × the limit, three chunks); the bank
+    // 120,000 × 384 f32 = 184 MB (1.4 × the limit, six pieces); the bank
     // (4.6 MB) is cached.
     let gallery = random_table(&mut r, "g", 120_000, dim);
     let bank = random_table(&mut r, "b", 3_000, dim);

@@ -13,11 +13,12 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 
+use arrow::record_batch::RecordBatch;
 use common::reference::{rank_bounds, top_k, Dense, Method, Scores};
 use common::*;
 use hubnorm::kernel::{TILE_COLS, TILE_ROWS};
 use hubnorm::options::{BankSample, MethodKind, MethodSpec, PassOptions};
-use hubnorm::pipeline::{self, RunJob, RunSummary};
+use hubnorm::pipeline::{self, RunJob, RunSummary, StatsJob};
 use hubnorm::progress::Silent;
 use hubnorm::HubnormError;
 
@@ -654,6 +655,79 @@ fn every_method_is_independent_of_memory_limit_and_threads() {
         diffs.is_empty(),
         "results differ between memory limits/threads: {diffs:?}"
     );
+}
+
+/// With the banks in memory, pass 1 reads the gallery in pieces of at most
+/// 16 strips, the next piece on a thread of its own while the current one is
+/// worked on (here 4096 rows: half the room of one chunk). The rows are
+/// those of the tightest limit, which reads the gallery inline, bit for
+/// bit; a bad value in a later piece is reported with its file and row once
+/// the pieces before it are handed on.
+#[test]
+fn pass_1_reads_the_gallery_ahead_in_pieces_with_the_rows_of_an_inline_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = Case::random(
+        105,
+        10,
+        3 * TILE_COLS + 300,
+        TILE_ROWS + 9,
+        TILE_ROWS + 3,
+        24,
+    );
+    case.write(dir.path());
+    // The methods whose rows are finished chunk by chunk (no activation
+    // sets, no Sinkhorn potentials).
+    let late = ["dis", "dual-dis", "sn", "dbsn"];
+    let methods: Vec<MethodSpec> = non_default_methods()
+        .into_iter()
+        .filter(|m| !late.contains(&m.kind().name()))
+        .collect();
+    let path = |n: &str| dir.path().join(n).display().to_string();
+    let rows_of = |gallery: &str, memory: &str, threads: usize| {
+        let mut job = StatsJob::new(path(gallery), path("bank.parquet"), path("unused"));
+        job.gallery_bank = Some(path("gallery_bank.parquet"));
+        job.methods = methods.clone();
+        job.options.memory = memory.parse().unwrap();
+        job.options.threads = threads;
+        let mut batches: Vec<RecordBatch> = Vec::new();
+        let result =
+            pipeline::stream_stats_rows(&job, 0..3 * 2048 + 300, false, &Silent, &mut |b| {
+                batches.push(b.clone());
+                Ok(())
+            });
+        (batches, result)
+    };
+    let sizes = |batches: &[RecordBatch]| batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>();
+    let (ahead, result) = rows_of("gallery.parquet", "1GiB", 2);
+    result.unwrap();
+    assert_eq!(sizes(&ahead), [4096, 2348]);
+    let (inline, result) = (4..64)
+        .map(|mib| rows_of("gallery.parquet", &format!("{mib}MiB"), 1))
+        .find(|(_, result)| !matches!(result, Err(HubnormError::Budget(_))))
+        .expect("some limit under 64 MiB runs");
+    result.unwrap();
+    // One strip per chunk: no room for two, so read inline.
+    assert_eq!(sizes(&inline), [2048, 2048, 2048, 300]);
+    let concat = |batches: &[RecordBatch]| {
+        arrow::compute::concat_batches(&batches[0].schema(), batches).unwrap()
+    };
+    assert_eq!(concat(&ahead), concat(&inline));
+
+    let mut bad = case.gallery.clone();
+    bad.data[4101 * bad.dim + 3] = f32::NAN;
+    write_table(
+        &dir.path().join("bad.parquet"),
+        &bad,
+        Layout::FixedF32,
+        false,
+    );
+    let (before, result) = rows_of("bad.parquet", "1GiB", 2);
+    let message = result.unwrap_err().to_string();
+    assert!(
+        message.contains("bad.parquet") && message.contains("row 4101"),
+        "{message}"
+    );
+    assert_eq!(sizes(&before), [4096]);
 }
 
 /// METHODS.md, nnn: the golden example from the NNN reference tests, with raw

@@ -7,7 +7,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use crate::bank::states::ActivationState;
-use crate::cache::TableBlocks;
+use crate::cache::{read_ahead, TableBlocks};
 use crate::error::{HubnormError, Result};
 use crate::kernel::{
     column_statistics_screened, Candidate, ColumnStates, ColumnStatsRequest, QueryState, Rows,
@@ -16,6 +16,11 @@ use crate::kernel::{
 use crate::plan::PlanRequest;
 use crate::progress::{Progress, RowProgress};
 use crate::source::{EmbeddingBlock, EmbeddingTable};
+
+/// Rows of a gallery chunk read ahead while the banks are in memory (16
+/// strips of targets): the first chunk's decoding, which nothing overlaps,
+/// stays short, and a chunk still has tiles enough for every worker.
+const PIPELINED_CHUNK_ROWS: usize = 16 * TILE_COLS;
 
 /// One bank and what to compute from its similarities with the gallery.
 #[derive(Debug, Clone, Copy)]
@@ -271,38 +276,18 @@ pub fn compute_bank_statistics(
         return Ok(output);
     }
     let gallery_chunks = gallery.with_batch_rows(plan.batch_rows);
-    let mut chunks =
-        gallery_chunks.blocks_in(plan.outer_rows, start_row..request.gallery_rows.end)?;
-    // The banks (read whole when they are cached) and the first gallery chunk
-    // are decoded side by side when the budget has room for the second
-    // reader: no tile can start before both are in memory.
+    let gallery_left = start_row..request.gallery_rows.end;
     let read_banks = || {
         banks
             .iter()
             .map(|(b, _)| TableBlocks::new(b.table, &plan))
             .collect::<Result<Vec<_>>>()
     };
-    let (mut streams, mut first_chunk) = if plan.cache_inner && plan.allows_second_reader() {
-        let (streams, first_chunk) = rayon::join(read_banks, || chunks.next_block());
-        (streams?, first_chunk?)
-    } else {
-        let streams = read_banks()?;
-        (streams, chunks.next_block()?)
-    };
     let empty = ColumnStatsRequest::default();
     // The bf16 copies of the chunk and bank block before, whose buffers the
     // next copies reuse.
     let (mut used_chunk_copy, mut used_block_copy) = (None, None);
-    // Each later chunk is read at the top of its iteration, once the previous
-    // one and its states are dropped: the plan has room for one chunk only.
-    loop {
-        let chunk = match first_chunk.take() {
-            Some(chunk) => chunk,
-            None => match chunks.next_block()? {
-                Some(chunk) => chunk,
-                None => break,
-            },
-        };
+    let mut work_on = |chunk: &EmbeddingBlock, streams: &mut [TableBlocks]| -> Result<()> {
         let mut states: Vec<ColumnStates> = Vec::with_capacity(2);
         let gallery_rows = Rows::new(&chunk.data, dim);
         // A chunk with a value beyond bf16's range runs exact.
@@ -311,7 +296,7 @@ pub fn compute_bank_statistics(
             .any(|(b, _)| screened(b))
             .then(|| ScreenedRows::gallery_reusing(gallery_rows, used_chunk_copy.take()))
             .flatten();
-        for ((input, is_query_bank), stream) in banks.iter().zip(&mut streams) {
+        for ((input, is_query_bank), stream) in banks.iter().zip(streams.iter_mut()) {
             let mut chunk_states =
                 ColumnStates::new(chunk.rows, &input.request, input.table.rows as usize);
             stream.for_each(|block| {
@@ -372,13 +357,55 @@ pub fn compute_bank_statistics(
         let bank_states = state_of(&request.bank, &mut states);
         let gallery_bank_states = state_of(&request.gallery_bank, &mut states);
         on_chunk(StatsChunk {
-            gallery: &chunk,
+            gallery: chunk,
             bank: &bank_states,
             gallery_bank: &gallery_bank_states,
             activations: &output,
         })?;
         used_chunk_copy = screened_chunk;
-        chunks.recycle(chunk);
+        Ok(())
+    };
+    // With the banks in memory, a gallery read whole before the first tile
+    // would leave every core but one idle while it decodes: it is read in
+    // pieces of at most `PIPELINED_CHUNK_ROWS` instead, the next one on a
+    // thread of its own while the current one is worked on. Two chunks then
+    // share the room the plan made for one.
+    let pipelined_rows = (plan.outer_rows / 2 / TILE_COLS * TILE_COLS).min(PIPELINED_CHUNK_ROWS);
+    if plan.cache_inner
+        && pipelined_rows >= TILE_COLS
+        && gallery_left.end - gallery_left.start > pipelined_rows as u64
+    {
+        // The banks are read while the first chunk is, when the budget has
+        // room for both readers.
+        let mut streams = None;
+        if !plan.allows_second_reader() {
+            streams = Some(read_banks()?);
+        }
+        let start = || match streams {
+            Some(streams) => Ok(streams),
+            None => read_banks(),
+        };
+        let open = || gallery_chunks.blocks_in(pipelined_rows, gallery_left);
+        read_ahead(open, start, |streams, chunk| work_on(chunk, streams))?;
+    } else {
+        let mut chunks = gallery_chunks.blocks_in(plan.outer_rows, gallery_left)?;
+        // The banks (read whole when they are cached) and the first gallery
+        // chunk are decoded side by side when the budget has room for the
+        // second reader: no tile can start before both are in memory.
+        let (mut streams, mut next) = if plan.cache_inner && plan.allows_second_reader() {
+            let (streams, first_chunk) = rayon::join(read_banks, || chunks.next_block());
+            (streams?, first_chunk?)
+        } else {
+            let streams = read_banks()?;
+            (streams, chunks.next_block()?)
+        };
+        // Each later chunk is read once the previous one and its states are
+        // dropped: the plan has room for one chunk only.
+        while let Some(chunk) = next {
+            work_on(&chunk, &mut streams)?;
+            chunks.recycle(chunk);
+            next = chunks.next_block()?;
+        }
     }
     rows_done.finish();
     Ok(output)

@@ -134,9 +134,8 @@ pub struct CommonArgs {
     /// Peak memory to stay within, e.g. 256MiB or 2GiB. Block sizes follow from it.
     #[arg(long, default_value = "2GiB", value_parser = parse_memory)]
     pub memory_limit: MemoryBudget,
-    /// Worker threads (0 = one per core). A table too large to keep in
-    /// memory is read on one more thread while they work. Results do not
-    /// depend on it.
+    /// Worker threads (0 = one per core). A table streamed block by block is
+    /// read on one more thread while they work. Results do not depend on it.
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
     /// No progress bar.
