@@ -425,7 +425,8 @@ fn write_error(root: &str, e: DeltaTableError) -> HubnormError {
 // ------------------------------------------------------------------ writing
 
 /// The schema an output has in a Delta table: the types Delta lacks
-/// replaced by the nearest it has (see [`delta_type`]).
+/// replaced by the nearest it has (unsigned integers by the next wider
+/// signed type, fixed-size lists by lists).
 pub fn output_schema(schema: &SchemaRef) -> SchemaRef {
     let fields: Vec<Field> = schema
         .fields()

@@ -94,8 +94,8 @@ pub enum HubnormError {
     Internal(String),
 
     /// A hubnorm error that reached this process only as text (raised by a
-    /// task on a cluster's executor; see [`HubnormError::carried`]): its
-    /// message and exit code.
+    /// task on a cluster's executor, which sends its message and exit code
+    /// within the task's failure text): its message and exit code.
     #[error("{message}")]
     Carried { message: String, exit_code: i32 },
 }

@@ -154,8 +154,8 @@ fn exercise(command: Command) -> Result<()> {
                     hubnorm::update::update_stats(&job, &Silent),
                 );
             } else {
-                // Checks the methods, then opens the gallery.
-                must_fail("stats", hubnorm::pipeline::stats_schema(&job));
+                // Checks the methods alone, then the whole pass.
+                must_fail("stats", hubnorm::pipeline::stats_methods(&job));
                 must_fail("stats", hubnorm::pipeline::run_stats(&job, &Silent));
             }
         }

@@ -72,7 +72,7 @@ pub trait Bf16Value: Copy + Send + Sync {
     fn bf16(self) -> u16;
     /// The value itself.
     fn value(self) -> f32;
-    /// [`pack_row`] for rows of this type.
+    /// Packs one row of this type into bf16 pairs and returns its norms.
     fn pack_row(row: &[Self], out: &mut [u32]) -> RowNorms;
 }
 

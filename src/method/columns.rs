@@ -478,7 +478,7 @@ pub fn f64_array(values: Vec<f64>) -> ArrayRef {
     Arc::new(Float64Array::from(values))
 }
 
-/// A List<Float32> column from per-row lists.
+/// A `List<Float32>` column from per-row lists.
 pub fn list_array(rows: Vec<Vec<f32>>) -> ArrayRef {
     let lengths: Vec<usize> = rows.iter().map(Vec::len).collect();
     Arc::new(ListArray::new(
@@ -489,7 +489,7 @@ pub fn list_array(rows: Vec<Vec<f32>>) -> ArrayRef {
     ))
 }
 
-/// A List<UInt64> column of bank rows from per-row lists.
+/// A `List<UInt64>` column of bank rows from per-row lists.
 pub fn rows_array(rows: Vec<Vec<u64>>) -> ArrayRef {
     let lengths: Vec<usize> = rows.iter().map(Vec::len).collect();
     Arc::new(ListArray::new(

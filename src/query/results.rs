@@ -447,7 +447,7 @@ pub(crate) fn search_blocks_into(
 
 /// Rebuilds each method's figures on a cluster's client from the rows of
 /// [`ResultRows::WithReportColumns`], and keeps the rows of
-/// `results.parquet` among them: the figures [`search_into`] gathers, count
+/// `results.parquet` among them: the figures a local search gathers, count
 /// for count, when the rows come in query order.
 pub struct OutcomesFromRows {
     k: usize,

@@ -21,7 +21,7 @@ pub use self::slabs::SlabTiles;
 static BLAS: OnceLock<Blas> = OnceLock::new();
 
 /// Makes every later similarity tile of this process use `cblas_sgemm` from the
-/// shared library at `path` (see [`blas`]). Once per process: a second
+/// shared library at `path` (see [`blas()`]). Once per process: a second
 /// call, even with the same path, is refused, because tiles already computed
 /// would not match later ones bit for bit.
 pub fn use_blas(path: &Path) -> Result<(), BlasError> {
@@ -139,7 +139,7 @@ pub fn similarity_tile(
 /// order, the blocks' sums added to the element in order. `kc` is
 /// `min(dim, 512)` for tiles of at most 64 × 64 and otherwise the crate's
 /// cache-derived [`gemm_common::cache::kernel_params`] for the microkernel's
-/// shape ([`Microkernel`]); `tests::tile_scores_are_the_tiles_bits` holds
+/// shape on this CPU; `tests::tile_scores_are_the_tiles_bits` holds
 /// this to the crate's output.
 pub fn tile_score(q: &[f32], g: &[f32], m: usize, n: usize) -> Option<f32> {
     let mut out = [0f32];
@@ -357,7 +357,7 @@ impl SlabTiles {
     }
 
     /// Never called: no value exists.
-    pub fn slab(&mut self, _out: &mut [f32], _ld: usize, _rows: &[f32], _m: usize, _kc: usize) {
+    pub fn slab(&self, _out: &mut [f32], _ld: usize, _rows: &[f32], _m: usize, _kc: usize) {
         match *self {}
     }
 }

@@ -108,7 +108,7 @@ impl SlabTiles {
     /// # Panics
     /// When a slice is shorter than its shape says, `ld` is smaller than the
     /// column count, or `kc` is 0.
-    pub fn slab(&mut self, out: &mut [f32], ld: usize, rows: &[f32], m: usize, kc: usize) {
+    pub fn slab(&self, out: &mut [f32], ld: usize, rows: &[f32], m: usize, kc: usize) {
         let (n, dim) = (self.n, self.dim);
         if m == 0 || n == 0 {
             return;

@@ -40,7 +40,7 @@ pub(crate) fn read_buffer_bytes_for(batch_bytes: usize) -> usize {
 /// An object read by ranges, for the parquet crate's synchronous reader
 /// (its [`parquet::file::reader::ChunkReader`]): page headers and pages are
 /// served from windows of 512 KiB to 8 MiB fetched by ranged GETs, the next
-/// [`PREFETCH_DEPTH`] windows fetched while the current one is decoded. The
+/// few windows fetched while the current one is decoded. The
 /// reader reads one column chunk page by page, so only the windows of the
 /// columns it reads are held: memory stays bounded whatever the row-group
 /// size (a whole-row-group fetch would not be).
@@ -160,8 +160,8 @@ impl RemoteFile {
         state.chunks = Arc::new(runs);
     }
 
-    /// Reads in windows of `bytes` (within [`window_bytes_for`]'s bounds)
-    /// from now on.
+    /// Reads in windows of `bytes` (within the 512 KiB to 8 MiB bounds of
+    /// every window) from now on.
     pub fn set_window_bytes(&self, bytes: usize) {
         self.inner.window.store(
             bytes.clamp(MIN_WINDOW_BYTES, MAX_WINDOW_BYTES),
