@@ -22,7 +22,7 @@ use crate::report::html::{self, HubRow, MethodPage, PageInput, RecallBar, Tuning
 use crate::report::{KOccurrence, RankList};
 use crate::sink::refuse_existing;
 use crate::sink::write_text_atomically;
-use crate::source::{normalise_ids, open_parquet};
+use crate::source::{normalise_ids, open_parquet, CheckedBatches};
 
 /// Files `hubnorm compare` writes besides `hubnorm run`'s.
 pub const COMPARE_OUTPUTS: [&str; 4] = [
@@ -61,6 +61,7 @@ pub struct CompareOutcome {
 /// bank without one, or whose own input checks fail (k above the bank,
 /// statistics above the memory limit, a protocol above its cost limit).
 fn default_methods(job: &RunJob) -> Result<(Vec<MethodSpec>, Vec<String>)> {
+    crate::pipeline::check_bank_choice(job)?;
     let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
     let bank_spec = if job.transductive {
         &job.queries
@@ -328,6 +329,8 @@ struct ListsOfMethod {
     occurrence: KOccurrence,
     /// Per query: result rows counted so far, and the best list position of a target.
     queries: HashMap<QueryKey, (u32, Option<u32>)>,
+    /// The longest list's last position.
+    longest: i64,
 }
 
 /// `hubnorm report`: the hubness measures of every method's top-k lists in
@@ -522,20 +525,20 @@ fn read_lists(
     let bad = |row: u64, column: &str, why: String| {
         HubnormError::input(path, Some(row), Some(column), why)
     };
-    for batch in reader {
-        let batch = batch.map_err(|e| HubnormError::parquet(path, e.into()))?;
+    for batch in CheckedBatches::new(reader, path) {
+        let batch = batch?;
         let query_ids = normalise_ids(batch.column(position(query_col))).map_err(|_| {
             bad(
                 first_row,
                 "query_id",
-                "ids must be Utf8, LargeUtf8 or Int64".into(),
+                "ids must be strings (Utf8, LargeUtf8, Utf8View) or integers (Int8 to Int64, UInt8 to UInt32)".into(),
             )
         })?;
         let gallery_ids = normalise_ids(batch.column(position(gallery_col))).map_err(|_| {
             bad(
                 first_row,
                 "gallery_id",
-                "ids must be Utf8, LargeUtf8 or Int64".into(),
+                "ids must be strings (Utf8, LargeUtf8, Utf8View) or integers (Int8 to Int64, UInt8 to UInt32)".into(),
             )
         })?;
         let method_values = match method_col {
@@ -583,6 +586,7 @@ fn read_lists(
                         name: name.to_owned(),
                         occurrence: KOccurrence::new(k, index.len()),
                         queries: HashMap::new(),
+                        longest: 0,
                     });
                     methods.len() - 1
                 }
@@ -612,6 +616,7 @@ fn read_lists(
                 Some(r) => r.as_primitive::<Int64Type>().value(row),
                 None => entry.0 as i64,
             };
+            lists.longest = lists.longest.max(position);
             if position < 1 || position as usize > k {
                 continue;
             }
@@ -631,6 +636,17 @@ fn read_lists(
             None,
             "the results file has no rows",
         ));
+    }
+    // Lists shorter than k would have their k-occurrence counted at their
+    // length and reported as at k.
+    if let Some(short) = methods.iter().find(|m| m.longest < k as i64) {
+        return Err(HubnormError::Usage(format!(
+            "--k {k} is longer than the lists in {} ({}: {} entries per query at most); pass --k {} or less",
+            path.display(),
+            short.name,
+            short.longest,
+            short.longest.max(1),
+        )));
     }
     Ok(methods)
 }

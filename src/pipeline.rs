@@ -42,6 +42,7 @@ mod run;
 mod search;
 mod stats;
 
+pub(crate) use run::check_bank_choice;
 pub(crate) use run::{commit_all, evaluate_methods, run_uncommitted};
 pub use run::{declare_run_tables, run, RUN_OUTPUTS, RUN_TABLES};
 use search::prepare_protocol;
@@ -152,7 +153,7 @@ pub struct RunJob {
     pub bank_sample: Option<BankSample>,
     /// Use the test queries themselves as the query bank (`is`, `sn`). This
     /// peeks at the test set: only legitimate for offline re-ranking of a
-    /// query set known in advance. `bank` is then ignored.
+    /// query set known in advance. `bank` must then be empty.
     pub transductive: bool,
     /// Methods to apply; the baseline `none` is always added first.
     pub methods: Vec<MethodSpec>,

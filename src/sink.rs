@@ -253,7 +253,7 @@ impl AtomicFile {
             missing.push(d.to_path_buf());
             ancestor = d.parent();
         }
-        std::fs::create_dir_all(dir).map_err(|e| HubnormError::io(dir, e))?;
+        crate::storage::create_local_dir_all(dir)?;
         CREATED_DIRS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -799,7 +799,7 @@ impl OutputLock {
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(|e| HubnormError::io(dir, e))?;
+        crate::storage::create_local_dir_all(dir)?;
         let path = dir.join(format!(".{name}.hubnorm-lock"));
         loop {
             let file = std::fs::OpenOptions::new()
@@ -814,15 +814,19 @@ impl OutputLock {
                 Err(std::fs::TryLockError::WouldBlock) => {
                     let holder = std::fs::read_to_string(&path).unwrap_or_default();
                     let holder = holder.trim();
+                    let this_process = format!("process {},", std::process::id());
+                    let writer = if holder.starts_with(&this_process) {
+                        // A library caller's other thread (the Python package).
+                        "another job of this process".to_owned()
+                    } else if holder.is_empty() {
+                        "another hubnorm process (its lock is held)".to_owned()
+                    } else {
+                        format!("another hubnorm process ({holder})")
+                    };
                     return Err(HubnormError::Usage(format!(
-                        "{} is being written by another hubnorm process ({}); wait for it to \
-                         finish, or choose another output",
+                        "{} is being written by {writer}; wait for it to finish, or choose \
+                         another output",
                         output.display(),
-                        if holder.is_empty() {
-                            "its lock is held"
-                        } else {
-                            holder
-                        }
                     )));
                 }
                 Err(std::fs::TryLockError::Error(e)) => return Err(HubnormError::io(&path, e)),
@@ -886,6 +890,24 @@ fn describe_holder(file: &mut File) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_second_writer_in_the_same_process_is_told_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let output = dir.path().join("results.parquet");
+        let held = OutputLock::acquire(&output).unwrap();
+        let err = OutputLock::acquire(&output)
+            .err()
+            .expect("the lock is held");
+        let message = err.to_string();
+        assert!(
+            message.contains("is being written by another job of this process"),
+            "{message}"
+        );
+        assert_eq!(err.exit_code(), 2);
+        drop(held);
+        OutputLock::acquire(&output).expect("free again");
+    }
 
     #[test]
     fn delta_declarations_end_with_their_guard_unless_kept_for_the_process() {

@@ -26,6 +26,7 @@ mod footer;
 pub mod memory;
 mod parts;
 
+pub(crate) use blocks::CheckedBatches;
 pub use blocks::{normalise_ids, BlockReader};
 pub use parts::{PartRecord, TablePart};
 
@@ -767,7 +768,7 @@ fn locate_columns(
             None,
             Some(&options.id_column),
             format!(
-                "id column has type {}; expected Utf8, LargeUtf8 or Int64",
+                "id column has type {}; expected strings (Utf8, LargeUtf8, Utf8View) or integers (Int8 to Int64, UInt8 to UInt32)",
                 schema.field(id).data_type()
             ),
         ));

@@ -208,10 +208,8 @@ pub(crate) fn read_columns(
         .build()
         .map_err(|e| HubnormError::input(path, None, None, format!("cannot read: {e}")))?;
     let mut file_row = 0u64;
-    for batch in reader {
-        let batch = batch.map_err(|e| {
-            HubnormError::input(path, Some(file_row), None, format!("cannot decode: {e}"))
-        })?;
+    for batch in crate::source::CheckedBatches::new(reader, path) {
+        let batch = batch?;
         let ids = crate::source::normalise_ids(batch.column(id_col))?;
         let ids = if ids.data_type() == &id_type {
             ids

@@ -228,7 +228,7 @@ fn subset(table: &EmbeddingTable, keep: &[bool]) -> Option<EmbeddingTable> {
 
 /// Reads a Parquet file's rows in order, `n` at a time.
 struct RowCursor {
-    reader: Box<dyn Iterator<Item = std::result::Result<RecordBatch, arrow::error::ArrowError>>>,
+    reader: Box<dyn Iterator<Item = Result<RecordBatch>>>,
     pending: Option<RecordBatch>,
     path: PathBuf,
 }
@@ -239,7 +239,7 @@ impl RowCursor {
             .build()
             .map_err(|e| HubnormError::parquet(path, e))?;
         Ok(RowCursor {
-            reader: Box::new(reader),
+            reader: Box::new(crate::source::CheckedBatches::new(reader, path)),
             pending: None,
             path: path.to_path_buf(),
         })

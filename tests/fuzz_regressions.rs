@@ -253,6 +253,30 @@ fn fuzz_crashes_are_typed_errors() {
     assert_eq!(files(&repo("tests/fixtures/fuzz")), listed);
 }
 
+/// The files a pass reads without the block reader (stats, results and
+/// checkpoint files: `source::CheckedBatches`) catch the decoder's panics
+/// on damaged pages too: here the results reader that `hubnorm report` and
+/// `compare` use, on the fixture whose ids hold a dictionary bit width of
+/// 228.
+#[test]
+fn files_read_batch_by_batch_refuse_damaged_pages_with_an_error() {
+    let fixture = repo("tests/fixtures/fuzz/dictionary_bit_width.parquet");
+    let read = catch_unwind(|| hubnorm::report::files::read_file_columns(&fixture, &["id"]));
+    let err = read
+        .expect("a typed error, not a panic")
+        .expect_err("damaged ids");
+    let message = err.to_string();
+    assert_eq!(err.exit_code(), 2, "{message}");
+    assert!(
+        message.contains("dictionary_bit_width.parquet"),
+        "{message}"
+    );
+    assert!(
+        message.contains("decoder failed on damaged data") && message.contains("from row 0"),
+        "{message}"
+    );
+}
+
 /// A decoder panic caught at the boundary reaches the user as hubnorm's
 /// error alone: exit code 2, the file named, no panic message, no output.
 #[test]

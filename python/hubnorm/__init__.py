@@ -39,7 +39,9 @@ in an in-memory table names it ``memory://ROLE-N`` (e.g.
 Errors raise :class:`InputError` (with ``.file``, ``.row``, ``.column``),
 :class:`UsageError` or :class:`MemoryLimitError`, all :class:`HubnormError`.
 Ctrl-C stops a running job (``KeyboardInterrupt``) without leaving partial
-outputs. Method parameters are keyword arguments named like the CLI's flags
+outputs; the stop is process-wide, as for the command-line tool: jobs
+running in other threads of the process stop too (each raises
+``KeyboardInterrupt``). Method parameters are keyword arguments named like the CLI's flags
 (``beta=20``, ``nnn_k=128``, ``tau=0.01``, ...): see :func:`methods`.
 """
 
@@ -105,8 +107,9 @@ def embeddings(array: Any, ids: Any = None, targets: Any = None) -> pa.Table:
     import numpy as np
 
     a = np.ascontiguousarray(array)
-    if a.ndim != 2 or a.dtype.kind != "f":
-        raise UsageError(f"embeddings: a 2-D float array is needed, not {a.ndim}-D {a.dtype}")
+    if a.ndim != 2 or a.dtype.kind != "f" or a.shape[1] == 0:
+        raise UsageError(f"embeddings: a 2-D float array with at least one column is needed, "
+                         f"not {a.ndim}-D {a.dtype} of shape {a.shape}")
     values = pa.array(a.reshape(-1))
     column = pa.FixedSizeListArray.from_arrays(values, a.shape[1])
     ids = pa.array(np.arange(a.shape[0], dtype=np.int64) if ids is None else ids)
@@ -114,7 +117,10 @@ def embeddings(array: Any, ids: Any = None, targets: Any = None) -> pa.Table:
         raise UsageError(f"embeddings: {len(ids)} ids for {a.shape[0]} rows")
     columns = {"id": ids, "embedding": column}
     if targets is not None:
-        columns["target_id"] = pa.array(targets)
+        targets = pa.array(targets)
+        if len(targets) != a.shape[0]:
+            raise UsageError(f"embeddings: {len(targets)} targets for {a.shape[0]} rows")
+        columns["target_id"] = targets
     return pa.table(columns)
 
 
@@ -211,7 +217,7 @@ def _read_output(path: str, format: str) -> pa.Table:
 
 
 def _run_args(inputs: _Inputs, queries: Any, gallery: Any, bank: Any, gallery_bank: Any,
-              methods: str | Sequence[str], k: int, transductive: bool, directory: str,
+              methods: list[str], k: int, transductive: bool, directory: str,
               overwrite: bool, checkpointing: dict[str, Any],
               table: tuple[str, bool]) -> dict[str, Any]:
     """A run's tables and choices, as the extension reads them."""
@@ -223,8 +229,8 @@ def _run_args(inputs: _Inputs, queries: Any, gallery: Any, bank: Any, gallery_ba
         "gallery": inputs.path(gallery, "gallery"),
         "bank": inputs.path(bank, "bank"),
         "gallery_bank": inputs.path(gallery_bank, "gallery_bank"),
-        "methods": _names(methods),
-        "k": k,
+        "methods": methods,
+        "k": _count("k", k, 1),
         "transductive": transductive,
         "out_dir": directory,
         "overwrite": overwrite,
@@ -259,11 +265,28 @@ def _write_table(table: Any, path: str) -> None:
             writer.write_batch(batch)
 
 
-def _options(memory_limit: str, threads: int, normalize: bool, tolerance: float | None = None,
-             bank_sample: int | None = None, seed: int = 0, precision: str = "exact") -> dict[str, Any]:
-    """The options every job takes, as the extension reads them."""
-    return {"memory_limit": memory_limit, "threads": threads, "normalize": normalize,
-            "tolerance": tolerance, "bank_sample": bank_sample, "seed": seed, "precision": precision}
+def _count(name: str, value: Any, minimum: int = 0) -> int:
+    """``value`` as a whole number of at least ``minimum``; otherwise a
+    :class:`UsageError` naming the argument."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise UsageError(f"{name} must be a whole number of at least {minimum}, not {value!r}")
+    return int(value)
+
+
+def _options(memory_limit: str | int, threads: int, normalize: bool,
+             tolerance: float | None = None, bank_sample: int | None = None, seed: int = 0,
+             precision: str = "exact", skip_missing: bool = False) -> dict[str, Any]:
+    """The options every job takes, as the extension reads them (a
+    ``memory_limit`` given as a number is in bytes)."""
+    if not isinstance(memory_limit, str):
+        memory_limit = f"{_count('memory_limit', memory_limit, 1)}B"
+    return {"memory_limit": memory_limit, "threads": _count("threads", threads),
+            "normalize": bool(normalize), "tolerance": tolerance,
+            "bank_sample": None if bank_sample is None else _count("bank_sample", bank_sample, 1),
+            "seed": _count("seed", seed), "precision": precision,
+            "skip_missing": bool(skip_missing)}
 
 
 def _progress(enabled: bool):
@@ -345,10 +368,16 @@ class Run:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _names(methods: str | Iterable[str]) -> list[str]:
+def _names(methods: str | Iterable[str], *, allow_none: bool = False) -> list[str]:
+    """Method names from a comma list or a sequence; an empty list is
+    refused unless ``allow_none`` (where it means "the default")."""
     if isinstance(methods, str):
-        return [m.strip() for m in methods.split(",") if m.strip()]
-    return list(methods)
+        names = [m.strip() for m in methods.split(",") if m.strip()]
+    else:
+        names = list(methods)
+    if not names and not allow_none:
+        raise UsageError("methods: name at least one method (see hubnorm.methods())")
+    return names
 
 
 def run(
@@ -369,6 +398,7 @@ def run(
     bank_sample: int | None = None,
     seed: int = 0,
     precision: str = "exact",
+    skip_missing: bool = False,
     checkpoint_interval: float | None = None,
     resume: bool = False,
     format: str = "parquet",
@@ -396,7 +426,11 @@ def run(
     results, faster, on CPUs with AVX512_BF16, for the methods that
     subtract a per-item correction, and pass 1's top-k statistics) or
     ``"auto"`` (screened where it can be). ``**params`` set method parameters by the CLI's flag names
-    (``beta=20``, ``nnn_k=128``).
+    (``beta=20``, ``nnn_k=128``). ``skip_missing=True`` skips (and counts)
+    queries none of whose ``target_id`` is in the gallery instead of
+    refusing them. The summary's hubness figures are at k = 10 whatever
+    ``k`` is, as the CLI's (:func:`compare` takes ``hubness_k``,
+    :func:`hubness` any ``k`` up to the lists' length).
 
     ``checkpoint_interval``: save the finished work (pass 1's gallery
     chunks, Sinkhorn's iterations, pass 2's query blocks) into
@@ -420,10 +454,11 @@ def run(
                                    (queries, gallery, bank, gallery_bank))
     with _Outputs(out, "hubnorm-run-") as (directory, temporary), _Inputs() as inputs:
         summary = _hubnorm.run(
-            _run_args(inputs, queries, gallery, bank, gallery_bank, methods, k, transductive,
-                      directory, overwrite or temporary, checkpointing, table),
+            _run_args(inputs, queries, gallery, bank, gallery_bank, _names(methods), k,
+                      transductive, directory, overwrite or temporary, checkpointing, table),
             params,
-            _options(memory_limit, threads, normalize, tolerance, bank_sample, seed, precision),
+            _options(memory_limit, threads, normalize, tolerance, bank_sample, seed, precision,
+                     skip_missing),
             _progress(progress),
         )
     return Run(directory, json.loads(summary), temporary, format=format)
@@ -489,6 +524,7 @@ def search(
     threads: int = 0,
     normalize: bool = True,
     precision: str = "exact",
+    skip_missing: bool = False,
     format: str = "parquet",
     append: bool = False,
     progress: bool = True,
@@ -509,11 +545,12 @@ def search(
             None if stats is None else os.fspath(stats),
             _names(methods),
             params,
-            k,
+            _count("k", k, 1),
             os.fspath(out),
             overwrite,
             table,
-            _options(memory_limit, threads, normalize, precision=precision),
+            _options(memory_limit, threads, normalize, precision=precision,
+                     skip_missing=skip_missing),
             _progress(progress),
         )
     return _read_output(os.fspath(out), format), json.loads(summary)
@@ -558,6 +595,7 @@ def compare(
     bank_sample: int | None = None,
     seed: int = 0,
     precision: str = "exact",
+    skip_missing: bool = False,
     checkpoint_interval: float | None = None,
     resume: bool = False,
     format: str = "parquet",
@@ -577,12 +615,13 @@ def compare(
     with _Outputs(out, "hubnorm-compare-") as (directory, temporary), _Inputs() as inputs:
         summary, left_out = _hubnorm.compare(
             _run_args(inputs, queries, gallery, bank, gallery_bank,
-                      [] if methods is None else methods, k, transductive, directory,
+                      [] if methods is None else _names(methods), k, transductive, directory,
                       overwrite or temporary, checkpointing, table),
             params,
-            hubness_k,
+            _count("hubness_k", hubness_k, 1),
             None if html is None else os.fspath(html),
-            _options(memory_limit, threads, normalize, tolerance, bank_sample, seed, precision),
+            _options(memory_limit, threads, normalize, tolerance, bank_sample, seed, precision,
+                     skip_missing),
             _progress(progress),
         )
     return Comparison(directory, json.loads(summary), temporary, RUN_OUTPUTS + COMPARE_OUTPUTS,
@@ -602,6 +641,7 @@ def report(
     memory_limit: str = "2GiB",
     threads: int = 0,
     normalize: bool = True,
+    skip_missing: bool = False,
     format: str = "parquet",
     append: bool = False,
     progress: bool = True,
@@ -619,12 +659,12 @@ def report(
             inputs.path(gallery, "gallery"),
             inputs.path(queries, "queries"),
             None if stats is None else os.fspath(stats),
-            k,
+            _count("k", k, 1),
             os.fspath(out),
             None if html is None else os.fspath(html),
             overwrite,
             table,
-            _options(memory_limit, threads, normalize),
+            _options(memory_limit, threads, normalize, skip_missing=skip_missing),
             _progress(progress),
         )
     return _read_output(os.path.join(os.fspath(out), "report.parquet"), format)
@@ -702,8 +742,10 @@ def tune(
     as on the command line (``"beta=10,20,40"``, ``"nnn.k=64,128"``),
     ``metric`` ``r1``/``r5``/``r10``/``mrr``. Writes ``tune.parquet`` and
     ``tuned.json`` into ``out``; returns the grid and the chosen
-    configuration (usable as ``run(..., **params)`` or the CLI's
-    ``--config``)."""
+    configuration: ``tuned["methods"]`` lists each method with its
+    ``parameters`` as stats files and the CLI's ``--config`` name them, and
+    the same values as ``keywords``, what :func:`run` takes:
+    ``run(..., methods=[m["method"]], **m["keywords"])``."""
     with _Inputs() as inputs:
         tuned = _hubnorm.tune(
             inputs.path(gallery, "gallery"),
@@ -712,7 +754,7 @@ def tune(
             inputs.path(validation, "validation"),
             validation_split,
             inputs.path(validation_gallery, "validation_gallery"),
-            _names(methods),
+            _names(methods, allow_none=True),
             list(grid),
             metric,
             os.fspath(out),

@@ -23,9 +23,11 @@ class InputError(HubnormError, ValueError):
 
 
 class UsageError(HubnormError, ValueError):
-    """The arguments disagree with each other or with the inputs (an unknown
-    method, a parameter out of its domain, dimensions that differ, an output
-    that exists without ``overwrite=True``)."""
+    """The arguments are wrong or disagree with each other or with the
+    inputs: an unknown method, a parameter out of its domain or of the wrong
+    type, ``k`` above the gallery, an output that exists without
+    ``overwrite=True``. (Inputs whose embeddings differ in dimension raise
+    :class:`InputError`, naming the table.)"""
 
 
 class MemoryLimitError(HubnormError, MemoryError):

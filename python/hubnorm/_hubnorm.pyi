@@ -22,6 +22,7 @@ class Options(TypedDict):
     bank_sample: int | None
     seed: int
     precision: str
+    skip_missing: bool
 
 class RunArgs(TypedDict):
     queries: str
@@ -35,6 +36,8 @@ class RunArgs(TypedDict):
     overwrite: bool
     checkpoint_interval: float | None
     resume: bool
+    format: str
+    append: bool
 
 class InMemoryTable:
     """An Arrow table (anything with ``__arrow_c_stream__``) registered with
@@ -52,27 +55,32 @@ def run(args: RunArgs, params: Mapping[str, float], options: Options,
         on_progress: Progress) -> str:
     """The summary JSON."""
 
+#: How a call writes its tables: ``(format, append)``, ``format`` being
+#: ``"parquet"`` or ``"delta"``.
+TableChoice = tuple[str, bool]
+
 def stats(gallery: str, bank: str, gallery_bank: str | None, methods: Sequence[str],
-          params: Mapping[str, float], out: Path, overwrite: bool,
+          params: Mapping[str, float], out: Path, overwrite: bool, format: str,
           checkpoint_interval: float | None, resume: bool, options: Options,
           on_progress: Progress) -> str:
-    """The summary JSON."""
+    """The path written."""
 
 def search(queries: str, gallery: str, stats: Path | None, methods: Sequence[str],
            params: Mapping[str, float], k: int, out: Path, overwrite: bool,
-           options: Options, on_progress: Progress) -> str:
+           table: TableChoice, options: Options, on_progress: Progress) -> str:
     """The summary JSON."""
 
 def compare(args: RunArgs, params: Mapping[str, float], hubness_k: int, html: Path | None,
             options: Options, on_progress: Progress) -> tuple[str, list[str]]:
-    """The summary JSON and the files written."""
+    """The summary JSON and the methods left out, with why."""
 
 def report(results: Path, gallery: str, queries: str | None, stats: Path | None, k: int,
-           out_dir: Path, html: Path | None, overwrite: bool, options: Options,
-           on_progress: Progress) -> None: ...
+           out_dir: Path, html: Path | None, overwrite: bool, table: TableChoice,
+           options: Options, on_progress: Progress) -> None: ...
 
 def export(gallery: str, stats: Path, method: str, params: Mapping[str, float], out: Path,
-           overwrite: bool, options: Options, on_progress: Progress) -> tuple[int, int]:
+           overwrite: bool, table: TableChoice, options: Options,
+           on_progress: Progress) -> tuple[int, int]:
     """Rows written and the dimension."""
 
 def tune(gallery: str, bank: str, gallery_bank: str | None, validation: str | None,
@@ -80,7 +88,7 @@ def tune(gallery: str, bank: str, gallery_bank: str | None, validation: str | No
          methods: Sequence[str], grid: Sequence[str], metric: str, out_dir: Path,
          html: Path | None, overwrite: bool, options: Options,
          on_progress: Progress) -> str:
-    """The summary JSON."""
+    """tuned.json's text, each method with its parameters as ``keywords`` too."""
 
 def sql(sql: str, tables: Sequence[tuple[str, str]], run_dir: Path | None,
         options: Options, on_progress: Progress) -> pyarrow.Table:

@@ -159,20 +159,68 @@ fn run_job<T: Send>(
     })
 }
 
-/// The Python exception for a hubnorm error: the classes of
-/// `hubnorm._errors`, with the CLI's message.
-fn to_python(py: Python<'_>, error: HubnormError) -> PyErr {
-    // The command line's flags, as the package's keywords.
-    let message = error
-        .to_string()
+/// The command line's flags in `message` as the package's keywords:
+/// `--k 500` → `k=500`, `--stats FILE` → `stats=FILE`, `--nnn-k` →
+/// `nnn_k`, a switch → `name=True` (`--no-normalize` → `normalize=False`).
+fn as_keywords(message: &str) -> String {
+    const SWITCHES: [&str; 5] = [
+        "resume",
+        "overwrite",
+        "append",
+        "transductive",
+        "skip-missing",
+    ];
+    let message = message
         .replace(
             "run the same command with --resume",
             "call again with resume=True",
         )
-        .replace("--resume", "resume=True")
-        .replace("--overwrite", "overwrite=True")
-        .replace("--append", "append=True")
-        .replace("--format delta", "format='delta'");
+        .replace("--format delta", "format='delta'")
+        .replace("--no-normalize", "normalize=False");
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message.as_str();
+    while let Some(at) = rest.find("--") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 2..];
+        let len = after
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
+            .unwrap_or(after.len());
+        let flag = &after[..len];
+        rest = &after[len..];
+        if !flag.starts_with(|c: char| c.is_ascii_lowercase()) {
+            out.push_str("--");
+            out.push_str(flag);
+            continue;
+        }
+        out.push_str(&flag.replace('-', "_"));
+        if SWITCHES.contains(&flag) {
+            out.push_str("=True");
+            continue;
+        }
+        // The flag's value, when one follows: a number or a placeholder (FILE).
+        let Some(value) = rest.strip_prefix(' ') else {
+            continue;
+        };
+        let end = value
+            .find(|c: char| c.is_whitespace() || matches!(c, ',' | ';' | ')' | ':'))
+            .unwrap_or(value.len());
+        let word = value[..end].strip_suffix('.').unwrap_or(&value[..end]);
+        let numeric = word.starts_with(|c: char| c.is_ascii_digit());
+        let placeholder = !word.is_empty() && word.chars().all(|c| c.is_ascii_uppercase());
+        if numeric || placeholder {
+            out.push('=');
+            out.push_str(word);
+            rest = &value[word.len()..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The Python exception for a hubnorm error: the classes of
+/// `hubnorm._errors`, with the CLI's message in the package's words.
+fn to_python(py: Python<'_>, error: HubnormError) -> PyErr {
+    let message = as_keywords(&error.to_string());
     let raise = |class: &str, extra: Option<&Location>| -> PyResult<PyErr> {
         let module = py.import("hubnorm._errors")?;
         let class = module.getattr(class)?;
@@ -214,7 +262,18 @@ fn method_params(params: &Bound<'_, PyDict>) -> PyResult<MethodParams> {
                 ),
             )
         })?;
-        out.set(parameter.flag, value.extract::<f64>()?);
+        let value = value.extract::<f64>().map_err(|_| {
+            usage(
+                params.py(),
+                format!(
+                    "{name} must be a number, not {}",
+                    value
+                        .repr()
+                        .map_or_else(|_| "that".into(), |r| r.to_string())
+                ),
+            )
+        })?;
+        out.set(parameter.flag, value);
     }
     Ok(out)
 }
@@ -258,6 +317,9 @@ struct Options {
     seed: u64,
     /// The passes' arithmetic: `exact`, `screened` or `auto` (`--precision`).
     precision: String,
+    /// Skip (and count) queries none of whose targets is in the gallery
+    /// (`--skip-missing`).
+    skip_missing: bool,
 }
 
 impl Options {
@@ -271,6 +333,7 @@ impl Options {
             sinkhorn_tolerance: self.tolerance,
             read: ReadOptions {
                 normalize: self.normalize,
+                skip_missing_targets: self.skip_missing,
                 ..ReadOptions::default()
             },
             ..PassOptions::default()
@@ -657,8 +720,38 @@ fn tune(
     run_job(py, on_progress, |progress| {
         hubnorm::tune::tune(&job, progress)
     })?;
-    std::fs::read_to_string(out_dir.join("tuned.json"))
-        .map_err(|e| PyOSError::new_err(format!("{}: {e}", out_dir.display())))
+    let tuned = std::fs::read_to_string(out_dir.join("tuned.json"))
+        .map_err(|e| PyOSError::new_err(format!("{}: {e}", out_dir.display())))?;
+    with_keywords(&tuned).map_err(|e| PyRuntimeError::new_err(format!("tuned.json: {e}")))
+}
+
+/// tuned.json's text with, beside each chosen method's `parameters` (named
+/// as in stats files and `--config`), the same values as `keywords`: what
+/// `hubnorm.run(..., methods=[method], **keywords)` takes.
+fn with_keywords(tuned: &str) -> Result<String, String> {
+    let mut config: serde_json::Value = serde_json::from_str(tuned).map_err(|e| e.to_string())?;
+    let methods = config
+        .get_mut("methods")
+        .and_then(|m| m.as_array_mut())
+        .ok_or("no methods")?;
+    for entry in methods {
+        let kind: MethodKind = entry
+            .get("method")
+            .and_then(|m| m.as_str())
+            .ok_or("a method without a name")?
+            .parse()
+            .map_err(|e: HubnormError| e.to_string())?;
+        let mut keywords = serde_json::Map::new();
+        if let Some(values) = entry.get("parameters").and_then(|p| p.as_object()) {
+            for p in kind.method().parameters() {
+                if let Some(value) = values.get(p.name).and_then(|v| v.as_f64()) {
+                    keywords.insert(p.flag.replace('-', "_"), (value - p.flag_offset).into());
+                }
+            }
+        }
+        entry["keywords"] = keywords.into();
+    }
+    serde_json::to_string(&config).map_err(|e| e.to_string())
 }
 
 /// `hubnorm sql`: `sql` (statements separated by `;`) over `tables` (name,

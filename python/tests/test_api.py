@@ -561,6 +561,14 @@ def test_tune_writes_the_cli_files(cli, samples, tmp_path):
         assert bytes_of(tmp_path / "py" / name) == bytes_of(tmp_path / "cli" / name), name
     assert grid.num_rows >= 3
     assert {m["method"] for m in tuned["methods"]} >= {"is", "nnn"}
+    # Each chosen method runs with its keywords: nnn's k is `nnn_k`, not
+    # run's own `k`, and gives the lists of the parameters tuned.json names.
+    for m in tuned["methods"]:
+        run = hubnorm.run(q, g, b, methods=[m["method"]], progress=False, **m["keywords"])
+        ran = next(r for r in run.summary["methods"] if r["method"] == m["method"])
+        assert ran["parameters"] == m["parameters"], (m, ran["parameters"])
+    nnn = next(m for m in tuned["methods"] if m["method"] == "nnn")
+    assert set(nnn["keywords"]) == {"alpha", "nnn_k"}, nnn
     with pytest.raises(hubnorm.UsageError, match="one of them"):
         hubnorm.tune(g, b, out=tmp_path / "none", progress=False)
 
@@ -606,3 +614,59 @@ def test_hubness_of_a_results_table_is_the_summarys(samples):
         hub = method["hubness"]
         for name in ("skewness", "antihub_rate", "hub_occurrence", "gini", "robin_hood"):
             assert figures[name] == pytest.approx(hub[name], rel=1e-12, abs=1e-12), (method["method"], name)
+
+
+def test_arguments_are_checked_in_the_packages_words(samples, tmp_path):
+    """Wrong types and values of the arguments raise UsageError naming the
+    keyword; the engine's messages speak of keywords, not of CLI flags."""
+    q, g, b = (sample(samples, n) for n in ("queries", "gallery", "bank"))
+    for bad in ({"k": -1}, {"k": 1.5}, {"threads": -1}, {"bank_sample": 0}, {"seed": "x"},
+                {"memory_limit": 0}):
+        (name, value), = bad.items()
+        with pytest.raises(hubnorm.UsageError, match=f"^{name} must be a whole number"):
+            hubnorm.run(q, g, b, progress=False, **bad)
+    with pytest.raises(hubnorm.UsageError, match="beta must be a number, not 'x'"):
+        hubnorm.run(q, g, b, beta="x", progress=False)
+    with pytest.raises(hubnorm.UsageError, match="name at least one method"):
+        hubnorm.run(q, g, b, methods=[], progress=False)
+    with pytest.raises(hubnorm.UsageError, match=r"usage: k=5000 is larger than the gallery"):
+        hubnorm.run(q, g, b, k=5000, progress=False)
+    with pytest.raises(hubnorm.UsageError, match=r"nnn_k=5000 .*bank"):
+        hubnorm.run(q, g, b, methods="nnn", nnn_k=5000, progress=False)
+    # A memory limit in bytes is a limit like "1MiB".
+    with pytest.raises(hubnorm.MemoryLimitError, match="memory_limit=1.0 MiB is below"):
+        hubnorm.run(q, g, b, memory_limit=1 << 20, progress=False)
+    # Without a bank (and not transductive), and with both.
+    with pytest.raises(hubnorm.UsageError, match="a query bank is needed: bank=PATH"):
+        hubnorm.run(q, g, methods="none", progress=False)
+    with pytest.raises(hubnorm.UsageError, match="bank cannot be used with transductive=True"):
+        hubnorm.run(q, g, b, methods="is", transductive=True, progress=False)
+    assert hubnorm.run(q, g, methods="is", transductive=True, progress=False).summary
+    # out= naming a file: the run writes a folder of three files.
+    existing = tmp_path / "existing.parquet"
+    existing.write_bytes(b"mine")
+    with pytest.raises(hubnorm.UsageError, match="existing.parquet is a file, where the output"):
+        hubnorm.run(q, g, b, out=existing, progress=False)
+    assert existing.read_bytes() == b"mine"
+
+
+def test_skip_missing_skips_queries_whose_targets_are_not_in_the_gallery(samples):
+    q, g, b = (sample(samples, n) for n in ("queries", "gallery", "bank"))
+    queries = pq.read_table(q)
+    targets = queries.column("target_id").to_pylist()
+    targets[3] = ["no-such-item"] if isinstance(targets[3], list) else "no-such-item"
+    lost = queries.set_column(queries.schema.get_field_index("target_id"), "target_id",
+                              pa.array(targets, queries.schema.field("target_id").type))
+    with pytest.raises(hubnorm.InputError, match="skip_missing=True") as raised:
+        hubnorm.run(lost, g, b, methods="none", progress=False)
+    assert (raised.value.row, raised.value.column) == (3, "target_id")
+    run = hubnorm.run(lost, g, b, methods="none", skip_missing=True, progress=False)
+    assert run.summary["methods"][0]["queries_skipped"] == 1, run.summary["methods"][0]
+
+
+def test_hubness_refuses_k_beyond_the_lists(samples):
+    q, g, b = (sample(samples, n) for n in ("queries", "gallery", "bank"))
+    run = hubnorm.run(q, g, b, methods="none", k=5, progress=False)
+    assert set(hubnorm.hubness(run.results, g, k=5)) == {"none"}
+    with pytest.raises(hubnorm.UsageError, match=r"k=10 is longer than the lists .*none: 5 entries"):
+        hubnorm.hubness(run.results, g, k=10)

@@ -312,7 +312,7 @@ pub fn join_late_columns(
         .build()
         .map_err(|e| HubnormError::parquet(spool, e))?;
     let mut row = 0usize;
-    for batch in reader {
+    for batch in crate::source::CheckedBatches::new(reader, spool) {
         let batch = batch?;
         let n = batch.num_rows();
         let mut columns = batch.columns().to_vec();

@@ -498,8 +498,8 @@ pub(crate) fn dimension_error(table: &EmbeddingTable, reference: &EmbeddingTable
         0,
         &column,
         format!(
-            "the {} has dimension {} but the {} has dimension {}",
-            table.role, table.dim, reference.role, reference.dim
+            "embeddings of dimension {} in the {}, but {} in the {}",
+            table.dim, table.role, reference.dim, reference.role
         ),
     )
 }

@@ -205,8 +205,8 @@ impl Checkpoint {
             let reader = crate::source::open_parquet(path)?
                 .build()
                 .map_err(|e| HubnormError::parquet(path, e))?;
-            for batch in reader {
-                let batch = batch.map_err(|e| HubnormError::parquet(path, e.into()))?;
+            for batch in crate::source::CheckedBatches::new(reader, path) {
+                let batch = batch?;
                 let batch = RecordBatch::try_new(schema.clone(), batch.columns().to_vec())
                     .map_err(|_| {
                         HubnormError::input(
@@ -611,8 +611,8 @@ fn read_activation(path: &Path, point: &mut ResumePoint) -> Result<()> {
         .map_err(|e| HubnormError::parquet(path, e))?;
     let corrupt =
         |what: &str| HubnormError::input(path, None, None, format!("corrupt checkpoint: {what}"));
-    for batch in reader {
-        let batch = batch.map_err(|e| HubnormError::input(path, None, None, e.to_string()))?;
+    for batch in crate::source::CheckedBatches::new(reader, path) {
+        let batch = batch?;
         if batch.schema().fields() != activation_schema().fields() {
             return Err(corrupt("unexpected columns"));
         }

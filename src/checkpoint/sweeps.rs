@@ -154,8 +154,8 @@ fn read(path: &Path, targets: usize, sources: usize) -> Result<SinkhornResume> {
     let reader = builder
         .build()
         .map_err(|e| HubnormError::parquet(path, e))?;
-    for batch in reader {
-        let batch = batch.map_err(|e| HubnormError::parquet(path, e.into()))?;
+    for batch in crate::source::CheckedBatches::new(reader, path) {
+        let batch = batch?;
         if batch.schema().fields() != schema().fields() {
             return Err(corrupt("unexpected columns"));
         }

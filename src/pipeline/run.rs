@@ -36,6 +36,21 @@ pub fn declare_run_tables(
     Ok(declared.and(stats))
 }
 
+/// A run has a query bank or is transductive, not both: the command
+/// line's rules, for the library's other callers (the Python package) too.
+pub(crate) fn check_bank_choice(job: &RunJob) -> Result<()> {
+    match (job.transductive, job.bank.is_empty()) {
+        (true, false) => Err(HubnormError::Usage(
+            "--bank cannot be used with --transductive (which uses the test queries as the bank)"
+                .into(),
+        )),
+        (false, true) => Err(HubnormError::Usage(
+            "a query bank is needed: --bank PATH (training-split queries), or --transductive to use the test queries themselves".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `hubnorm run`: pass 1, pass 2 and the summary, into `job.out_dir`.
 /// Nothing appears under the final names unless every output is complete.
 pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
@@ -104,6 +119,7 @@ pub(crate) fn run_uncommitted(
     methods.extend(job.methods.iter().filter(|m| m.kind() != none));
     let methods = check_methods(&methods, job.gallery_bank.is_some())?;
     job.options.precision.check_methods(&methods)?;
+    check_bank_choice(job)?;
     if job.transductive {
         if let Some(m) = methods
             .iter()

@@ -360,8 +360,8 @@ fn read_potentials(path: &Path, rows: usize) -> Result<Vec<f64>> {
         .build()
         .map_err(|e| HubnormError::parquet(path, e))?;
     let mut g = Vec::with_capacity(rows);
-    for batch in reader {
-        let batch = batch.map_err(|e| HubnormError::parquet(path, e.into()))?;
+    for batch in crate::source::CheckedBatches::new(reader, path) {
+        let batch = batch?;
         let column = batch
             .column_by_name(POTENTIAL_COLUMN)
             .and_then(|c| c.as_primitive_opt::<arrow::datatypes::Float64Type>())

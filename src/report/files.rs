@@ -14,7 +14,7 @@ use crate::error::{HubnormError, Result};
 use crate::ids::{id_at, IdIndex};
 use crate::report::compare::{Comparison, MethodFigures};
 use crate::sink::{AtomicFile, ParquetSink};
-use crate::source::{memory, normalise_ids, open_parquet, EmbeddingTable};
+use crate::source::{memory, normalise_ids, open_parquet, CheckedBatches, EmbeddingTable};
 
 /// Reads the named columns of one Parquet file (all rows); a name the file
 /// lacks is an error naming the file and column.
@@ -39,8 +39,8 @@ pub fn read_file_columns(path: &Path, names: &[&str]) -> Result<Vec<ArrayRef>> {
         .build()
         .map_err(|e| HubnormError::input(path, None, None, format!("cannot read: {e}")))?;
     let mut batches = Vec::new();
-    for batch in reader {
-        batches.push(batch.map_err(|e| HubnormError::parquet(path, e.into()))?);
+    for batch in CheckedBatches::new(reader, path) {
+        batches.push(batch?);
     }
     // The projected batch keeps the file's column order.
     let mut sorted = roots.clone();

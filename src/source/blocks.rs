@@ -2,7 +2,7 @@
 //! (ids, finite values, dimension), converted to f32, normalised when asked,
 //! and copied into contiguous row-major blocks.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use arrow::array::{
     Array, ArrayRef, AsArray, FixedSizeListArray, GenericListArray, OffsetSizeTrait,
@@ -610,6 +610,52 @@ fn next_parquet_batch(
     match next {
         Ok(next) => next.map(|batch| batch.map_err(|e| e.to_string())),
         Err(_) => Some(Err("the decoder failed on damaged data".into())),
+    }
+}
+
+/// The record batches of a Parquet reader built outside [`BlockReader`]
+/// (stats, results, checkpoint and spool files), each decoding failure (the
+/// decoder's panics on damaged pages included, see [`next_parquet_batch`])
+/// an input error naming the file and where the failed batch starts;
+/// nothing after the first error.
+pub(crate) struct CheckedBatches {
+    reader: Option<ParquetRecordBatchReader>,
+    path: PathBuf,
+    first_row: u64,
+}
+
+impl CheckedBatches {
+    /// The batches of `reader`, which reads the file at `path`.
+    pub(crate) fn new(reader: ParquetRecordBatchReader, path: &Path) -> Self {
+        CheckedBatches {
+            reader: Some(reader),
+            path: path.to_path_buf(),
+            first_row: 0,
+        }
+    }
+}
+
+impl Iterator for CheckedBatches {
+    type Item = Result<RecordBatch>;
+    fn next(&mut self) -> Option<Self::Item> {
+        match next_parquet_batch(self.reader.as_mut()?)? {
+            Ok(batch) => {
+                self.first_row += batch.num_rows() as u64;
+                Some(Ok(batch))
+            }
+            Err(e) => {
+                self.reader = None;
+                Some(Err(HubnormError::input(
+                    &self.path,
+                    None,
+                    None,
+                    format!(
+                        "cannot decode Parquet data (the batch from row {} on): {e}",
+                        self.first_row
+                    ),
+                )))
+            }
+        }
     }
 }
 

@@ -159,9 +159,25 @@ pub fn read_to_string(path: &Path) -> Result<String> {
 /// Makes the folder `path` (an object store has no folders: nothing to do).
 pub fn create_dir_all(path: &Path) -> Result<()> {
     match locate(path)? {
-        Location::Local(p) => std::fs::create_dir_all(&p).map_err(|e| HubnormError::io(path, e)),
+        Location::Local(p) => create_local_dir_all(&p),
         Location::Remote(url) => url.check_writable(),
     }
+}
+
+/// Makes the local folder `dir` and those above it; a file in the way is a
+/// usage error naming it (an output path names a folder there).
+pub fn create_local_dir_all(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        let in_the_way = dir.ancestors().find(|d| d.is_file());
+        match in_the_way {
+            Some(file) => HubnormError::Usage(format!(
+                "{} is a file, where the output needs a folder ({}); choose another --out",
+                file.display(),
+                dir.display()
+            )),
+            None => HubnormError::io(dir, e),
+        }
+    })
 }
 
 /// Moves a file or an object (an object store copies, then deletes).

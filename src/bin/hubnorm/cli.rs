@@ -119,7 +119,7 @@ pub struct ExecutorArgs {
 /// Column names, normalisation, memory and threads.
 #[derive(Debug, Clone, Args)]
 pub struct CommonArgs {
-    /// Name of the id column (Utf8, LargeUtf8 or Int64).
+    /// Name of the id column (strings, or integers up to Int64 / UInt32).
     #[arg(long, default_value = "id")]
     pub id_column: String,
     /// Name of the embedding column (FixedSizeList or List of Float16/32/64).
