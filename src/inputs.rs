@@ -14,6 +14,7 @@ pub(crate) fn with_threads<T: Send>(
     threads: usize,
     f: impl FnOnce() -> Result<T> + Send,
 ) -> Result<T> {
+    check_threads(threads)?;
     // The workers report their plans where the caller's thread does.
     let ledger = crate::plan::current_ledger();
     let pool = rayon::ThreadPoolBuilder::new()
@@ -24,6 +25,21 @@ pub(crate) fn with_threads<T: Send>(
         .build()
         .map_err(|e| HubnormError::Internal(format!("cannot start worker threads: {e}")))?;
     pool.install(f)
+}
+
+/// The most worker threads a job starts: far more than any machine has
+/// cores, and few enough that the stacks and per-thread buffers of a typo
+/// (`--threads 100000`) are refused instead of exhausting memory.
+pub const MAX_THREADS: usize = 1024;
+
+/// Refuses a thread count above [`MAX_THREADS`] (0 is one per core).
+pub fn check_threads(threads: usize) -> Result<()> {
+    if threads > MAX_THREADS {
+        return Err(HubnormError::Usage(format!(
+            "--threads {threads} is more than {MAX_THREADS}; use 0 for one thread per core"
+        )));
+    }
+    Ok(())
 }
 
 pub(crate) fn open_table(

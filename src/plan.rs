@@ -104,15 +104,32 @@ fn round_down(x: usize, align: usize) -> usize {
     x / align * align
 }
 
+/// `bytes` rounded up to what [`human_bytes`] shows (a tenth of its unit),
+/// so that the figure, given back as a limit, is not below `bytes`.
+fn round_up_as_shown(bytes: usize) -> usize {
+    let mut unit = 1f64;
+    while bytes as f64 >= unit * 1024.0 && unit < 1024f64.powi(4) {
+        unit *= 1024.0;
+    }
+    if unit == 1.0 {
+        return bytes;
+    }
+    // One byte over, against the parse of the decimal figure rounding down.
+    let tenths = ((bytes as f64 + 1.0) / (unit / 10.0)).ceil();
+    (tenths * unit / 10.0).ceil() as usize
+}
+
 fn round_up(x: usize, align: usize) -> usize {
     x.div_ceil(align) * align
 }
 
 impl PlanRequest {
-    /// Chooses block sizes, or explains how much memory would be needed.
-    pub fn plan(&self) -> Result<BlockPlan> {
+    /// The record batch rows, one reader's bytes and the bytes held
+    /// whatever the blocks, under `budget` (a larger budget reads larger
+    /// batches).
+    fn fixed_bytes(&self, budget: usize) -> (usize, usize, usize) {
         let row_bytes = self.dim.max(1) * 4;
-        let batch_rows = (self.budget / 32 / row_bytes).clamp(MIN_BATCH_ROWS, MAX_BATCH_ROWS);
+        let batch_rows = (budget / 32 / row_bytes).clamp(MIN_BATCH_ROWS, MAX_BATCH_ROWS);
         // A decoded batch, its repetition/definition levels and one page
         // buffer; with object-store inputs, the ranged reads' windows too.
         let reader_bytes = 4 * batch_rows * row_bytes
@@ -122,14 +139,31 @@ impl PlanRequest {
             + reader_bytes
             + self.threads.max(1) * tile_workspace_bytes(self.dim)
             + self.resident_bytes;
-        let minimum = fixed
+        (batch_rows, reader_bytes, fixed)
+    }
+
+    /// The smallest budget holding the fixed bytes and one aligned block of
+    /// each side under `budget`.
+    fn minimum_under(&self, budget: usize) -> usize {
+        self.fixed_bytes(budget).2
             + self.outer_align * self.outer_row_bytes
-            + self.inner_align * self.inner_row_bytes;
-        if self.budget < minimum {
+            + self.inner_align * self.inner_row_bytes
+    }
+
+    /// Chooses block sizes, or explains how much memory would be needed.
+    pub fn plan(&self) -> Result<BlockPlan> {
+        let (batch_rows, reader_bytes, fixed) = self.fixed_bytes(self.budget);
+        if self.budget < self.minimum_under(self.budget) {
+            // The figure quoted must be enough: a larger budget reads larger
+            // batches, so the minimum is the least budget that covers its own.
+            let mut needed = round_up_as_shown(self.minimum_under(self.budget));
+            while self.minimum_under(needed) > needed {
+                needed = round_up_as_shown(self.minimum_under(needed));
+            }
             return Err(HubnormError::Budget(format!(
-                "--memory-limit {} is below the {} this job needs at least ({} of it held for the whole run: ids, corrections, counts); raise the limit",
+                "--memory-limit {} is below the {} this pass needs at least ({} of it held for the whole run: ids, corrections, counts); raise the limit",
                 human_bytes(self.budget as u64),
-                human_bytes(minimum as u64),
+                human_bytes(needed as u64),
                 human_bytes(self.resident_bytes as u64),
             )));
         }
@@ -200,6 +234,45 @@ mod tests {
             inner_total_rows: 1_000_000,
             outer_align: 256,
             inner_align: 1024,
+        }
+    }
+
+    /// The minimum a refusal quotes is enough, whatever the limit refused:
+    /// a larger limit reads larger batches, so the first figure once rose
+    /// with each limit the user tried.
+    #[test]
+    fn the_quoted_minimum_is_a_limit_that_plans() {
+        for dim in [8, 128, 384, 4096] {
+            let refused = [1usize << 10, 8 << 20, 20 << 20, 40 << 20];
+            for budget in refused {
+                let request = PlanRequest {
+                    dim,
+                    budget,
+                    ..request(budget)
+                };
+                let Err(err) = request.plan() else { continue };
+                let message = err.to_string();
+                let quoted = message
+                    .split("below the ")
+                    .nth(1)
+                    .and_then(|rest| rest.split(" this pass").next())
+                    .unwrap_or_else(|| panic!("{message}"));
+                let limit: crate::options::MemoryBudget = quoted.replace(' ', "").parse().unwrap();
+                let at_quoted = PlanRequest {
+                    budget: limit.bytes(),
+                    ..request.clone()
+                };
+                assert!(at_quoted.plan().is_ok(), "d = {dim}: {message}");
+                // Not far above the least that plans.
+                let less = PlanRequest {
+                    budget: limit.bytes() * 98 / 100,
+                    ..request.clone()
+                };
+                assert!(
+                    less.plan().is_err(),
+                    "d = {dim}: {message} is not the least"
+                );
+            }
         }
     }
 

@@ -247,17 +247,7 @@ impl AtomicFile {
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
-        let mut missing = Vec::new();
-        let mut ancestor = Some(dir);
-        while let Some(d) = ancestor.filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
-            missing.push(d.to_path_buf());
-            ancestor = d.parent();
-        }
-        crate::storage::create_local_dir_all(dir)?;
-        CREATED_DIRS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(missing);
+        create_output_dir(dir)?;
         let name = destination
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -476,6 +466,68 @@ fn remove_stale_temporaries(dir: &Path, name: &str) {
 /// Folders this process created for its outputs, deepest first; a failed
 /// run removes those left empty, so a refusal leaves no trace.
 static CREATED_DIRS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Makes the local folder `dir` and the missing ones above it, recorded
+/// in [`CREATED_DIRS`].
+fn create_output_dir(dir: &Path) -> Result<()> {
+    let missing = missing_dirs(dir);
+    crate::storage::create_local_dir_all(dir)?;
+    CREATED_DIRS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .extend(missing);
+    Ok(())
+}
+
+/// The folders from `dir` up that do not exist, deepest first.
+fn missing_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut missing = Vec::new();
+    let mut ancestor = Some(dir);
+    while let Some(d) = ancestor.filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+        missing.push(d.to_path_buf());
+        ancestor = d.parent();
+    }
+    missing
+}
+
+/// A job's local output folder, made (with the missing folders above it)
+/// and checked writable before the work starts, so that a long job cannot
+/// fail at its very end for want of permission.
+pub(crate) struct PreparedOutputDir {
+    /// The folders made, deepest first.
+    made: Vec<PathBuf>,
+}
+
+impl PreparedOutputDir {
+    /// Prepares `dir` (nothing to do on an object store).
+    pub(crate) fn prepare(dir: &Path) -> Result<Self> {
+        if crate::storage::is_remote(dir) {
+            return Ok(PreparedOutputDir { made: Vec::new() });
+        }
+        let made = missing_dirs(dir);
+        crate::storage::create_local_dir_all(dir)?;
+        let prepared = PreparedOutputDir { made };
+        let probe = dir.join(format!(".hubnorm-probe-{}", std::process::id()));
+        if let Err(e) = std::fs::File::create(&probe) {
+            prepared.remove_if_empty();
+            return Err(HubnormError::Usage(format!(
+                "cannot write into the output folder {}: {e}",
+                dir.display()
+            )));
+        }
+        let _ = std::fs::remove_file(&probe);
+        Ok(prepared)
+    }
+
+    /// After a failure: removes the folders made that are still empty, so
+    /// that a refusal leaves no trace.
+    pub(crate) fn remove_if_empty(self) {
+        for dir in &self.made {
+            // remove_dir refuses a folder that is not empty.
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
 
 impl Drop for AtomicFile {
     fn drop(&mut self) {
@@ -808,7 +860,13 @@ impl OutputLock {
                 .create(true)
                 .truncate(false)
                 .open(&path)
-                .map_err(|e| HubnormError::io(&path, e))?;
+                .map_err(|e| {
+                    HubnormError::Usage(format!(
+                        "cannot write the output {} (its lock file {}): {e}",
+                        output.display(),
+                        path.display()
+                    ))
+                })?;
             match file.try_lock() {
                 Ok(()) => {}
                 Err(std::fs::TryLockError::WouldBlock) => {
@@ -896,9 +954,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let output = dir.path().join("results.parquet");
         let held = OutputLock::acquire(&output).unwrap();
-        let err = OutputLock::acquire(&output)
-            .err()
-            .expect("the lock is held");
+        let Err(err) = OutputLock::acquire(&output) else {
+            panic!("the lock is held");
+        };
         let message = err.to_string();
         assert!(
             message.contains("is being written by another job of this process"),

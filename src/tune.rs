@@ -184,6 +184,45 @@ pub fn default_grid(kind: MethodKind) -> Vec<(&'static str, Vec<f64>)> {
         .collect()
 }
 
+/// Refuses a `--grid` axis no method tuned takes (a typo, or a method left
+/// out of `--methods`), which would otherwise be ignored.
+fn check_axes_apply(axes: &[GridAxis], kinds: &[MethodKind]) -> Result<()> {
+    let names = || {
+        kinds
+            .iter()
+            .map(|k| k.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for axis in axes {
+        let takes = |kind: &MethodKind| {
+            kind.method()
+                .parameters()
+                .iter()
+                .any(|p| p.name == axis.parameter)
+        };
+        match axis.method {
+            Some(kind) if !kinds.contains(&kind) => {
+                return Err(HubnormError::Usage(format!(
+                    "--grid {kind}.{}: {kind} is not among the methods tuned ({})",
+                    axis.parameter,
+                    names()
+                )))
+            }
+            None if !kinds.iter().any(takes) => {
+                return Err(HubnormError::Usage(format!(
+                    "--grid {}: none of the methods tuned ({}) has a parameter '{}'",
+                    axis.parameter,
+                    names(),
+                    axis.parameter
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// The most points a method's grid may have.
 pub const MAX_GRID_POINTS: usize = 10_000;
 
@@ -287,7 +326,7 @@ fn require_targets(queries: &EmbeddingTable) -> Result<()> {
         None,
         Some(&queries.options().target_column),
         format!(
-            "the {} need ground truth to choose parameters by (a target column)",
+            "tuning needs ground truth in the {} to choose parameters by (a target column)",
             queries.role
         ),
     ))
@@ -320,6 +359,7 @@ pub fn tune(job: &TuneJob, progress: &dyn Progress) -> Result<TuneOutcome> {
     } else {
         job.methods.clone()
     };
+    check_axes_apply(&job.grid, &kinds)?;
     if let SelectionMetric::RecallAt(k) = job.metric {
         if !job.options.report.quality.recall_at.contains(&k) {
             return Err(HubnormError::Usage(format!(
@@ -616,4 +656,32 @@ pub fn grid_table(grid: &[GridPoint], metric: SelectionMetric) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grid_axis_no_method_tuned_takes_is_refused() {
+        let kind = |name: &str| MethodKind::named(name).unwrap();
+        let axes = |text: &str| vec![text.parse::<GridAxis>().unwrap()];
+        let (is, nnn) = (kind("is"), kind("nnn"));
+        assert!(check_axes_apply(&axes("beta=10,20"), &[is]).is_ok());
+        assert!(check_axes_apply(&axes("nnn.k=8,16"), &[is, nnn]).is_ok());
+        let typo = check_axes_apply(&axes("bta=10,20"), &[is, nnn]).unwrap_err();
+        assert!(
+            typo.to_string()
+                .contains("none of the methods tuned (is, nnn) has a parameter 'bta'"),
+            "{typo}"
+        );
+        let left_out = check_axes_apply(&axes("nnn.k=8,16"), &[is]).unwrap_err();
+        assert!(
+            left_out
+                .to_string()
+                .contains("nnn is not among the methods tuned (is)"),
+            "{left_out}"
+        );
+        assert_eq!(left_out.exit_code(), 2);
+    }
 }

@@ -1,6 +1,6 @@
 //! Every bad input of the streaming-engine issue, through the binary: exit
 //! code 2, a message that names the file, the row and the column, and no
-//! output left behind.
+//! output (nor output folder) left behind.
 mod common;
 
 use std::path::Path;
@@ -52,6 +52,8 @@ fn assert_refused(dir: &Path, file: &str, row: Option<u64>, column: Option<&str>
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "no output left behind: {left:?}");
+    // Not even the folder the run would have made for them.
+    assert!(!out.exists(), "{} is left behind", out.display());
 }
 
 fn ids(n: usize, prefix: &str) -> ArrayRef {
@@ -298,6 +300,83 @@ fn target_not_in_gallery() {
         Some(6),
         Some("target_id"),
         "not in the gallery",
+    );
+}
+
+/// A null target is refused with the way out, and skipped with
+/// `--skip-missing` (a query without a label); a target of another type
+/// than the gallery's ids says so.
+#[test]
+fn null_and_mistyped_targets() {
+    let dir = tempfile::tempdir().unwrap();
+    valid_case(dir.path());
+    let targets: Vec<Option<String>> = (0..10).map(|i| (i != 4).then(|| format!("g{i}"))).collect();
+    write_columns(
+        &dir.path().join("queries.parquet"),
+        vec![
+            ("id", ids(10, "q")),
+            ("embedding", fixed(vec![0.5; 40], 4, None)),
+            (
+                "target_id",
+                Arc::new(StringArray::from(targets)) as ArrayRef,
+            ),
+        ],
+    );
+    assert_refused(
+        dir.path(),
+        "queries.parquet",
+        Some(4),
+        Some("target_id"),
+        "null target id (pass --skip-missing",
+    );
+    let p = |n: &str| dir.path().join(n).display().to_string();
+    let skipped = hubnorm([
+        "run",
+        "--queries",
+        &p("queries.parquet"),
+        "--gallery",
+        &p("gallery.parquet"),
+        "--bank",
+        &p("bank.parquet"),
+        "--out",
+        &p("out"),
+        "--methods",
+        "none",
+        "--skip-missing",
+        "--quiet",
+    ])
+    .output();
+    assert_eq!(skipped.code(), Some(0), "{}", skipped.stderr());
+    let summary = std::fs::read_to_string(dir.path().join("out/summary.json")).unwrap();
+    assert!(summary.contains("\"queries_skipped\": 1"), "{summary}");
+    std::fs::remove_dir_all(dir.path().join("out")).unwrap();
+
+    // Integer targets against string gallery ids cast; string targets
+    // against integer gallery ids do not.
+    write_columns(
+        &dir.path().join("gallery.parquet"),
+        vec![
+            (
+                "id",
+                Arc::new(arrow::array::Int64Array::from_iter_values(0..10)) as ArrayRef,
+            ),
+            ("embedding", fixed(vec![0.5; 40], 4, None)),
+        ],
+    );
+    write_columns(
+        &dir.path().join("queries.parquet"),
+        vec![
+            ("id", ids(10, "q")),
+            ("embedding", fixed(vec![0.5; 40], 4, None)),
+            ("target_id", ids(10, "g")),
+        ],
+    );
+    assert_refused(
+        dir.path(),
+        "queries.parquet",
+        Some(0),
+        Some("target_id"),
+        "target id g0 (Utf8) cannot be matched with the gallery's ids (Int64)",
     );
 }
 

@@ -801,6 +801,9 @@ fn dual_softmax_matches_the_dense_reference_with_a_bank_and_transductive() {
         );
         j.gallery_bank = None;
         j.transductive = transductive;
+        if transductive {
+            j.bank = String::new();
+        }
         let summary = pipeline::run(&j, &Silent).unwrap();
         let expected = if transductive {
             dense(&q, false)

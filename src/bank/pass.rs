@@ -498,8 +498,15 @@ pub(crate) fn dimension_error(table: &EmbeddingTable, reference: &EmbeddingTable
         0,
         &column,
         format!(
-            "embeddings of dimension {} in the {}, but {} in the {}",
-            table.dim, table.role, reference.dim, reference.role
+            "embeddings of dimension {} in the {}, but {} in the {} ({})",
+            table.dim,
+            table.role,
+            reference.dim,
+            reference.role,
+            reference
+                .parts
+                .first()
+                .map_or_else(String::new, |p| p.path.display().to_string())
         ),
     )
 }

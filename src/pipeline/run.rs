@@ -102,7 +102,7 @@ pub(crate) fn commit_all(files: Vec<AtomicFile>) -> Result<()> {
 
 /// Both passes and the summary into uncommitted files; `extra_outputs`
 /// are further names in `job.out_dir` a caller will write (refused when they
-/// exist, as run's own).
+/// exist, as run's own). A failure leaves no folder it made.
 pub(crate) fn run_uncommitted(
     job: &RunJob,
     command: &'static str,
@@ -152,7 +152,9 @@ pub(crate) fn run_uncommitted(
         refuse_output_in_inputs(&job.out_dir.join(name), &inputs)?;
         refuse_existing(&job.out_dir.join(name), overwrite)?;
     }
-    with_threads(job.options.threads, || {
+    // Checked before hours of work, not after them.
+    let out_dir = crate::sink::PreparedOutputDir::prepare(&job.out_dir)?;
+    let products = with_threads(job.options.threads, || {
         let queries = open_table("queries", &job.queries, &job.options, true)?;
         let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
         check_k_within(job.k, &gallery)?;
@@ -369,7 +371,11 @@ pub(crate) fn run_uncommitted(
             checkpoint,
             overwrite,
         })
-    })
+    });
+    if products.is_err() {
+        out_dir.remove_if_empty();
+    }
+    products
 }
 
 /// Refuses a run on `cluster` that a cluster cannot compute: outputs in

@@ -28,13 +28,33 @@ pub fn resolve_targets(
     // one left with none has no ground truth and is counted as skipped.
     let skip_missing = queries.options().skip_missing_targets;
     let id_type = index.ids().data_type().clone();
-    let lookup = |values: &ArrayRef, row: usize| -> Result<Vec<u32>> {
-        let values = cast_ids(values, &id_type)?;
+    // `given`: a query's target ids as the file has them; `values`: the
+    // same cast to the gallery's id type (null where a value does not cast).
+    let lookup = |given: &ArrayRef, values: &ArrayRef, row: usize| -> Result<Vec<u32>> {
         let mut rows = Vec::with_capacity(values.len());
         for i in 0..values.len() {
             let global = block.first_row + row as u64;
+            if given.is_null(i) && skip_missing {
+                continue;
+            }
+            if given.is_null(i) {
+                return Err(queries.row_error(
+                    global,
+                    column,
+                    "null target id (pass --skip-missing to skip queries without a target)",
+                ));
+            }
             if values.is_null(i) {
-                return Err(queries.row_error(global, column, "null or unconvertible target id"));
+                let shown = arrow::util::display::array_value_to_string(given, i)
+                    .unwrap_or_else(|_| "this".into());
+                return Err(queries.row_error(
+                    global,
+                    column,
+                    format!(
+                        "target id {shown} ({}) cannot be matched with the gallery's ids ({id_type}): give the targets the ids' type",
+                        given.data_type()
+                    ),
+                ));
             }
             let id = id_at(values.as_ref(), i);
             match index.find(id) {
@@ -62,24 +82,28 @@ pub fn resolve_targets(
     match targets.data_type() {
         DataType::List(_) | DataType::LargeList(_) => {
             for row in 0..block.rows {
+                if targets.is_null(row) && skip_missing {
+                    lists.push(Vec::new());
+                    continue;
+                }
                 if targets.is_null(row) {
                     return Err(queries.row_error(
                         block.first_row + row as u64,
                         column,
-                        "null target list",
+                        "null target list (pass --skip-missing to skip queries without a target)",
                     ));
                 }
                 let values = match targets.data_type() {
                     DataType::List(_) => targets.as_list::<i32>().value(row),
                     _ => targets.as_list::<i64>().value(row),
                 };
-                lists.push(lookup(&values, row)?);
+                lists.push(lookup(&values, &cast_ids(&values, &id_type)?, row)?);
             }
         }
         _ => {
             let all = cast_ids(targets, &id_type)?;
             for row in 0..block.rows {
-                lists.push(lookup(&all.slice(row, 1), row)?);
+                lists.push(lookup(&targets.slice(row, 1), &all.slice(row, 1), row)?);
             }
         }
     }

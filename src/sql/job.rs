@@ -237,6 +237,7 @@ pub fn run_sql(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
         .as_deref()
         .map(crate::sink::OutputLock::acquire)
         .transpose()?;
+    crate::inputs::check_threads(job.options.threads)?;
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if job.options.threads > 0 {
         builder.worker_threads(job.options.threads);

@@ -50,11 +50,15 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            // Print the whole chain of causes.
+            // Print the chain of causes, but for those the message already
+            // quotes (an I/O error's text is part of hubnorm's own).
             let mut message = format!("error: {err}");
             let mut source = std::error::Error::source(&err);
             while let Some(cause) = source {
-                message.push_str(&format!("\n  caused by: {cause}"));
+                let text = cause.to_string();
+                if !message.contains(&text) {
+                    message.push_str(&format!("\n  caused by: {text}"));
+                }
                 source = cause.source();
             }
             eprintln!("{message}");
