@@ -355,7 +355,7 @@ fn check_k_within(k: usize, gallery: &EmbeddingTable) -> Result<()> {
     Ok(())
 }
 
-/// `sinkhorn-pp` has no gallery statistic: it runs in `hubnorm run` only.
+/// `sinkhorn-pp` has no gallery statistic: it runs in `hubnorm run` and `compare` only.
 fn refuse_protocol(methods: &[MethodSpec], command: &str) -> Result<()> {
     if let Some(m) = methods.iter().find(|m| m.method().single_query()) {
         return Err(HubnormError::Usage(format!(

@@ -1,7 +1,8 @@
 //! `sinkhorn-pp`: the single-query Sinkhorn protocol of Yakovlev et al.
 //! 2023. Each test query is stacked with m − 1 bank queries and normalised
 //! on its own ([`crate::query::sinkhorn_pp`]): no gallery statistic, so it
-//! runs in `hubnorm run` only, within a cost limit.
+//! runs in `hubnorm run` and `hubnorm compare` (`stats`, `search` and
+//! `tune` refuse it), within a cost limit.
 
 use super::sinkhorn::{ITERATIONS, TAU};
 use super::{Domain, Export, InputSizes, Method, MethodSpec, Parameter, PlanContext};

@@ -1,7 +1,8 @@
 //! Methods as pass 2 sees them.
 //!
-//! The kernel computes a few *scorings* per query (each an additive
-//! correction s − h(g), or `gc`'s rank among the bank) in one stream over
+//! The kernel computes a few *scorings* per query (an additive correction
+//! s − h(g), `gc`'s rank among the bank, `dsl`'s dual softmax, `ls`'s or
+//! `nicdm`'s per-item scale, or `mp`'s Gaussians) in one stream over
 //! the gallery. A method then reports one of them per query: always the
 //! same one, or, for DIS and DualDIS, the one its activation sets select
 //! from the query's raw top-1. Reported scores may also subtract a term that

@@ -216,7 +216,7 @@ pub fn catalogue() -> Vec<FunctionDoc> {
             "hub_l2_normalize(v)",
             "SELECT id, hub_l2_normalize(embedding) AS embedding FROM gallery"),
         doc("hub_corrected_score", Scalar,
-            "raw score minus a gallery item's correction h(g): the score is, nnn, csls, dn, dual-is, sn and dbsn rank by",
+            "raw score minus a gallery item's correction h(g): the score is, nnn, csls, dn, dual-is, sn, dbsn and dissim-local rank by",
             "hub_corrected_score(raw_score, correction)",
             "SELECT r.query_id, r.gallery_id, hub_corrected_score(r.raw_score, s.\"is_beta20_correction\") FROM results r JOIN gallery_stats s USING (gallery_id)"),
         doc("hub_is_correction", Aggregate,

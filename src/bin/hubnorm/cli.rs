@@ -13,7 +13,7 @@ use hubnorm::report::QualityOptions;
 /// Hubness reduction for embedding retrieval: querybank normalisation as a
 /// streaming job over Parquet.
 ///
-/// Exit codes: 0 success, 1 internal or I/O failure, 2 bad input or usage.
+/// Exit codes: 0 success, 1 internal or I/O failure, 2 bad input or usage, 130 stopped by Ctrl-C or SIGTERM.
 #[derive(Debug, Parser)]
 #[command(name = "hubnorm", version, propagate_version = true)]
 pub struct Cli {
@@ -122,7 +122,7 @@ pub struct CommonArgs {
     /// Name of the id column (strings, or integers up to Int64 / UInt32).
     #[arg(long, default_value = "id")]
     pub id_column: String,
-    /// Name of the embedding column (FixedSizeList or List of Float16/32/64).
+    /// Name of the embedding column (FixedSizeList, List or LargeList of Float16/32/64).
     #[arg(long, default_value = "embedding")]
     pub embedding_column: String,
     /// Name of the ground-truth column of the queries (a gallery id or a list of them).
@@ -182,8 +182,8 @@ pub struct MethodArgs {
     /// tuned.json: {"methods": [{"method": "is", "parameters": {"beta": 30}}]}).
     #[arg(long, value_name = "FILE", conflicts_with_all = ["method", "methods"])]
     pub config: Option<PathBuf>,
-    /// Several methods, comma separated, computed in one stream over the
-    /// bank and one over the gallery (e.g. is,dis,nnn,csls).
+    /// Several methods, comma separated, computed together: in one read of
+    /// each input (e.g. is,dis,nnn,csls).
     #[arg(long, value_delimiter = ',')]
     pub methods: Vec<String>,
     /// The parameter flags of every registered method (`--beta`, `--nnn-k`, ...).
@@ -247,7 +247,7 @@ impl QualityArgs {
 #[derive(Debug, Clone, Args)]
 pub struct BankArgs {
     /// Gallery bank: items of the gallery modality from the training split
-    /// (needed by dual-is and dual-dis; used by dn for μ_G when given).
+    /// (needed by dual-is, dual-dis and dbsn; used by dn and mp when given).
     #[arg(long)]
     pub gallery_bank: Option<String>,
     /// Use a seeded uniform sample of N rows of each bank (e.g. to make gc fit).
@@ -303,7 +303,9 @@ pub struct RunArgs {
     pub overwrite: bool,
     #[command(flatten)]
     pub table: TableArgs,
-    /// Output directory (results.parquet, gallery_stats.parquet, summary.json).
+    /// Output directory (results.parquet, gallery_stats.parquet, summary.json;
+    /// compare adds compare.parquet, compare.md, report.parquet and
+    /// gallery_report.parquet).
     #[arg(long)]
     pub out: PathBuf,
     /// Continue an interrupted run from its checkpoint (OUT/run.checkpoint/):
@@ -344,8 +346,8 @@ pub struct StatsArgs {
     #[command(flatten)]
     pub table: TableArgs,
     /// Merge new gallery and bank parts into the existing --out file instead
-    /// of recomputing (its methods are kept; is, nnn, csls, gc and dsl merge,
-    /// the others are recomputed in full).
+    /// of recomputing (its methods are kept; is, nnn, csls, gc, dsl, mp, ls,
+    /// nicdm and dissim-local merge, the others are recomputed in full).
     #[arg(long, conflicts_with = "overwrite")]
     pub update: bool,
     /// Continue an interrupted run from its checkpoint (OUT.checkpoint/):
@@ -381,9 +383,9 @@ pub struct StatsArgs {
 pub struct ClusterJobArgs {
     /// Compute the pass on a cluster (`hubnorm cluster scheduler` and
     /// executors) instead of this process; the output is written here, the
-    /// same file bit for bit. Inputs must be readable from every executor
-    /// (shared storage or URLs). sn and dbsn (Sinkhorn sweeps over every
-    /// gallery row at once) are refused.
+    /// same file bit for bit (sn and dbsn, run as T + 1 sharded rounds:
+    /// potentials within 1e-6). Inputs must be readable from every executor
+    /// (shared storage or URLs).
     #[arg(long, value_name = "df://HOST:PORT")]
     pub cluster: Option<String>,
     /// With --cluster: shards, one task each: of gallery rows for stats

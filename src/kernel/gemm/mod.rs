@@ -3,8 +3,9 @@
 //! by a system BLAS the process chose once with [`use_blas`] (the command line's
 //! `HUBNORM_BLAS`).
 //!
-//! Before touching this, run `cargo bench --bench kernel`
-//! and compare `gemm_tile` against `naive_tile` and the machine peak in DESIGN.md.
+//! Before touching this, run `cargo bench --bench kernel` and compare
+//! `similarity_tile/gemm` against `similarity_tile/naive` and the machine
+//! peak in DESIGN.md.
 
 use std::path::Path;
 use std::sync::OnceLock;
