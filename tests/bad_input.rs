@@ -270,6 +270,18 @@ fn missing_column() {
     );
 }
 
+/// Ten queries of `valid_case`'s dimension with these targets.
+fn queries_with_targets(dir: &Path, targets: ArrayRef) {
+    write_columns(
+        &dir.join("queries.parquet"),
+        vec![
+            ("id", ids(10, "q")),
+            ("embedding", fixed(vec![0.5; 40], 4, None)),
+            ("target_id", targets),
+        ],
+    );
+}
+
 #[test]
 fn target_not_in_gallery() {
     let dir = tempfile::tempdir().unwrap();
@@ -283,17 +295,7 @@ fn target_not_in_gallery() {
             }
         })
         .collect();
-    write_columns(
-        &dir.path().join("queries.parquet"),
-        vec![
-            ("id", ids(10, "q")),
-            ("embedding", fixed(vec![0.5; 40], 4, None)),
-            (
-                "target_id",
-                Arc::new(StringArray::from(targets)) as ArrayRef,
-            ),
-        ],
-    );
+    queries_with_targets(dir.path(), Arc::new(StringArray::from(targets)));
     assert_refused(
         dir.path(),
         "queries.parquet",
@@ -311,17 +313,7 @@ fn null_and_mistyped_targets() {
     let dir = tempfile::tempdir().unwrap();
     valid_case(dir.path());
     let targets: Vec<Option<String>> = (0..10).map(|i| (i != 4).then(|| format!("g{i}"))).collect();
-    write_columns(
-        &dir.path().join("queries.parquet"),
-        vec![
-            ("id", ids(10, "q")),
-            ("embedding", fixed(vec![0.5; 40], 4, None)),
-            (
-                "target_id",
-                Arc::new(StringArray::from(targets)) as ArrayRef,
-            ),
-        ],
-    );
+    queries_with_targets(dir.path(), Arc::new(StringArray::from(targets)));
     assert_refused(
         dir.path(),
         "queries.parquet",
@@ -363,14 +355,7 @@ fn null_and_mistyped_targets() {
             ("embedding", fixed(vec![0.5; 40], 4, None)),
         ],
     );
-    write_columns(
-        &dir.path().join("queries.parquet"),
-        vec![
-            ("id", ids(10, "q")),
-            ("embedding", fixed(vec![0.5; 40], 4, None)),
-            ("target_id", ids(10, "g")),
-        ],
-    );
+    queries_with_targets(dir.path(), ids(10, "g"));
     assert_refused(
         dir.path(),
         "queries.parquet",
