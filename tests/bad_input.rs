@@ -11,24 +11,30 @@ use arrow::buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Field};
 use common::*;
 
+/// `hubnorm run` on the case in `dir` into `dir/out`, with `extra` flags.
+fn run_case(dir: &Path, extra: &[&str]) -> TestOutput {
+    let p = |n: &str| dir.join(n).display().to_string();
+    let mut args = vec![
+        "run".to_owned(),
+        "--queries".into(),
+        p("queries.parquet"),
+        "--gallery".into(),
+        p("gallery.parquet"),
+        "--bank".into(),
+        p("bank.parquet"),
+        "--out".into(),
+        p("out"),
+        "--quiet".into(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    hubnorm(args).output()
+}
+
 /// Runs `hubnorm run` and checks the failure is reported as bad input at
 /// `file`, `row`, `column`, with `phrase` in the message, and that nothing was written.
 fn assert_refused(dir: &Path, file: &str, row: Option<u64>, column: Option<&str>, phrase: &str) {
-    let p = |n: &str| dir.join(n).display().to_string();
     let out = dir.join("out");
-    let run = hubnorm([
-        "run",
-        "--queries",
-        &p("queries.parquet"),
-        "--gallery",
-        &p("gallery.parquet"),
-        "--bank",
-        &p("bank.parquet"),
-        "--out",
-        &out.display().to_string(),
-        "--quiet",
-    ])
-    .output();
+    let run = run_case(dir, &[]);
     let (code, stderr) = (run.code(), run.stderr());
     assert_eq!(code, Some(2), "exit code for {phrase}: {stderr}");
     assert!(
@@ -321,23 +327,7 @@ fn null_and_mistyped_targets() {
         Some("target_id"),
         "null target id (pass --skip-missing",
     );
-    let p = |n: &str| dir.path().join(n).display().to_string();
-    let skipped = hubnorm([
-        "run",
-        "--queries",
-        &p("queries.parquet"),
-        "--gallery",
-        &p("gallery.parquet"),
-        "--bank",
-        &p("bank.parquet"),
-        "--out",
-        &p("out"),
-        "--methods",
-        "none",
-        "--skip-missing",
-        "--quiet",
-    ])
-    .output();
+    let skipped = run_case(dir.path(), &["--methods", "none", "--skip-missing"]);
     assert_eq!(skipped.code(), Some(0), "{}", skipped.stderr());
     let summary = std::fs::read_to_string(dir.path().join("out/summary.json")).unwrap();
     assert!(summary.contains("\"queries_skipped\": 1"), "{summary}");
