@@ -22,7 +22,7 @@ use crate::report::html::{self, HubRow, MethodPage, PageInput, RecallBar, Tuning
 use crate::report::{KOccurrence, RankList};
 use crate::sink::refuse_existing;
 use crate::sink::write_text_atomically;
-use crate::source::{normalise_ids, open_parquet, CheckedBatches};
+use crate::source::{normalise_ids, open_parquet, CheckedBatches, ACCEPTED_ID_TYPES};
 
 /// Files `hubnorm compare` writes besides `hubnorm run`'s.
 pub const COMPARE_OUTPUTS: [&str; 4] = [
@@ -531,14 +531,14 @@ fn read_lists(
             bad(
                 first_row,
                 "query_id",
-                "ids must be strings (Utf8, LargeUtf8, Utf8View) or integers (Int8 to Int64, UInt8 to UInt32)".into(),
+                format!("ids must be {ACCEPTED_ID_TYPES}"),
             )
         })?;
         let gallery_ids = normalise_ids(batch.column(position(gallery_col))).map_err(|_| {
             bad(
                 first_row,
                 "gallery_id",
-                "ids must be strings (Utf8, LargeUtf8, Utf8View) or integers (Int8 to Int64, UInt8 to UInt32)".into(),
+                format!("ids must be {ACCEPTED_ID_TYPES}"),
             )
         })?;
         let method_values = match method_col {

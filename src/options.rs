@@ -105,7 +105,7 @@ pub struct ClusterJob {
 /// How embedding tables are read.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ReadOptions {
-    /// Name of the id column (strings, or integers up to Int64 / UInt32).
+    /// Name of the id column (strings, or integers that fit Int64; plain or dictionary-encoded).
     pub id_column: String,
     /// Name of the embedding column (FixedSizeList or List of Float16/32/64).
     pub embedding_column: String,

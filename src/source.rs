@@ -1,8 +1,8 @@
 //! Embedding tables: Parquet files, directories of parts, or globs, read in
 //! record batches into contiguous row-major f32 blocks, validated on the way.
 //!
-//! Accepted layouts: an id column of Utf8, LargeUtf8, Utf8View or an integer
-//! type (ids come out as Utf8 or Int64), and an embedding column that is a
+//! Accepted layouts: an id column of strings or integers, plain or
+//! dictionary-encoded (ids come out as Utf8 or Int64), and an embedding column that is a
 //! FixedSizeList, List or LargeList of Float16, Float32 or Float64. Every
 //! problem is reported with the file, the row within that file and the column.
 
@@ -45,7 +45,10 @@ impl IdKind {
         }
     }
 
-    fn of(data_type: &DataType) -> Option<IdKind> {
+    /// The kind a column of `data_type` normalises to, if it can hold ids.
+    /// Dictionary-encoded columns (a pandas categorical, written to Parquet
+    /// by pyarrow, reads back as one) count as their values' type.
+    pub(crate) fn of(data_type: &DataType) -> Option<IdKind> {
         match data_type {
             DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => Some(IdKind::Utf8),
             DataType::Int8
@@ -54,11 +57,16 @@ impl IdKind {
             | DataType::Int64
             | DataType::UInt8
             | DataType::UInt16
-            | DataType::UInt32 => Some(IdKind::Int64),
+            | DataType::UInt32
+            | DataType::UInt64 => Some(IdKind::Int64),
+            DataType::Dictionary(_, values) => IdKind::of(values),
             _ => None,
         }
     }
 }
+
+/// The id column types hubnorm reads, as messages list them.
+pub const ACCEPTED_ID_TYPES: &str = "strings (Utf8, LargeUtf8, Utf8View) or integers (Int8 to Int64, UInt8 to UInt64 below 2^63), plain or dictionary-encoded";
 
 /// An embedding table: its parts, dimension and column layout. Opening reads
 /// only the footers (and, for List embeddings, one row to learn the dimension).
@@ -768,7 +776,7 @@ fn locate_columns(
             None,
             Some(&options.id_column),
             format!(
-                "id column has type {}; expected strings (Utf8, LargeUtf8, Utf8View) or integers (Int8 to Int64, UInt8 to UInt32)",
+                "id column has type {}; expected {ACCEPTED_ID_TYPES}",
                 schema.field(id).data_type()
             ),
         ));

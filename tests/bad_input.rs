@@ -276,6 +276,29 @@ fn missing_column() {
     );
 }
 
+#[test]
+fn unsigned_id_beyond_int64() {
+    let dir = tempfile::tempdir().unwrap();
+    valid_case(dir.path());
+    // Ids come out as Int64; 2^63 does not fit one and must not become a
+    // null or a negative id.
+    let unsigned: Vec<u64> = (0..40).map(|i| if i == 17 { 1 << 63 } else { i }).collect();
+    write_columns(
+        &dir.path().join("gallery.parquet"),
+        vec![
+            ("id", Arc::new(arrow::array::UInt64Array::from(unsigned))),
+            ("embedding", fixed(vec![0.5; 160], 4, None)),
+        ],
+    );
+    assert_refused(
+        dir.path(),
+        "gallery.parquet",
+        Some(17),
+        Some("id"),
+        "id 9223372036854775808 is larger than 2^63 − 1",
+    );
+}
+
 /// Ten queries of `valid_case`'s dimension with these targets.
 fn queries_with_targets(dir: &Path, targets: ArrayRef) {
     write_columns(

@@ -5,6 +5,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::ArrayRef;
 
 use common::*;
 use hubnorm::bank::{ActivationState, RowMoments, SortedSimilarities};
@@ -331,6 +334,82 @@ fn multi_file_inputs_in_every_layout_give_the_same_results() {
         results_of(dir.path(), "single"),
         results_of(dir.path(), "multi")
     );
+}
+
+/// Writes `table` with its ids (and targets) as the arrays `ids` makes of
+/// their strings.
+fn write_with_ids(path: &Path, table: &Table, ids: impl Fn(&[String]) -> ArrayRef) {
+    let mut columns = vec![
+        ("id", ids(&table.ids)),
+        ("embedding", embedding_array(table, Layout::FixedF32)),
+    ];
+    if let Some(targets) = &table.targets {
+        columns.push(("target_id", ids(targets)));
+    }
+    write_columns(path, columns);
+}
+
+#[test]
+fn dictionary_encoded_and_unsigned_ids_are_read_as_their_values() {
+    use arrow::array::{DictionaryArray, UInt64Array};
+    use arrow::datatypes::Int32Type;
+    let dir = tempfile::tempdir().unwrap();
+    let c = case(10, 40, 300, 200, 8);
+    write_case(dir.path(), &c);
+    let plain = pipeline::run(
+        &run_job(dir.path(), "plain", 10, MemoryBudget::DEFAULT, 0),
+        &Silent,
+    )
+    .unwrap();
+    let digits = |s: &String| {
+        s.trim_start_matches(|ch: char| !ch.is_ascii_digit())
+            .parse::<u64>()
+            .unwrap()
+    };
+    // Unsigned ids come back as Int64: the plain results' ids as digits.
+    let as_digits = |rows: Vec<ResultRow>| -> Vec<ResultRow> {
+        rows.into_iter()
+            .map(|mut r| {
+                r.query_id = digits(&r.query_id).to_string();
+                r.gallery_id = digits(&r.gallery_id).to_string();
+                r
+            })
+            .collect()
+    };
+    type Ids = Box<dyn Fn(&[String]) -> ArrayRef>;
+    let layouts: [(&str, Ids); 2] = [
+        (
+            "dictionary",
+            Box::new(|ids| {
+                Arc::new(DictionaryArray::<Int32Type>::from_iter(
+                    ids.iter().map(String::as_str),
+                ))
+            }),
+        ),
+        (
+            "unsigned",
+            Box::new(move |ids| Arc::new(UInt64Array::from_iter_values(ids.iter().map(digits)))),
+        ),
+    ];
+    for (name, ids) in layouts {
+        let inputs = dir.path().join(name);
+        std::fs::create_dir(&inputs).unwrap();
+        write_with_ids(&inputs.join("queries.parquet"), &c.queries, &ids);
+        write_with_ids(&inputs.join("gallery.parquet"), &c.gallery, &ids);
+        write_with_ids(&inputs.join("bank.parquet"), &c.bank, &ids);
+        let summary = pipeline::run(
+            &run_job(&inputs, "out", 10, MemoryBudget::DEFAULT, 0),
+            &Silent,
+        )
+        .unwrap();
+        assert_eq!(plain, summary, "{name}");
+        let (want, got) = (results_of(dir.path(), "plain"), results_of(&inputs, "out"));
+        if name == "unsigned" {
+            assert_eq!(as_digits(want), got, "{name}");
+        } else {
+            assert_eq!(want, got, "{name}");
+        }
+    }
 }
 
 #[test]

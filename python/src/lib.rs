@@ -187,7 +187,13 @@ fn as_keywords(message: &str) -> String {
             .unwrap_or(after.len());
         let flag = &after[..len];
         rest = &after[len..];
-        if !flag.starts_with(|c: char| c.is_ascii_lowercase()) {
+        // A flag starts a word; `--` inside one is part of a path or a name
+        // (`/data/a--b/x.parquet`) and stays as it is.
+        let starts_word = out
+            .chars()
+            .next_back()
+            .is_none_or(|c| c.is_whitespace() || matches!(c, '`' | '(' | '\'' | '"' | '['));
+        if !starts_word || !flag.starts_with(|c: char| c.is_ascii_lowercase()) {
             out.push_str("--");
             out.push_str(flag);
             continue;

@@ -100,7 +100,11 @@ def in_memory_forms(path: str):
     table = pq.read_table(path)
     yield "pyarrow.Table", table
     yield "RecordBatchReader", pa.RecordBatchReader.from_batches(table.schema, table.to_batches(100))
-    yield "pandas", pytest.importorskip("pandas").DataFrame(table.to_pandas())
+    pandas = pytest.importorskip("pandas")
+    yield "pandas", pandas.DataFrame(table.to_pandas())
+    categorical = table.to_pandas()
+    categorical["id"] = categorical["id"].astype("category")
+    yield "pandas, categorical ids", categorical
     yield "polars", pytest.importorskip("polars").from_arrow(table)
 
 
@@ -128,6 +132,12 @@ def test_in_memory_inputs_give_the_path_results(samples):
     run = hubnorm.run(q, g, matrix(bank), **kwargs)
     assert results_rows(run.results).equals(expected)
     assert run.summary["methods"] == by_path.summary["methods"]
+    # Unsigned ids (numpy's uint64) come back as Int64.
+    unsigned = hubnorm.embeddings(matrix(gallery), ids=np.arange(gallery.num_rows, dtype=np.uint64))
+    run = hubnorm.run(matrix(queries), unsigned, matrix(bank), **kwargs)
+    assert run.results.schema.field("gallery_id").type == pa.int64()
+    assert run.results.column("gallery_id").to_pylist() == \
+        [gallery.column("id").to_pylist().index(i) for i in expected.column("gallery_id").to_pylist()]
 
 
 def cpu_has_avx512_bf16() -> bool:
@@ -648,6 +658,12 @@ def test_arguments_are_checked_in_the_packages_words(samples, tmp_path):
     with pytest.raises(hubnorm.UsageError, match="existing.parquet is a file, where the output"):
         hubnorm.run(q, g, b, out=existing, progress=False)
     assert existing.read_bytes() == b"mine"
+    # `--` inside a path is not a flag to translate.
+    dashed = tmp_path / "a--b" / "existing.parquet"
+    dashed.parent.mkdir()
+    dashed.write_bytes(b"mine")
+    with pytest.raises(hubnorm.UsageError, match="a--b/existing.parquet is a file"):
+        hubnorm.run(q, g, b, out=dashed, progress=False)
 
 
 def test_skip_missing_skips_queries_whose_targets_are_not_in_the_gallery(samples):

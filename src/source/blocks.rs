@@ -687,21 +687,41 @@ impl Iterator for BlockReader<'_> {
 }
 
 fn check_ids(ids: &ArrayRef, path: &Path, first_row: u64, column: &str) -> Result<()> {
+    let error = |i: usize, message: String| {
+        HubnormError::input(path, Some(first_row + i as u64), Some(column), message)
+    };
     if ids.null_count() > 0 {
         let i = (0..ids.len())
             .find(|&i| ids.is_null(i))
             .expect("a null exists");
-        return Err(HubnormError::input(
-            path,
-            Some(first_row + i as u64),
-            Some(column),
-            "null id",
-        ));
+        return Err(error(i, "null id".into()));
+    }
+    // Ids come out as Int64, so an unsigned id must fit one.
+    let unsigned = match ids.data_type() {
+        DataType::UInt64 => Some(ids.clone()),
+        DataType::Dictionary(_, values) if **values == DataType::UInt64 => {
+            Some(arrow::compute::cast(ids, &DataType::UInt64)?)
+        }
+        _ => None,
+    };
+    if let Some(unsigned) = unsigned {
+        let values = unsigned.as_primitive::<arrow::datatypes::UInt64Type>();
+        if let Some(i) = values.values().iter().position(|&v| v > i64::MAX as u64) {
+            return Err(error(
+                i,
+                format!(
+                    "id {} is larger than 2^63 − 1, the largest id hubnorm keeps (as Int64)",
+                    values.value(i)
+                ),
+            ));
+        }
     }
     Ok(())
 }
 
-/// Ids as Utf8 or Int64, whatever string or integer type the file used.
+/// Ids as Utf8 or Int64, whatever string or integer type the file used
+/// (dictionary-encoded ones decoded). An unsigned id beyond Int64 is an
+/// error, not a null.
 pub fn normalise_ids(ids: &ArrayRef) -> Result<ArrayRef> {
     let target = IdKind::of(ids.data_type())
         .ok_or_else(|| HubnormError::Internal(format!("unexpected id type {}", ids.data_type())))?
@@ -709,7 +729,11 @@ pub fn normalise_ids(ids: &ArrayRef) -> Result<ArrayRef> {
     if ids.data_type() == &target {
         Ok(ids.clone())
     } else {
-        Ok(arrow::compute::cast(ids, &target)?)
+        let strict = arrow::compute::CastOptions {
+            safe: false,
+            ..Default::default()
+        };
+        Ok(arrow::compute::cast_with_options(ids, &target, &strict)?)
     }
 }
 

@@ -280,7 +280,8 @@ pub fn queries_near(rng: &mut StdRng, gallery: &Table, rows: usize, noise: f32) 
     }
 }
 
-fn embedding_array(table: &Table, layout: Layout) -> ArrayRef {
+/// The embedding column of `table` in `layout`.
+pub fn embedding_array(table: &Table, layout: Layout) -> ArrayRef {
     let n = table.rows();
     let d = table.dim as i32;
     let item = |t: DataType| Arc::new(Field::new("item", t, true));

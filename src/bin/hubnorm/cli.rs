@@ -119,7 +119,7 @@ pub struct ExecutorArgs {
 /// Column names, normalisation, memory and threads.
 #[derive(Debug, Clone, Args)]
 pub struct CommonArgs {
-    /// Name of the id column (strings, or integers up to Int64 / UInt32).
+    /// Name of the id column (strings, or integers that fit Int64; plain or dictionary-encoded).
     #[arg(long, default_value = "id")]
     pub id_column: String,
     /// Name of the embedding column (FixedSizeList, List or LargeList of Float16/32/64).
@@ -211,17 +211,31 @@ pub struct QualityArgs {
     /// instead of refusing them.
     #[arg(long)]
     pub skip_missing: bool,
-    /// How the passes compute similarities: exact (f32 tiles), screened (a
-    /// bf16 screen, re-scoring in f32 every item it cannot rule out: the
-    /// same lists and scores; needs AVX512_BF16; methods scoring s − h(g);
-    /// pass 1's top-k statistics too), or auto (screened where the CPU and
-    /// methods allow). docs/precision.md.
+}
+
+/// How the passes compute similarities (commands that compute them).
+#[derive(Debug, Clone, Args)]
+pub struct PrecisionArgs {
+    /// How similarities are computed: exact (f32 tiles), screened (a bf16
+    /// screen, re-scoring in f32 every item it cannot rule out: the same
+    /// lists and scores; needs AVX512_BF16; for searches of methods scoring
+    /// s − h(g) and pass 1's top-k statistics: nnn, csls, ls, nicdm,
+    /// dissim-local), or auto (screened where the CPU and methods allow).
+    /// docs/precision.md.
     #[arg(long, default_value = "exact", value_parser = parse_precision)]
     pub precision: Precision,
 }
 
 fn parse_precision(s: &str) -> Result<Precision, String> {
     s.parse().map_err(|e: hubnorm::HubnormError| e.to_string())
+}
+
+impl PrecisionArgs {
+    /// This choice applied to `options`.
+    pub fn apply(&self, mut options: PassOptions) -> PassOptions {
+        options.precision = self.precision;
+        options
+    }
 }
 
 impl QualityArgs {
@@ -233,7 +247,6 @@ impl QualityArgs {
             ));
         }
         options.read.skip_missing_targets = self.skip_missing;
-        options.precision = self.precision;
         options.report.quality = QualityOptions {
             recall_at: self.recall_at.clone(),
             bootstrap: self.bootstrap,
@@ -298,6 +311,8 @@ pub struct RunArgs {
     pub k: usize,
     #[command(flatten)]
     pub quality: QualityArgs,
+    #[command(flatten)]
+    pub precision: PrecisionArgs,
     /// Replace outputs that already exist.
     #[arg(long)]
     pub overwrite: bool,
@@ -365,13 +380,8 @@ pub struct StatsArgs {
     /// Output file (gallery_stats.parquet).
     #[arg(long)]
     pub out: PathBuf,
-    /// How the statistics made of top-k lists (nnn, csls, ls, nicdm,
-    /// dissim-local) are computed: exact (f32 tiles), screened (a bf16
-    /// screen, re-scoring in f32 every similarity that could enter a list:
-    /// the same lists; needs AVX512_BF16) or auto (screened where the CPU
-    /// allows). docs/precision.md.
-    #[arg(long, default_value = "exact", value_parser = parse_precision)]
-    pub precision: Precision,
+    #[command(flatten)]
+    pub precision: PrecisionArgs,
     #[command(flatten)]
     pub cluster: ClusterJobArgs,
     #[command(flatten)]
@@ -425,6 +435,8 @@ pub struct SearchArgs {
     pub k: usize,
     #[command(flatten)]
     pub quality: QualityArgs,
+    #[command(flatten)]
+    pub precision: PrecisionArgs,
     /// Replace the output if it exists.
     #[arg(long)]
     pub overwrite: bool,
@@ -537,6 +549,8 @@ pub struct TuneArgs {
     pub tol: Option<f64>,
     #[command(flatten)]
     pub quality: QualityArgs,
+    #[command(flatten)]
+    pub precision: PrecisionArgs,
     /// Also write a self-contained HTML page with the tuning curves.
     #[arg(long)]
     pub html: Option<PathBuf>,
@@ -727,7 +741,9 @@ impl RunArgs {
             k: self.k,
             out_dir: self.out.clone(),
             overwrite,
-            options: self.quality.apply(self.method.pass_options(&self.common))?,
+            options: self
+                .quality
+                .apply(self.precision.apply(self.method.pass_options(&self.common)))?,
             cluster: self.cluster.job(),
             checkpoint: checkpoint_options(
                 !self.no_checkpoint && self.cluster.job().is_none(),
@@ -779,8 +795,7 @@ impl StatsArgs {
             self.checkpoint_interval,
             self.resume,
         )?;
-        let mut options = self.method.pass_options(&self.common);
-        options.precision = self.precision;
+        let options = self.precision.apply(self.method.pass_options(&self.common));
         Ok(hubnorm::pipeline::StatsJob {
             gallery: self.gallery.clone(),
             bank: self.bank.clone(),

@@ -116,7 +116,9 @@ pub fn tune(args: TuneArgs) -> Result<()> {
         .iter()
         .map(|g| g.parse::<GridAxis>())
         .collect::<Result<Vec<_>>>()?;
-    let mut options = args.quality.apply(args.common.pass_options())?;
+    let mut options = args
+        .quality
+        .apply(args.precision.apply(args.common.pass_options()))?;
     options.sinkhorn_tolerance = args.tol;
     let job = TuneJob {
         gallery: args.gallery,

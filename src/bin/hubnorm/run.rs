@@ -155,7 +155,9 @@ fn search_with(args: SearchArgs, methods: Vec<MethodSpec>) -> Result<()> {
         k: args.k,
         out: args.out.clone(),
         overwrite: args.table.apply(vec![args.out.clone()], args.overwrite)?,
-        options: args.quality.apply(args.common.pass_options())?,
+        options: args
+            .quality
+            .apply(args.precision.apply(args.common.pass_options()))?,
     };
     let summary = match args.cluster.job() {
         Some(cluster) => pipeline::run_search_on(&job, &cluster)?,
