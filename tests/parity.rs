@@ -668,7 +668,8 @@ fn inverted_softmax_state_merges_like_one_pass() {
             Rows::new(&g, dim),
             &betas,
             &mut states,
-        );
+        )
+        .unwrap();
         states
     };
     let whole = pass(0..700);
@@ -759,7 +760,8 @@ fn every_bank_state_merges_like_one_pass() {
             cols.start as u32,
             &request,
             &mut states,
-        );
+        )
+        .unwrap();
         (states, row_tops)
     };
     let (whole, whole_tops) = pass(0..nb, 0..ng);

@@ -528,7 +528,7 @@ fn screened_columns_equal_exact(
     for (b, block) in bank.chunks(block_rows * dim).enumerate() {
         let rows = Rows::new(block, dim);
         let first_row = (b * block_rows) as u32;
-        column_statistics(rows, g, first_row, 7, &request, &mut exact);
+        column_statistics(rows, g, first_row, 7, &request, &mut exact).unwrap();
         let screened_bank = ScreenedRows::queries(rows).expect("in bf16 range");
         let screen = Screen::new(&screened_bank, &screened_gallery);
         let (_, c) = column_statistics_screened(
@@ -538,7 +538,8 @@ fn screened_columns_equal_exact(
             &request,
             &mut screened,
             Some(screen),
-        );
+        )
+        .unwrap();
         counts.0 += c.screened;
         counts.1 += c.rescored;
     }

@@ -319,7 +319,7 @@ pub fn compute_bank_statistics(
                     &input.request,
                     &mut chunk_states,
                     copies.as_ref().map(|(rows, cols)| Screen::new(rows, cols)),
-                );
+                )?;
                 output.screen.add(counts);
                 used_block_copy = copies.map(|(rows, _)| rows);
                 if !row_tops.is_empty() {

@@ -30,6 +30,7 @@ use super::screen::{floor_below, Screen, ScreenCounts};
 use super::search::{scan_row, QueryState};
 use super::tile::{Rows, TileBuffer, BANK_TILE_COLS, BANK_TILE_ROWS, GROUP_ROWS, LANES, SLAB_ROWS};
 use super::topk::{Candidate, TopK, TopValues};
+use crate::error::Result;
 
 /// Columns the pass-1 fold keeps in registers at a time (four 16-lane
 /// vectors; see [`bodies::fold_group_lse`]).
@@ -126,9 +127,16 @@ impl ColumnStates {
 /// each `betas[b]`, folds β·⟨rows_i, cols_j⟩ for every row `i` into
 /// `states[j * betas.len() + b]`. See [`column_statistics`].
 ///
+/// An error only when a stop was requested ([`column_statistics`]).
+///
 /// # Panics
 /// When the dimensions differ, `states.len() != cols.rows * betas.len()`, or a β is not positive.
-pub fn column_log_sum_exp(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states: &mut [LogSumExp]) {
+pub fn column_log_sum_exp(
+    rows: Rows<'_>,
+    cols: Rows<'_>,
+    betas: &[f32],
+    states: &mut [LogSumExp],
+) -> Result<()> {
     assert_eq!(
         states.len(),
         cols.rows * betas.len(),
@@ -142,8 +150,9 @@ pub fn column_log_sum_exp(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states:
         lse: states.to_vec(),
         ..ColumnStates::default()
     };
-    column_statistics(rows, cols, 0, 0, &request, &mut column_states);
+    column_statistics(rows, cols, 0, 0, &request, &mut column_states)?;
     states.copy_from_slice(&column_states.lse);
+    Ok(())
 }
 
 /// Pass 1 kernel. Streams the similarity tiles of `rows` (bank items) ×
@@ -158,6 +167,10 @@ pub fn column_log_sum_exp(rows: Rows<'_>, cols: Rows<'_>, betas: &[f32], states:
 /// blocks whose sizes are multiples of `GROUP_ROWS`, for any strip width, and
 /// for any thread count.
 ///
+/// Once a stop is requested ([`crate::cancel::request`]) the rows left are
+/// skipped and the call returns [`HubnormError::Interrupted`]: the states
+/// are then partial, to be dropped.
+///
 /// # Panics
 /// When the dimensions differ, the states were not made for this request and
 /// column count, or a β is not positive.
@@ -168,8 +181,9 @@ pub fn column_statistics(
     first_col: u32,
     request: &ColumnStatsRequest<'_>,
     states: &mut ColumnStates,
-) -> Vec<TopK> {
-    column_statistics_screened(rows, cols, (first_row, first_col), request, states, None).0
+) -> Result<Vec<TopK>> {
+    column_statistics_screened(rows, cols, (first_row, first_col), request, states, None)
+        .map(|(tops, _)| tops)
 }
 
 /// [`column_statistics`], from the bf16 screen of `rows` (packed as
@@ -181,8 +195,8 @@ pub fn column_statistics(
 /// could have entered. The states come out bit for bit as
 /// [`column_statistics`] makes them. Tiles whose f32 bits are not
 /// reproduced here (small shapes, a system BLAS) run exact. Returns the
-/// rows' best columns as [`column_statistics`] does, and the cells
-/// screened and re-scored.
+/// rows' best columns as [`column_statistics`] does, and the cells screened
+/// and re-scored (or, as it does, Interrupted once a stop is requested).
 ///
 /// # Panics
 /// As [`column_statistics`], and, with a screen, when the request is not
@@ -194,7 +208,7 @@ pub fn column_statistics_screened(
     request: &ColumnStatsRequest<'_>,
     states: &mut ColumnStates,
     screen: Option<Screen<'_>>,
-) -> (Vec<TopK>, ScreenCounts) {
+) -> Result<(Vec<TopK>, ScreenCounts)> {
     if let Some(screen) = &screen {
         assert!(
             request.screenable(),
@@ -217,7 +231,7 @@ pub fn column_statistics_screened(
     assert!(states.all.is_empty() || states.all.len() == cols.rows);
     assert!(request.betas.iter().all(|&b| b > 0.0), "β must be positive");
     if !request.needs_tiles() || rows.rows == 0 || cols.rows == 0 {
-        return (Vec::new(), ScreenCounts::default());
+        return Ok((Vec::new(), ScreenCounts::default()));
     }
     let bounds = strip_bounds(cols.rows, rayon::current_num_threads());
     let lse = split_strips(&mut states.lse, &bounds, nb);
@@ -265,7 +279,9 @@ pub fn column_statistics_screened(
                 (tops, counts)
             },
         );
-    (row_tops.unwrap_or_default(), counts)
+    // Strips stop early once a stop is requested: their states are partial.
+    crate::cancel::check()?;
+    Ok((row_tops.unwrap_or_default(), counts))
 }
 
 /// Where the pass-1 strips over `columns` columns start, then `columns`:
@@ -367,6 +383,11 @@ fn column_strip(
     };
     let mut r0 = 0;
     while r0 < rows.rows {
+        // A strip streams the whole bank block (seconds with a large one):
+        // a stop request ends it here (the call then returns Interrupted).
+        if crate::cancel::requested() {
+            break;
+        }
         let r1 = (r0 + BANK_TILE_ROWS).min(rows.rows);
         let tile_rows = r1 - r0;
         let tile = &mut buffer.cells_mut()[..tile_rows * ld];

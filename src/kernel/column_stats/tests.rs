@@ -60,7 +60,7 @@ fn column_lse_bits_do_not_depend_on_the_fold_block() {
     let b = pseudo_random(nc * dim, 4);
     let betas = [20.0f32];
     let mut all = vec![LogSumExp::default(); nc];
-    column_log_sum_exp(Rows::new(&a, dim), Rows::new(&b, dim), &betas, &mut all);
+    column_log_sum_exp(Rows::new(&a, dim), Rows::new(&b, dim), &betas, &mut all).unwrap();
     let mut shifted = vec![LogSumExp::default(); nc - 19];
     let b_from_19 = &b[19 * dim..];
     column_log_sum_exp(
@@ -68,7 +68,8 @@ fn column_lse_bits_do_not_depend_on_the_fold_block() {
         Rows::new(b_from_19, dim),
         &betas,
         &mut shifted,
-    );
+    )
+    .unwrap();
     assert_eq!(&all[19..], &shifted[..]);
 }
 
@@ -80,7 +81,7 @@ fn column_lse_matches_direct_sum_across_tile_edges() {
     let b = pseudo_random(nc * dim, 2);
     let betas = [1.0f32, 20.0];
     let mut states = vec![LogSumExp::default(); nc * 2];
-    column_log_sum_exp(Rows::new(&a, dim), Rows::new(&b, dim), &betas, &mut states);
+    column_log_sum_exp(Rows::new(&a, dim), Rows::new(&b, dim), &betas, &mut states).unwrap();
     for j in [0, 1, 63, 64, 383, 384, 447, 448, 511, 512, nc - 1] {
         for (bi, &beta) in betas.iter().enumerate() {
             let mut direct = LogSumExp::default();
@@ -129,8 +130,9 @@ fn statistics_from_slabs_are_those_of_whole_tiles() {
         .build()
         .unwrap();
     let mut got = ColumnStates::new(nc, &request, nr);
-    let got_rows =
-        pool.install(|| column_statistics(rows, cols, first_row, first_col, &request, &mut got));
+    let got_rows = pool
+        .install(|| column_statistics(rows, cols, first_row, first_col, &request, &mut got))
+        .unwrap();
 
     let mut expected = ColumnStates::new(nc, &request, nr);
     let strip = StripStates {
