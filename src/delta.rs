@@ -488,7 +488,7 @@ pub fn check_output(path: &Path, output: &DeltaOutput) -> Result<bool> {
         };
         if output.mode == DeltaMode::Create && !resumed {
             return Err(HubnormError::Usage(format!(
-                "{} is already a Delta table (pass --overwrite to write a new version with only these rows, or --append to add them)",
+                "{} is already a Delta table (pass --overwrite to write a new version with only these rows, or --append to add them; in a SQL COPY, the option 'mode' 'overwrite' or 'append')",
                 path.display()
             )));
         }
@@ -627,7 +627,7 @@ fn commit_add(root: &str, add: Add, schema: &SchemaRef, output: &DeltaOutput) ->
     match mode {
         DeltaMode::Create => {
             return Err(HubnormError::Usage(format!(
-                "{root} is already a Delta table (pass --overwrite or --append)"
+                "{root} is already a Delta table (pass --overwrite or --append; in a SQL COPY, the option 'mode' 'overwrite' or 'append')"
             )))
         }
         DeltaMode::Append if !same_schema => {

@@ -153,10 +153,31 @@ pub fn resolve_spec(spec: &str) -> Result<ResolvedSpec> {
             delta_version: Some(found.version),
         });
     }
+    #[cfg(not(feature = "delta"))]
+    refuse_delta_table(spec)?;
     Ok(ResolvedSpec {
         files: expand_files(spec)?,
         delta_version: None,
     })
+}
+
+/// Refuses a Delta table in a build without Delta support: read as a folder
+/// of Parquet files it would include the files later versions removed.
+#[cfg(not(feature = "delta"))]
+fn refuse_delta_table(spec: &str) -> Result<()> {
+    if spec.contains(['*', '?', '[']) || memory::is_memory(Path::new(spec)) {
+        return Ok(());
+    }
+    let log = format!("{}/_delta_log", spec.trim_end_matches('/'));
+    // A failure to look (a missing bucket) is left to the read that follows,
+    // which names the path the user gave.
+    if crate::storage::is_dir(Path::new(&log)).unwrap_or(false) {
+        return Err(HubnormError::Usage(format!(
+            "{spec} is a Delta table: this hubnorm is built without the cargo feature `delta`, \
+             and reading its folder as Parquet files would include rows later versions removed"
+        )));
+    }
+    Ok(())
 }
 
 fn expand_files(spec: &str) -> Result<Vec<PathBuf>> {
@@ -622,6 +643,19 @@ pub fn holds_table(path: &Path) -> Result<bool> {
         return Ok(true);
     }
     Ok(false)
+}
+
+/// How many Parquet files the table at `path` holds: 1 for a file, the
+/// files of its latest version for a Delta table, 0 when there is none.
+pub fn table_files(path: &Path) -> Result<usize> {
+    if crate::storage::is_file(path)? {
+        return Ok(1);
+    }
+    #[cfg(feature = "delta")]
+    if crate::delta::is_table(&path.to_string_lossy()) {
+        return Ok(resolve_spec(&path.to_string_lossy())?.files.len());
+    }
+    Ok(0)
 }
 
 /// The one Parquet file of the Delta table at `path` (hubnorm's own

@@ -707,8 +707,8 @@ fn cluster_of_hubnorm_processes_answers_like_local_sql() {
     ];
     assert_same_stdout("relative paths", &data, &url, "sql", &relative);
 
-    // COPY ... TO a relative path: planned by the scheduler and written by
-    // the executors, where the client means it.
+    // COPY ... TO a relative path: the rows computed on the cluster, the
+    // file written by the client where it means it.
     let copied = sql(
         &data,
         Some(&url),

@@ -509,6 +509,84 @@ mod delta {
             .map(|(_, v)| v)
     }
 
+    /// `sql --run` reads a Delta input at the version the run recorded, not
+    /// at a later one, and reads a results table that `--append` grew as a
+    /// table, saying that its recorded inputs are not read.
+    #[test]
+    fn sql_over_a_run_reads_delta_inputs_at_the_recorded_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        valid_case(d);
+        let input = |n: &str| path(&d.join(format!("{n}.parquet")));
+        let gallery = d.join("gallery_table");
+        let sql = |args: &[&str]| {
+            let mut all = vec!["sql"];
+            all.extend_from_slice(args);
+            hubnorm(all).output()
+        };
+        let table = format!("g={}", input("gallery"));
+        sql(&[
+            "--table",
+            &table,
+            "--format",
+            "delta",
+            "--out",
+            &path(&gallery),
+            "SELECT * FROM g",
+        ])
+        .assert_success();
+        let out = d.join("run");
+        let search = |extra: &[&str]| {
+            let mut args = vec![
+                "search".to_owned(),
+                "--queries".into(),
+                input("queries"),
+                "--gallery".into(),
+                path(&gallery),
+                "--method".into(),
+                "none".into(),
+                "--quiet".into(),
+                "--format".into(),
+                "delta".into(),
+                "--out".into(),
+                path(&out.join("results.parquet")),
+            ];
+            args.extend(extra.iter().map(|s| s.to_string()));
+            hubnorm(args).output()
+        };
+        search(&[]).assert_success();
+        // Another writer adds rows to the gallery after the run.
+        sql(&[
+            "--table",
+            &table,
+            "--format",
+            "delta",
+            "--append",
+            "--out",
+            &path(&gallery),
+            "SELECT concat('new-', id) AS id, embedding FROM g LIMIT 7",
+        ])
+        .assert_success();
+        let count = |what: &str| {
+            let out = sql(&[
+                "--run",
+                &path(&out),
+                "--format",
+                "csv",
+                &format!("SELECT count(*) AS n FROM {what}"),
+            ]);
+            out.assert_success();
+            (out.stdout(), out.stderr())
+        };
+        assert_eq!(count("gallery").0, "n\n40\n", "the version the run read");
+
+        // A second search appended to the results: two runs' files.
+        search(&["--append"]).assert_success();
+        let (results, note) = count("results");
+        assert_eq!(results, "n\n200\n");
+        assert!(note.contains("several appended runs"), "{note}");
+    }
+
     /// Tables deltalake wrote are read at their latest version and at
     /// `@VERSION`, as the same rows a glob over their files gives, with the
     /// version recorded; SQL registers them; a missing version is refused.
@@ -1193,6 +1271,25 @@ mod delta {
                 bytes(&table, &files[0])
             })
             .collect();
+        // A Parquet output where a Delta table is: refused before any work,
+        // even with --overwrite, and the table left as it was.
+        let plain = hubnorm([
+            "search",
+            "--queries",
+            &input("queries"),
+            "--gallery",
+            &input("gallery"),
+            "--method",
+            "none",
+            "--quiet",
+            "--overwrite",
+            "--out",
+            &path(&reference.join("results.parquet")),
+        ])
+        .output();
+        assert_eq!(plain.code(), Some(2), "{}", plain.stderr());
+        assert!(plain.stderr().contains("is a folder"), "{}", plain.stderr());
+        assert_eq!(table_state(&reference.join("results.parquet")).0, 0);
 
         for append in [false, true] {
             let out = d.join(if append { "appended" } else { "created" });

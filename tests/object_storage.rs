@@ -601,7 +601,7 @@ fn update_merges_new_parts_of_an_s3_prefix() {
 
 #[test]
 fn sql_reads_s3_tables_and_copies_to_s3() {
-    let Some((dir, _local, server)) = lake("sql_reads_s3_tables_and_copies_to_s3") else {
+    let Some((dir, local, server)) = lake("sql_reads_s3_tables_and_copies_to_s3") else {
         return;
     };
     let counted = run_with(
@@ -620,7 +620,7 @@ fn sql_reads_s3_tables_and_copies_to_s3() {
     counted.assert_success();
     assert_eq!(counted.stdout(), "gallery,bank\n900,700\n");
 
-    // COPY ... TO an object (DataFusion's writer, through the same stores).
+    // COPY ... TO an object (hubnorm's writer, through the same stores).
     run_with(
         &server,
         &[
@@ -636,6 +636,60 @@ fn sql_reads_s3_tables_and_copies_to_s3() {
         read_parquet(&dir.path().join("ids.parquet")).num_rows(),
         900
     );
+
+    // COPY goes through hubnorm's writers: a URL with a query string (a
+    // signature) is refused without echoing it, and nothing is written.
+    let signed = run_with(
+        &server,
+        &[
+            "sql",
+            "--table",
+            "g=s3://lake/emb/gallery/",
+            "COPY (SELECT id FROM g) TO 's3://lake/copy/q.parquet?sig=Sig123' STORED AS PARQUET",
+        ],
+    );
+    assert_eq!(signed.code(), Some(2), "{}", signed.stderr());
+    assert!(!signed.stderr().contains("Sig123"), "{}", signed.stderr());
+    // An output that names a bucket alone.
+    let keyless = run_with(
+        &server,
+        &[
+            "sql",
+            "--format",
+            "csv",
+            "--out",
+            "s3://lake",
+            "SELECT 1 AS a",
+        ],
+    );
+    assert_eq!(keyless.code(), Some(2), "{}", keyless.stderr());
+    assert!(
+        keyless
+            .stderr()
+            .contains("needs a key that names an object"),
+        "{}",
+        keyless.stderr()
+    );
+    assert!(!server.keys(BUCKET).iter().any(|k| k.starts_with("copy/q")));
+    // Keys as Spark writes them (`%3A`, a space) are read as listed.
+    server.put_file(
+        BUCKET,
+        "hive/ts=2026-01-01 00%3A00%3A00/part-00000.parquet",
+        &local.join("gallery/part-0.parquet"),
+    );
+    let spark = run_with(
+        &server,
+        &[
+            "sql",
+            "--table",
+            "h=s3://lake/hive/",
+            "--format",
+            "csv",
+            "SELECT count(*) AS n FROM h",
+        ],
+    );
+    spark.assert_success();
+    assert_eq!(spark.stdout(), "n\n500\n");
 
     // --out to an object, large enough for a multipart upload (> 8 MiB of
     // incompressible doubles).

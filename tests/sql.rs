@@ -860,6 +860,112 @@ fn sql_command_refuses_clearly_and_writes_atomically() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
+/// `COPY ... TO` goes through hubnorm's writers: the format from STORED AS
+/// or the extension, an existing target kept unless asked, a failing query
+/// leaves nothing under the final name, and the batches' own types are
+/// written (a CASE the logical plan types narrower than its rows).
+#[test]
+fn copy_writes_atomically_and_keeps_existing_targets() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = format!("g={}", samples().join("gallery.parquet").display());
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let sql = |statement: &str, extra: &[&str]| {
+        let mut args = vec!["sql".to_owned(), "--table".into(), table.clone()];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args.push(statement.into());
+        hubnorm(args).output()
+    };
+    let copy = |target: &str, stored: &str| {
+        format!("COPY (SELECT id FROM g ORDER BY id) TO '{target}' {stored}")
+    };
+
+    let out = sql(&copy(&path("ids.parquet"), ""), &["--format", "csv"]);
+    out.assert_success();
+    assert_eq!(out.stdout(), "count\n600\n");
+    assert_eq!(
+        read_parquet(&dir.path().join("ids.parquet")).num_rows(),
+        600
+    );
+    sql(&copy(&path("ids.txt"), "STORED AS CSV"), &[]).assert_success();
+    let csv = std::fs::read_to_string(dir.path().join("ids.txt")).unwrap();
+    assert_eq!(csv.lines().count(), 601, "a header and 600 rows");
+
+    // An existing target: refused, kept; replaced when asked.
+    let mine = dir.path().join("mine.parquet");
+    std::fs::write(&mine, b"mine").unwrap();
+    let out = sql(&copy(&path("mine.parquet"), ""), &[]);
+    assert_eq!(out.code(), Some(2), "{}", out.stderr());
+    assert!(out.stderr().contains("already exists"), "{}", out.stderr());
+    assert_eq!(std::fs::read(&mine).unwrap(), b"mine");
+    sql(
+        &copy(&path("mine.parquet"), "OPTIONS ('mode' 'overwrite')"),
+        &[],
+    )
+    .assert_success();
+    assert_eq!(read_parquet(&mine).num_rows(), 600);
+    std::fs::write(&mine, b"mine").unwrap();
+    sql(&copy(&path("mine.parquet"), ""), &["--overwrite"]).assert_success();
+    assert_eq!(read_parquet(&mine).num_rows(), 600);
+
+    // A query that fails after rows were written: nothing under the name.
+    let failing = format!(
+        "COPY (SELECT x, CASE WHEN x > 90000 THEN CAST(CAST(x AS VARCHAR) || 'a' AS INT) \
+         ELSE x END AS y FROM generate_series(1, 100000) r(x)) TO '{}'",
+        path("partial.parquet")
+    );
+    let out = sql(&failing, &[]);
+    assert_ne!(out.code(), Some(0));
+    assert!(!dir.path().join("partial.parquet").exists());
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+
+    // The batches' types (Int64 here), for COPY and for --out alike.
+    let widened = "SELECT x, CASE WHEN x > 5 THEN CAST(1 AS INT) ELSE x END AS y \
+                   FROM generate_series(1, 10) r(x)";
+    sql(
+        &format!("COPY ({widened}) TO '{}'", path("case.parquet")),
+        &[],
+    )
+    .assert_success();
+    let case = read_parquet(&dir.path().join("case.parquet"));
+    assert_eq!(case.num_rows(), 10);
+    let out_file = path("case-out.parquet");
+    sql(widened, &["--format", "parquet", "--out", &out_file]).assert_success();
+    assert_eq!(read_parquet(Path::new(&out_file)).num_rows(), 10);
+
+    // Formats it does not write, folders, PARTITIONED BY, unknown options.
+    for (statement, phrase) in [
+        (copy(&path("x.json"), ""), "PARQUET, CSV or DELTA, not JSON"),
+        (copy(&path("x"), ""), "name the format"),
+        (copy(&path("folder/"), "STORED AS PARQUET"), "name a file"),
+        (
+            format!("COPY g TO '{}' PARTITIONED BY (id)", path("p.parquet")),
+            "PARTITIONED BY",
+        ),
+        (
+            copy(&path("y.parquet"), "OPTIONS ('mode' 'append')"),
+            "'mode' 'append' adds a version to a Delta table",
+        ),
+        (
+            copy(&path("y.parquet"), "OPTIONS ('format.compression' 'zstd')"),
+            "unknown option",
+        ),
+    ] {
+        let out = sql(&statement, &[]);
+        assert_eq!(out.code(), Some(2), "{statement}: {}", out.stderr());
+        assert!(
+            out.stderr().contains(phrase),
+            "{statement}: {}",
+            out.stderr()
+        );
+    }
+    assert!(!dir.path().join("y.parquet").exists());
+}
+
 /// `hub_moments` over a table in uneven parts, on 1 and 4 partitions,
 /// gives the moments `mp` keeps of the same rows (its stats file's
 /// gallery side), and its second moment is C = Σ + m mᵀ of the pairs.

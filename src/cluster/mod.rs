@@ -39,7 +39,6 @@ use ballista_core::extension::{
 };
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::{SessionState, SessionStateBuilder};
-use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_proto::logical_plan::LogicalExtensionCodec;
 use datafusion_proto::physical_plan::PhysicalExtensionCodec;
@@ -253,34 +252,6 @@ pub async fn standalone_session(options: &SqlOptions) -> Result<SessionContext> 
         .map_err(|e| HubnormError::Cluster(format!("in-process cluster: {e}")))?;
     sql::register_functions_for(&ctx, options, Placement::Cluster)?;
     Ok(ctx)
-}
-
-/// `plan` with the local paths it writes made absolute: a `COPY ... TO` is
-/// planned by the scheduler and run by the executors, whose working
-/// directories are not the client's. (Tables are registered with absolute
-/// paths already.)
-pub(crate) fn absolute_paths(plan: LogicalPlan) -> Result<LogicalPlan> {
-    match plan {
-        LogicalPlan::Copy(mut copy)
-            if !crate::storage::is_url(&copy.output_url)
-                && !std::path::Path::new(&copy.output_url).is_absolute() =>
-        {
-            let cwd = std::env::current_dir()
-                .map_err(|e| HubnormError::io("the working directory", e))?;
-            let absolute = cwd.join(&copy.output_url);
-            copy.output_url = absolute
-                .to_str()
-                .ok_or_else(|| {
-                    HubnormError::Usage(format!(
-                        "{}: the path is not valid UTF-8",
-                        absolute.display()
-                    ))
-                })?
-                .to_owned();
-            Ok(LogicalPlan::Copy(copy))
-        }
-        other => Ok(other),
-    }
 }
 
 /// A tokio runtime for a cluster process: `threads` workers (0 = one per

@@ -9,9 +9,20 @@ use std::path::{Path, PathBuf};
 use super::missing_dirs;
 use crate::error::{HubnormError, Result};
 
+/// Refuses an output file at `path` that exists (unless `overwrite`), or
+/// that cannot be one: a read-only URL, or one that names no object.
 pub(crate) fn refuse_existing(path: &Path, overwrite: bool) -> Result<()> {
     if let crate::storage::Location::Remote(url) = crate::storage::locate(path)? {
         url.check_writable()?;
+        url.check_names_object()?;
+    }
+    // A file output where a folder is (a Delta table written by --format
+    // delta, or any folder): refused now, not after the work.
+    if super::delta_output_of(path).is_none() && crate::storage::is_dir(path)? {
+        return Err(HubnormError::Usage(format!(
+            "{} is a folder (a Delta table, with --format delta?), where the output is a Parquet file",
+            path.display()
+        )));
     }
     if !overwrite && crate::storage::exists(path)? {
         return Err(HubnormError::Usage(format!(

@@ -140,25 +140,43 @@ pub fn run_tables(dir: &Path) -> Result<(NamedTables, Vec<String>)> {
         ));
     }
     // The outputs must come from one run (see `pipeline::run_fingerprint`).
+    // A Delta table that `--append` grew holds several runs' files: its rows
+    // are a table, but it records no one run's inputs.
     let mut written = Vec::new();
+    let mut appended = Vec::new();
     for file in ["results.parquet", "gallery_stats.parquet", "summary.json"] {
         let path = dir.join(file);
-        if crate::source::holds_table(&path)? {
+        if crate::source::table_files(&path)? > 1 {
+            appended.push(path);
+        } else if crate::source::holds_table(&path)? {
             written.push(path);
         }
     }
     crate::pipeline::check_same_run(&written.iter().map(|p| p.as_path()).collect::<Vec<_>>())?;
+    for path in &appended {
+        skipped.push(format!(
+            "{} is a Delta table of several appended runs: its rows are a table, but the inputs it \
+             records are not read (name them with --table)",
+            path.display()
+        ));
+    }
     for (name, file, key) in RUN_INPUT_TABLES {
         let path = dir.join(file);
-        if !crate::source::holds_table(&path)? {
+        if !written.contains(&path) {
             continue;
         }
         let metadata = crate::stats_file::file_metadata(&path)?;
         let Some(spec) = metadata.get(key) else {
             continue;
         };
-        match crate::source::expand_spec(spec) {
-            Ok(_) => tables.push((name.to_owned(), spec.clone())),
+        // A Delta input at the version the run read, not at its latest.
+        let version_key = key.replace(".path", ".delta_version");
+        let spec = match metadata.get(&version_key) {
+            Some(version) if !pinned(spec) => format!("{spec}@{version}"),
+            _ => spec.clone(),
+        };
+        match crate::source::expand_spec(&spec) {
+            Ok(_) => tables.push((name.to_owned(), spec)),
             Err(e) => skipped.push(format!(
                 "table {name}: {} records input {spec}, which does not resolve from here ({e})",
                 path.display()
@@ -166,6 +184,13 @@ pub fn run_tables(dir: &Path) -> Result<(NamedTables, Vec<String>)> {
         }
     }
     Ok((tables, skipped))
+}
+
+/// Whether a table PATH names a Delta version already (`PATH@VERSION`,
+/// `PATH@TIMESTAMP`).
+fn pinned(spec: &str) -> bool {
+    let last = spec.rsplit('/').next().unwrap_or(spec);
+    last.contains('@')
 }
 
 /// Registers the Parquet files of `spec` (file, directory or glob), the
@@ -287,37 +312,34 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
     }
     let last = statements.len() - 1;
     for (i, statement) in statements.into_iter().enumerate() {
-        // `COPY ... TO ... STORED AS DELTA`: its query's rows go to a Delta
-        // table (DataFusion has no Delta writer), the count to the output.
-        let (statement, mut delta_copy) = delta_copy_of(statement, source)?;
+        // `COPY ... TO`: its query's rows go to hubnorm's own writers (atomic,
+        // an existing target refused, URLs checked), the count to the output.
+        let (statement, copy) = copy_of(statement, source)?;
         // A fresh state per statement: views made by earlier ones are visible.
         let plan = ctx
             .state()
             .statement_to_plan(statement)
             .await
             .map_err(|e| sql_error(e, source))?;
-        #[cfg(feature = "cluster")]
-        let plan = match job.cluster {
-            Some(_) => crate::cluster::absolute_paths(plan)?,
-            None => plan,
-        };
         let frame = ctx
             .execute_logical_plan(plan)
             .await
             .map_err(|e| sql_error(e, source))?;
-        let schema = Arc::new(frame.schema().as_arrow().clone());
-        let mut copy_sink = delta_copy
-            .take()
-            .map(|target| target.sink(schema.clone()))
-            .transpose()?;
-        let (schema, mut copied) = match &copy_sink {
-            Some(_) => (copy_count_schema(), Some(0u64)),
-            None => (schema, None),
-        };
         let plan = frame
             .create_physical_plan()
             .await
             .map_err(|e| sql_error(e, source))?;
+        // The batches' schema: the physical plan's (the logical one may name
+        // a narrower type than the batches carry).
+        let schema = plan.schema();
+        let mut copy_sink = copy
+            .map(|target| target.sink(schema.clone(), job.overwrite))
+            .transpose()?;
+        let mut copied = 0u64;
+        let schema = match &copy_sink {
+            Some(_) => copy_count_schema(),
+            None => schema,
+        };
         let mut stream = datafusion::physical_plan::execute_stream(plan.clone(), ctx.task_ctx())
             .map_err(|e| sql_error(e, source))?;
         // Earlier statements run for their effects (views, COPY), the last
@@ -340,9 +362,9 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
             };
             let Some(batch) = next else { break };
             let batch = batch.map_err(|e| sql_error(e, source))?;
-            if let (Some(sink), Some(count)) = (&mut copy_sink, &mut copied) {
-                *count += batch.num_rows() as u64;
-                sink.write(&batch)?;
+            if let Some(sink) = &mut copy_sink {
+                copied += batch.num_rows() as u64;
+                sink.write(batch)?;
                 continue;
             }
             if let Some(output) = &mut output {
@@ -350,10 +372,10 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
                 output.write(batch)?;
             }
         }
-        if let (Some(sink), Some(count)) = (copy_sink, copied) {
+        if let Some(sink) = copy_sink {
             sink.finish()?;
             if let Some(output) = &mut output {
-                let counted = datafusion::arrow::array::UInt64Array::from(vec![count]);
+                let counted = datafusion::arrow::array::UInt64Array::from(vec![copied]);
                 output.write(RecordBatch::try_new(
                     copy_count_schema(),
                     vec![Arc::new(counted)],
@@ -368,18 +390,56 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
     Ok(outcome)
 }
 
-/// A `COPY ... TO 'PATH' STORED AS DELTA [OPTIONS ('mode' 'append')]`:
+/// The formats a `COPY ... TO` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CopyFormat {
+    Parquet,
+    Csv,
+    Delta,
+}
+
+/// A `COPY ... TO 'PATH' [STORED AS PARQUET|CSV|DELTA] [OPTIONS ('mode' ...)]`:
 /// where its rows go.
-struct DeltaCopy {
+struct CopyTarget {
     target: PathBuf,
+    format: CopyFormat,
     mode: crate::sink::DeltaMode,
 }
 
-impl DeltaCopy {
-    fn sink(self, schema: datafusion::arrow::datatypes::SchemaRef) -> Result<ParquetSink> {
-        // The sink takes its table's mode when it is created.
-        let _declared = crate::sink::write_as_delta_tables([self.target.clone()], self.mode)?;
-        ParquetSink::create(&self.target, schema, vec![], true)
+impl CopyTarget {
+    /// The writer of the rows; `overwrite` (`sql --overwrite`) replaces an
+    /// existing target as the option `'mode' 'overwrite'` does.
+    fn sink(
+        self,
+        schema: datafusion::arrow::datatypes::SchemaRef,
+        overwrite: bool,
+    ) -> Result<Output<'static>> {
+        use crate::sink::DeltaMode;
+        let mode = match self.mode {
+            DeltaMode::Create if overwrite => DeltaMode::Overwrite,
+            mode => mode,
+        };
+        let replace = mode == DeltaMode::Overwrite;
+        Ok(match self.format {
+            CopyFormat::Parquet => {
+                Output::Parquet(ParquetSink::create(&self.target, schema, vec![], replace)?)
+            }
+            CopyFormat::Csv => {
+                let (file, handle) = AtomicFile::create(&self.target, replace)?;
+                let writer: Box<dyn Write> = Box::new(std::io::BufWriter::new(handle));
+                Output::Csv {
+                    writer: datafusion::arrow::csv::WriterBuilder::new()
+                        .with_header(true)
+                        .build(writer),
+                    file: Some(file),
+                }
+            }
+            CopyFormat::Delta => {
+                // The sink takes its table's mode when it is created.
+                let _declared = crate::sink::write_as_delta_tables([self.target.clone()], mode)?;
+                Output::Parquet(ParquetSink::create(&self.target, schema, vec![], true)?)
+            }
+        })
     }
 }
 
@@ -393,33 +453,53 @@ fn copy_count_schema() -> datafusion::arrow::datatypes::SchemaRef {
     )]))
 }
 
-/// `statement`, or for a COPY to a Delta table, the query whose rows it
-/// copies and where they go. The mode is an option: `'mode'` `'error'`
-/// (the default: a new table), `'append'` or `'overwrite'`.
-fn delta_copy_of(
+/// `statement`, or for a COPY, the query whose rows it copies and where
+/// they go. The format is STORED AS's, else the target's extension; the
+/// mode is an option: `'mode'` `'error'` (the default: the target must not
+/// exist), `'overwrite'`, or `'append'` (Delta tables).
+fn copy_of(
     statement: datafusion::sql::parser::Statement,
     source: Option<&Path>,
-) -> Result<(datafusion::sql::parser::Statement, Option<DeltaCopy>)> {
+) -> Result<(datafusion::sql::parser::Statement, Option<CopyTarget>)> {
     use datafusion::sql::parser::{CopyToSource, Statement};
     use datafusion::sql::sqlparser::ast::Value;
     let Statement::CopyTo(copy) = statement else {
         return Ok((statement, None));
     };
-    if !copy
-        .stored_as
-        .as_deref()
-        .is_some_and(|f| f.eq_ignore_ascii_case("delta"))
-    {
-        return Ok((Statement::CopyTo(copy), None));
-    }
-    let usage = |what: String| HubnormError::Usage(format!("COPY ... STORED AS DELTA: {what}"));
-    if !cfg!(feature = "delta") {
+    let usage =
+        |what: String| HubnormError::Usage(format!("COPY ... TO '{}': {what}", copy.target));
+    let named = copy.stored_as.as_deref().map(str::to_ascii_lowercase);
+    let extension = Path::new(&copy.target)
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    let format = match named.as_deref().or(extension.as_deref()) {
+        Some("parquet") => CopyFormat::Parquet,
+        Some("csv") => CopyFormat::Csv,
+        Some("delta") => CopyFormat::Delta,
+        Some(other) => {
+            return Err(usage(format!(
+                "hubnorm writes COPY targets as PARQUET, CSV or DELTA, not {}",
+                other.to_ascii_uppercase()
+            )))
+        }
+        None => {
+            return Err(usage(
+                "name the format: STORED AS PARQUET, CSV or DELTA".into(),
+            ))
+        }
+    };
+    if format == CopyFormat::Delta && !cfg!(feature = "delta") {
         return Err(usage(
-            "needs a hubnorm built with the cargo feature `delta`".into(),
+            "STORED AS DELTA needs a hubnorm built with the cargo feature `delta`".into(),
         ));
     }
     if !copy.partitioned_by.is_empty() {
         return Err(usage("PARTITIONED BY is not supported".into()));
+    }
+    if format != CopyFormat::Delta && copy.target.ends_with('/') {
+        return Err(usage(
+            "name a file (a folder of files is written only as a Delta table)".into(),
+        ));
     }
     let mut mode = crate::sink::DeltaMode::Create;
     for (key, value) in &copy.options {
@@ -431,19 +511,26 @@ fn delta_copy_of(
                 )))
             }
         };
-        mode = match (
-            key.to_ascii_lowercase().trim_start_matches("format."),
-            text.to_ascii_lowercase().as_str(),
-        ) {
-            ("mode", "error") => crate::sink::DeltaMode::Create,
-            ("mode", "append") => crate::sink::DeltaMode::Append,
-            ("mode", "overwrite") => crate::sink::DeltaMode::Overwrite,
-            _ => {
-                return Err(usage(format!(
-                    "unknown option {key} '{text}' (only 'mode' 'error', 'append' or 'overwrite')"
-                )))
-            }
-        };
+        mode =
+            match (
+                key.to_ascii_lowercase().trim_start_matches("format."),
+                text.to_ascii_lowercase().as_str(),
+            ) {
+                ("mode", "error") => crate::sink::DeltaMode::Create,
+                ("mode", "overwrite") => crate::sink::DeltaMode::Overwrite,
+                ("mode", "append") if format == CopyFormat::Delta => crate::sink::DeltaMode::Append,
+                ("mode", "append") => return Err(usage(
+                    "'mode' 'append' adds a version to a Delta table (STORED AS DELTA); a file is \
+                     written whole"
+                        .into(),
+                )),
+                _ => {
+                    return Err(usage(format!(
+                        "unknown option {key} '{text}' (only 'mode' 'error', 'overwrite' or, for \
+                     Delta tables, 'append')"
+                    )))
+                }
+            };
     }
     let query = match copy.source {
         CopyToSource::Query(query) => Statement::Statement(Box::new(
@@ -456,8 +543,9 @@ fn delta_copy_of(
     };
     Ok((
         query,
-        Some(DeltaCopy {
+        Some(CopyTarget {
             target: PathBuf::from(copy.target),
+            format,
             mode,
         }),
     ))

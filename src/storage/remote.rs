@@ -51,8 +51,14 @@ impl ObjectUrl {
             let _ = shown.set_password(None);
             shown.set_query(None);
             shown.set_fragment(None);
+            // In an object-store key a `?` was meant as a glob.
+            let glob_hint = if url.query().is_some() && !url.scheme().starts_with("http") {
+                "; `?` starts a query string: match one character of a key with `[...]`"
+            } else {
+                ""
+            };
             return Err(HubnormError::Usage(format!(
-                "{shown}: a URL must not carry a password, a query string or a fragment (credentials go in the environment, e.g. AWS_ACCESS_KEY_ID, or in --storage-option KEY=VALUE)"
+                "{shown}: a URL must not carry a password, a query string or a fragment (credentials go in the environment, e.g. AWS_ACCESS_KEY_ID, or in --storage-option KEY=VALUE){glob_hint}"
             )));
         }
         let (scheme, key) = ObjectStoreScheme::parse(&url).map_err(|_| {
@@ -75,21 +81,26 @@ impl ObjectUrl {
         &self.url[..url::Position::BeforePath]
     }
 
-    /// The URL of `key` in the same store.
+    /// The URL of `key` in the same store. Each part of the key is
+    /// percent-encoded, so a key holding `%`, a space or `?` (Spark writes
+    /// `ts=2026-01-01 00%3A00%3A00/`) parses back to the same key.
     fn url_of(&self, key: &Key) -> String {
-        let base = self.base();
-        match self.url.scheme() {
-            // https://s3.region.amazonaws.com/bucket/key and the like: the
-            // bucket or container is the first segment of the path.
-            "https" if self.scheme != ObjectStoreScheme::Http => {
-                let bucket = self.url.path().trim_start_matches('/');
-                let bucket = bucket.split('/').next().unwrap_or_default();
-                format!("{base}/{bucket}/{key}")
-            }
-            // s3://bucket/key, gs://, az://...: the key follows the
-            // authority; an HTTP store's keys are whole URL paths.
-            _ => format!("{base}/{key}"),
+        let mut url = self.url.clone();
+        // https://s3.region.amazonaws.com/bucket/key and the like: the bucket
+        // or container is the first segment of the path; for s3://bucket/key,
+        // gs://, az://... the key follows the authority, and an HTTP store's
+        // keys are whole URL paths.
+        let bucket =
+            (self.url.scheme() == "https" && self.scheme != ObjectStoreScheme::Http).then(|| {
+                let path = self.url.path().trim_start_matches('/');
+                path.split('/').next().unwrap_or_default().to_owned()
+            });
+        if let Ok(mut segments) = url.path_segments_mut() {
+            segments.clear();
+            segments.extend(bucket.as_deref());
+            segments.extend(key.parts().map(|part| part.as_ref().to_owned()));
         }
+        url.into()
     }
 
     fn read_only(&self) -> bool {
@@ -115,6 +126,18 @@ impl ObjectUrl {
         if self.read_only() {
             return Err(HubnormError::Usage(format!(
                 "{self}: http(s):// URLs are read-only; write outputs to a local path or to s3://, gs:// or az://"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses an output that names no object: a bucket alone
+    /// (`s3://bucket`, whose objects a file or table cannot replace).
+    pub(crate) fn check_names_object(&self) -> Result<()> {
+        if self.key.as_ref().is_empty() {
+            return Err(HubnormError::Usage(format!(
+                "{self}: an output file needs a key that names an object, e.g. {}/results.parquet",
+                self.url.as_str().trim_end_matches('/')
             )));
         }
         Ok(())
@@ -435,14 +458,33 @@ pub(crate) fn storage_error(url: &str, what: &str, e: object_store::Error) -> Hu
     // Listing a missing bucket is not a `NotFound` to object_store (S3
     // answers 404 NoSuchBucket to a LIST as to a GET).
     let missing_bucket = message.contains("NoSuchBucket");
+    // Nor is a refused LIST a `PermissionDenied`: a generic error with S3's
+    // status and code in its text.
+    let denied = message.contains("403 Forbidden") || message.contains("AccessDenied");
+    // reqwest refuses an http:// endpoint unless it is allowed, in words
+    // that do not say so.
+    if message.contains("builder error") {
+        return HubnormError::Storage {
+            url: url.to_owned(),
+            message: format!(
+                "{what} failed: {message} (an http:// endpoint needs --storage-option \
+                 aws_allow_http=true, or AWS_ALLOW_HTTP=true)"
+            ),
+            exit_code: 2,
+        };
+    }
     match e {
         E::NotFound { .. } => HubnormError::input(url, None, None, "no such object or bucket"),
         _ if missing_bucket => HubnormError::input(url, None, None, "no such bucket"),
-        E::PermissionDenied { .. } | E::Unauthenticated { .. } => HubnormError::Storage {
-            url: url.to_owned(),
-            message: format!("{what} refused: access denied ({message}); check the credentials"),
-            exit_code: 2,
-        },
+        _ if denied || matches!(e, E::PermissionDenied { .. } | E::Unauthenticated { .. }) => {
+            HubnormError::Storage {
+                url: url.to_owned(),
+                message: format!(
+                    "{what} refused: access denied ({message}); check the credentials"
+                ),
+                exit_code: 2,
+            }
+        }
         E::UnknownConfigurationKey { .. } => HubnormError::Usage(format!("{url}: {message}")),
         _ => HubnormError::Storage {
             url: url.to_owned(),
@@ -723,6 +765,35 @@ pub(crate) async fn unless_stopped<F: Future>(future: F) -> Result<F::Output> {
         tokio::select! {
             output = &mut future => return Ok(output),
             _ = poll.tick() => crate::cancel::check()?,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listed_key_parses_back_from_its_url() {
+        let keys = [
+            "hive/ts=2026-01-01 00%3A00%3A00/part-00000.parquet",
+            "emb/part-?.parquet",
+            "a/b#c/100%.parquet",
+            "plain/part-0.parquet",
+        ];
+        for base in [
+            "s3://lake/emb/",
+            "gs://lake/x",
+            "https://s3.eu-west-1.amazonaws.com/lake/emb/",
+        ] {
+            let prefix = ObjectUrl::parse(base).unwrap();
+            for key in keys {
+                let key = Key::parse(key).unwrap();
+                let url = prefix.url_of(&key);
+                let back = ObjectUrl::parse(&url).unwrap();
+                assert_eq!(back.key, key, "{base} {url}");
+                assert_eq!(back.base(), prefix.base(), "{url}");
+            }
         }
     }
 }

@@ -33,6 +33,9 @@ impl ObjectUrl {
     pub(crate) fn check_writable(&self) -> Result<()> {
         match *self {}
     }
+    pub(crate) fn check_names_object(&self) -> Result<()> {
+        match *self {}
+    }
     pub(crate) fn exists(&self) -> Result<bool> {
         match *self {}
     }
