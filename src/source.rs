@@ -232,12 +232,12 @@ fn expand_local(spec: &str) -> Result<Vec<PathBuf>> {
             ));
         }
     } else {
-        return Err(HubnormError::input(
-            spec,
-            None,
-            None,
-            "no such file or directory",
-        ));
+        // Not there, or not reachable (a folder above it this user may not
+        // enter): say which.
+        return Err(match std::fs::metadata(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => HubnormError::io(path, e),
+            _ => HubnormError::input(spec, None, None, "no such file or directory"),
+        });
     }
     files.sort();
     Ok(files)

@@ -881,6 +881,7 @@ fn cluster_reads_object_storage_and_names_what_an_executor_cannot() {
 /// A scheduler address that is not one is refused with exit code 2; one
 /// nobody listens on fails the query with exit code 1 and names it, and an
 /// executor waits for it (stopping on SIGTERM with exit code 0 meanwhile).
+/// An executor's memory limit too small for its slots is refused.
 #[test]
 fn unreachable_or_malformed_scheduler_addresses_are_errors() {
     let dir = tempfile::tempdir().unwrap();
@@ -910,6 +911,32 @@ fn unreachable_or_malformed_scheduler_addresses_are_errors() {
         "{}",
         unreachable.stderr()
     );
+
+    // An executor's memory pool: 0 (Ballista's "unbounded") and a few
+    // bytes per slot are refused before it starts.
+    for limit in ["0", "1B", "20MiB"] {
+        let refused = common::hubnorm([
+            "cluster",
+            "executor",
+            "--bind",
+            "127.0.0.1:0",
+            "--threads",
+            "2",
+            "--memory-limit",
+            limit,
+            "--scheduler",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .output();
+        assert_eq!(refused.code(), Some(2), "{limit}: {}", refused.stderr());
+        assert!(
+            refused
+                .stderr()
+                .contains("an executor needs at least 16.0 MiB per slot"),
+            "{limit}: {}",
+            refused.stderr()
+        );
+    }
 
     // An executor waits for its scheduler, and SIGTERM stops it meanwhile.
     let log = dir.path().join("executor.log");

@@ -509,6 +509,23 @@ fn table_functions_stream_the_passes() {
     let written = read_parquet(&path("stats.parquet"));
     assert_eq!(streamed.schema().fields(), written.schema().fields());
     assert_eq!(streamed.columns(), written.columns(), "stats rows differ");
+    // No column read (`count(*)`): the rows still count.
+    let counted = query(
+        &small,
+        &[],
+        &format!(
+            "SELECT count(*) AS n FROM hubnorm_stats('{}', '{}', 'is')",
+            s("g.parquet"),
+            s("b.parquet")
+        ),
+    );
+    assert_eq!(
+        counted
+            .column(0)
+            .as_primitive::<arrow::datatypes::Int64Type>()
+            .value(0),
+        written.num_rows() as i64
+    );
 
     run_search(
         &SearchJob {

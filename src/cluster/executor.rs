@@ -69,14 +69,31 @@ pub struct ExecutorStart {
 /// stop), then returns `Ok` (exit code 0): on a signal it tells the
 /// scheduler it is leaving, so its tasks go elsewhere, and waits for its
 /// running tasks up to 30 s. `on_start` is called before it connects.
+/// The least memory a task slot is given: a pass's plan needs some tens of
+/// MiB at least (the refusal it makes below that names its own minimum).
+const MIN_SLOT_MEMORY: usize = 16 << 20;
+
 pub fn run_executor(
     options: &ExecutorOptions,
     on_start: impl FnOnce(&ExecutorStart),
 ) -> Result<()> {
+    crate::inputs::check_threads(options.threads)?;
     let slots = match options.threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
+    // Ballista reads a pool of 0 as unbounded, and one below a byte per
+    // slot as a configuration error: both are refused in hubnorm's words.
+    let per_slot = options.memory.bytes() / slots;
+    if per_slot < MIN_SLOT_MEMORY {
+        return Err(HubnormError::Usage(format!(
+            "--memory-limit {} for {slots} task slots leaves {} per slot; an executor needs at least {} per slot (--memory-limit {} or more, or fewer --threads)",
+            crate::options::human_bytes(options.memory.bytes() as u64),
+            crate::options::human_bytes(per_slot as u64),
+            crate::options::human_bytes(MIN_SLOT_MEMORY as u64),
+            crate::options::human_bytes((MIN_SLOT_MEMORY * slots) as u64),
+        )));
+    }
     let flight = resolve_port(options.bind)?;
     let work_dir = WorkDir::open(options.work_dir.as_deref(), flight.port())?;
     let start = ExecutorStart {

@@ -234,7 +234,7 @@ pub fn catalogue() -> Vec<FunctionDoc> {
         doc("hub_moments", Aggregate,
             "the mean row and covariance (and second moment C = Σ + m mᵀ, row-major d × d lists) of a group's embeddings, in f64: mp's statistic",
             "hub_moments(embedding)",
-            "SELECT (hub_moments(hub_l2_normalize(embedding))).mean FROM bank"),
+            "SELECT hub_moments(hub_l2_normalize(embedding))['mean'] FROM bank"),
         doc("hubnorm_stats", Table,
             "pass 1 as a streaming table: gallery_stats rows (gallery_id, corrections, mergeable states); parameters 'beta=30,nnn.k=64'",
             "hubnorm_stats(gallery, bank, methods [, parameters [, gallery_bank]])",

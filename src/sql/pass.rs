@@ -930,7 +930,10 @@ impl ExecutionPlan for PassExec {
                     if let Some(indices) = &projection {
                         columns = indices.iter().map(|&i| columns[i].clone()).collect();
                     }
-                    let batch = RecordBatch::try_new(schema.clone(), columns)?;
+                    // No column projected (`count(*)`): the rows still count.
+                    let rows = datafusion::arrow::array::RecordBatchOptions::new()
+                        .with_row_count(Some(batch.num_rows()));
+                    let batch = RecordBatch::try_new_with_options(schema.clone(), columns, &rows)?;
                     tx.blocking_send(Ok(batch)).map_err(|_| closed())
                 };
                 // With shard columns, the shard's last batch waits for the
