@@ -65,14 +65,14 @@ pub struct ExecutorStart {
     pub work_dir: PathBuf,
 }
 
-/// Runs an executor until SIGINT or SIGTERM (or the scheduler asks it to
-/// stop), then returns `Ok` (exit code 0): on a signal it tells the
-/// scheduler it is leaving, so its tasks go elsewhere, and waits for its
-/// running tasks up to 30 s. `on_start` is called before it connects.
 /// The least memory a task slot is given: a pass's plan needs some tens of
 /// MiB at least (the refusal it makes below that names its own minimum).
 const MIN_SLOT_MEMORY: usize = 16 << 20;
 
+/// Runs an executor until SIGINT or SIGTERM (or the scheduler asks it to
+/// stop), then returns `Ok` (exit code 0): on a signal it tells the
+/// scheduler it is leaving, so its tasks go elsewhere, and waits for its
+/// running tasks up to 30 s. `on_start` is called before it connects.
 pub fn run_executor(
     options: &ExecutorOptions,
     on_start: impl FnOnce(&ExecutorStart),

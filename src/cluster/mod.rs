@@ -211,6 +211,12 @@ fn client_config(options: &SqlOptions) -> SessionConfig {
         // memory of one slot (the default packs a task with as many
         // partitions as the executor has free slots).
         .set_usize("ballista.scheduler.max_partitions_per_task", 1)
+        // Pull job tracking: the scheduler answers the submission with the
+        // job's id, so a client stopped by Ctrl-C can cancel the job at
+        // once. With push tracking the id comes with the first status
+        // update, which waits for the job's planning: a job stopped before
+        // then ran on to its end (polling adds at most 50 ms a job).
+        .set_bool("ballista.client.pull", true)
         .with_ballista_logical_extension_codec(logical_codec())
         .with_ballista_physical_extension_codec(physical_codec())
 }

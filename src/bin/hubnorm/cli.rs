@@ -226,6 +226,20 @@ pub struct PrecisionArgs {
     pub precision: Precision,
 }
 
+/// `stats --update`'s help, naming the methods whose statistics merge.
+fn update_help() -> String {
+    let merging: Vec<&str> = hubnorm::method::REGISTRY
+        .iter()
+        .filter(|m| m.mergeable())
+        .map(|m| m.name())
+        .collect();
+    format!(
+        "Merge new gallery and bank parts into the existing --out file instead of recomputing \
+         (its methods are kept; {} merge, the others are recomputed in full)",
+        merging.join(", ")
+    )
+}
+
 fn parse_precision(s: &str) -> Result<Precision, String> {
     s.parse().map_err(|e: hubnorm::HubnormError| e.to_string())
 }
@@ -360,10 +374,8 @@ pub struct StatsArgs {
     pub overwrite: bool,
     #[command(flatten)]
     pub table: TableArgs,
-    /// Merge new gallery and bank parts into the existing --out file instead
-    /// of recomputing (its methods are kept; is, nnn, csls, gc, dsl, mp, ls,
-    /// nicdm and dissim-local merge, the others are recomputed in full).
-    #[arg(long, conflicts_with = "overwrite")]
+    // Help from the registry: which methods merge is each method's to say.
+    #[arg(long, conflicts_with = "overwrite", help = update_help())]
     pub update: bool,
     /// Continue an interrupted run from its checkpoint (OUT.checkpoint/):
     /// finished gallery chunks are kept, the rest is computed. The inputs and
