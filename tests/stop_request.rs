@@ -3,20 +3,10 @@
 //! never taken for finished ones (a checkpoint would keep them). A file of
 //! its own, since the request is process-wide.
 
+mod common;
+
 use hubnorm::kernel::{column_statistics, ColumnStates, ColumnStatsRequest, Rows};
 use hubnorm::HubnormError;
-
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        })
-        .collect()
-}
 
 /// The states a call may change.
 fn folded(states: &ColumnStates) -> (Vec<hubnorm::kernel::LogSumExp>, Vec<Vec<f32>>) {
@@ -28,8 +18,9 @@ fn folded(states: &ColumnStates) -> (Vec<hubnorm::kernel::LogSumExp>, Vec<Vec<f3
 fn a_stop_request_ends_pass_1_tiles_with_interrupted() {
     // Several strips on any thread count, several row tiles per strip.
     let (dim, bank_rows, gallery_rows) = (32, 1100, 5000);
-    let bank = values(bank_rows * dim, 1);
-    let gallery = values(gallery_rows * dim, 2);
+    let mut rng = common::rng(1);
+    let bank = common::random_table(&mut rng, "b", bank_rows, dim).data;
+    let gallery = common::random_table(&mut rng, "g", gallery_rows, dim).data;
     let (bank, gallery) = (Rows::new(&bank, dim), Rows::new(&gallery, dim));
     let request = ColumnStatsRequest {
         betas: &[20.0],
