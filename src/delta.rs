@@ -102,6 +102,16 @@ pub fn parse_spec(spec: &str) -> Option<DeltaSpec> {
     })
 }
 
+/// `spec` at `version` when it names a Delta table at its latest version
+/// (`PATH@VERSION`); as given otherwise (a version named already, or no
+/// table).
+pub fn at_version(spec: &str, version: &str) -> String {
+    match parse_spec(spec) {
+        Some(DeltaSpec { at: At::Latest, .. }) => format!("{spec}@{version}"),
+        _ => spec.to_owned(),
+    }
+}
+
 /// Whether `text` looks like an RFC 3339 time (checked for real when the
 /// table is loaded).
 fn chrono_like(text: &str) -> bool {

@@ -527,20 +527,12 @@ fn read_lists(
     };
     for batch in CheckedBatches::new(reader, path) {
         let batch = batch?;
-        let query_ids = normalise_ids(batch.column(position(query_col))).map_err(|_| {
-            bad(
-                first_row,
-                "query_id",
-                format!("ids must be {ACCEPTED_ID_TYPES}"),
-            )
-        })?;
-        let gallery_ids = normalise_ids(batch.column(position(gallery_col))).map_err(|_| {
-            bad(
-                first_row,
-                "gallery_id",
-                format!("ids must be {ACCEPTED_ID_TYPES}"),
-            )
-        })?;
+        let ids = |column: usize, name: &str| {
+            normalise_ids(batch.column(position(column)))
+                .map_err(|_| bad(first_row, name, format!("ids must be {ACCEPTED_ID_TYPES}")))
+        };
+        let query_ids = ids(query_col, "query_id")?;
+        let gallery_ids = ids(gallery_col, "gallery_id")?;
         let method_values = match method_col {
             Some(c) => Some(arrow::compute::cast(
                 batch.column(position(c)),

@@ -236,68 +236,53 @@ impl AtomicFile {
         Self::create_plain(destination, overwrite)
     }
 
+    /// A temporary file beside a local destination, or in the system's
+    /// temporary folder for an object (spooled, then uploaded).
     fn create_plain(destination: &Path, overwrite: bool) -> Result<(Self, File)> {
-        if let crate::storage::Location::Remote(url) = crate::storage::locate(destination)? {
-            return Self::create_remote(destination, url, overwrite);
-        }
-        let destination = &crate::storage::local_or_url(destination)?;
-        if destination.exists() && !overwrite {
-            return Err(HubnormError::Usage(format!(
-                "{} already exists (pass --overwrite to replace it)",
-                destination.display()
-            )));
-        }
-        let dir = destination
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        create_output_dir(dir)?;
-        let name = destination
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        remove_stale_temporaries(dir, &name);
-        let temporary = dir.join(format!(".{name}{TEMPORARY_INFIX}{}", std::process::id()));
-        let file = File::create(&temporary).map_err(|e| HubnormError::io(&temporary, e))?;
-        Ok((
-            AtomicFile {
-                temporary,
-                destination: destination.to_path_buf(),
-                remote: None,
-                delta: None,
-                committed: false,
-            },
-            file,
-        ))
-    }
-
-    /// An output to the object `url`, spooled to a local temporary file.
-    fn create_remote(
-        destination: &Path,
-        url: crate::storage::ObjectUrl,
-        overwrite: bool,
-    ) -> Result<(Self, File)> {
-        url.check_writable()?;
         refuse_existing(destination, overwrite)?;
-        // One temporary file per destination URL and process: the name
-        // carries a hash of the URL, so equal file names in two buckets differ.
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        url.to_string().hash(&mut hasher);
-        let name = destination
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let name = format!("hubnorm-{:016x}-{name}", hasher.finish());
-        let dir = std::env::temp_dir();
+        let file_name = |path: &Path| {
+            path.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        let (dir, name, destination, remote) = match crate::storage::locate(destination)? {
+            crate::storage::Location::Remote(url) => {
+                // One temporary file per destination URL and process: the
+                // name carries a hash of the URL, so equal file names in two
+                // buckets differ.
+                use std::hash::{Hash, Hasher};
+                let mut hasher = std::collections::hash_map::DefaultHasher::new();
+                url.to_string().hash(&mut hasher);
+                let name = format!(
+                    "hubnorm-{:016x}-{}",
+                    hasher.finish(),
+                    file_name(destination)
+                );
+                (
+                    std::env::temp_dir(),
+                    name,
+                    destination.to_path_buf(),
+                    Some(url),
+                )
+            }
+            crate::storage::Location::Local(local) => {
+                let dir = local
+                    .parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."))
+                    .to_path_buf();
+                create_output_dir(&dir)?;
+                (dir, file_name(&local), local, None)
+            }
+        };
         remove_stale_temporaries(&dir, &name);
         let temporary = dir.join(format!(".{name}{TEMPORARY_INFIX}{}", std::process::id()));
         let file = File::create(&temporary).map_err(|e| HubnormError::io(&temporary, e))?;
         Ok((
             AtomicFile {
                 temporary,
-                destination: destination.to_path_buf(),
-                remote: Some(url),
+                destination,
+                remote,
                 delta: None,
                 committed: false,
             },

@@ -146,10 +146,10 @@ pub fn run_tables(dir: &Path) -> Result<(NamedTables, Vec<String>)> {
     let mut appended = Vec::new();
     for file in ["results.parquet", "gallery_stats.parquet", "summary.json"] {
         let path = dir.join(file);
-        if crate::source::table_files(&path)? > 1 {
-            appended.push(path);
-        } else if crate::source::holds_table(&path)? {
-            written.push(path);
+        match crate::source::table_files(&path)? {
+            0 => {}
+            1 => written.push(path),
+            _ => appended.push(path),
         }
     }
     crate::pipeline::check_same_run(&written.iter().map(|p| p.as_path()).collect::<Vec<_>>())?;
@@ -166,14 +166,14 @@ pub fn run_tables(dir: &Path) -> Result<(NamedTables, Vec<String>)> {
             continue;
         }
         let metadata = crate::stats_file::file_metadata(&path)?;
-        let Some(spec) = metadata.get(key) else {
+        let Some(spec) = metadata.get(key).cloned() else {
             continue;
         };
         // A Delta input at the version the run read, not at its latest.
-        let version_key = key.replace(".path", ".delta_version");
-        let spec = match metadata.get(&version_key) {
-            Some(version) if !pinned(spec) => format!("{spec}@{version}"),
-            _ => spec.clone(),
+        #[cfg(feature = "delta")]
+        let spec = match metadata.get(&key.replace(".path", ".delta_version")) {
+            Some(version) => crate::delta::at_version(&spec, version),
+            None => spec,
         };
         match crate::source::expand_spec(&spec) {
             Ok(_) => tables.push((name.to_owned(), spec)),
@@ -184,13 +184,6 @@ pub fn run_tables(dir: &Path) -> Result<(NamedTables, Vec<String>)> {
         }
     }
     Ok((tables, skipped))
-}
-
-/// Whether a table PATH names a Delta version already (`PATH@VERSION`,
-/// `PATH@TIMESTAMP`).
-fn pinned(spec: &str) -> bool {
-    let last = spec.rsplit('/').next().unwrap_or(spec);
-    last.contains('@')
 }
 
 /// Registers the Parquet files of `spec` (file, directory or glob), the
@@ -426,13 +419,7 @@ impl CopyTarget {
             }
             CopyFormat::Csv => {
                 let (file, handle) = AtomicFile::create(&self.target, replace)?;
-                let writer: Box<dyn Write> = Box::new(std::io::BufWriter::new(handle));
-                Output::Csv {
-                    writer: datafusion::arrow::csv::WriterBuilder::new()
-                        .with_header(true)
-                        .build(writer),
-                    file: Some(file),
-                }
+                Output::csv(Box::new(std::io::BufWriter::new(handle)), Some(file))
             }
             CopyFormat::Delta => {
                 // The sink takes its table's mode when it is created.
@@ -596,12 +583,7 @@ impl<'a> Output<'a> {
                 writer,
                 file,
             },
-            OutputFormat::Csv => Output::Csv {
-                writer: datafusion::arrow::csv::WriterBuilder::new()
-                    .with_header(true)
-                    .build(writer),
-                file,
-            },
+            OutputFormat::Csv => Output::csv(writer, file),
             OutputFormat::Batches => Output::Batches {
                 batches: Vec::new(),
                 schema,
@@ -613,6 +595,16 @@ impl<'a> Output<'a> {
                 job.overwrite,
             )?),
         })
+    }
+
+    /// CSV with a header line into `writer`, committed as `file` if any.
+    fn csv(writer: Box<dyn Write + 'a>, file: Option<AtomicFile>) -> Self {
+        Output::Csv {
+            writer: datafusion::arrow::csv::WriterBuilder::new()
+                .with_header(true)
+                .build(writer),
+            file,
+        }
     }
 
     fn write(&mut self, batch: RecordBatch) -> Result<()> {
