@@ -30,7 +30,7 @@ fn main() {
         .collect();
     let ld = n + 16;
     let flops = 2.0 * (m * n * dim) as f64;
-    let kc = slab_depth(tile_rows, n, dim).expect("a tile the crate's micro-kernel computes");
+    let kc = slab_depth(dim).expect("a CPU with the crate's micro-kernel");
     if SlabTiles::new().is_none() {
         println!("no AVX-512 here: no slab kernel");
         return;

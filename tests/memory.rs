@@ -260,7 +260,7 @@ fn gemm_workspace_estimate_covers_its_allocations() {
                         similarity_tile(&mut out, cols, &a, rows, &b, cols, dim);
                         if let Some(mut slabs) = SlabTiles::new() {
                             slabs.pack_columns(&b, packed, dim);
-                            let kc = slab_depth(rows, cols, dim).expect("a micro-kernel tile");
+                            let kc = slab_depth(dim).expect("a micro-kernel CPU");
                             slabs.slab(&mut out, cols, &a, SLAB_ROWS, kc);
                         }
                     });

@@ -657,6 +657,94 @@ fn every_method_is_independent_of_memory_limit_and_threads() {
     );
 }
 
+/// A pair's similarity has the same bits in every tile, so the rows of a
+/// cluster task's shard are those of the whole pass whatever the shard's
+/// size: pass 1 over shards of one, five and 64 gallery rows against a
+/// bank whose last tile has 40 rows, pass 2 over shards of one and three
+/// queries (k rows each), at a depth beyond 512, exact and screened. (The `gemm` crate
+/// sums one-row and one-column tiles, tiles of at most 256 elements and,
+/// at such depths, tiles of at most 64 × 64 in other orders.)
+#[test]
+fn shards_of_any_size_give_the_whole_pass_rows() {
+    use hubnorm::options::Precision;
+    use hubnorm::pipeline::SearchJob;
+    use hubnorm::query::results::ResultRows;
+    // Without AVX512_BF16 the screen runs in scalar code: the same lists.
+    hubnorm::kernel::bf16::allow_scalar_screen();
+    let dir = tempfile::tempdir().unwrap();
+    let (gallery_rows, query_rows, k) = (70u64, 9u64, 20usize);
+    let bank_rows = hubnorm::kernel::tile::BANK_TILE_ROWS + 40;
+    let case = Case::random(107, query_rows as usize, 70, bank_rows, 50, 768);
+    case.write(dir.path());
+    let late = ["dis", "dual-dis", "sn", "dbsn"];
+    let methods: Vec<MethodSpec> = non_default_methods()
+        .into_iter()
+        .filter(|m| !late.contains(&m.kind().name()))
+        .collect();
+    let path = |n: &str| dir.path().join(n).display().to_string();
+    let concat = |batches: &[RecordBatch]| {
+        arrow::compute::concat_batches(&batches[0].schema(), batches).unwrap()
+    };
+    for precision in [Precision::Exact, Precision::Screened] {
+        let stats_rows = |rows: std::ops::Range<u64>| {
+            let mut job = StatsJob::new(path("gallery.parquet"), path("bank.parquet"), "unused");
+            job.gallery_bank = Some(path("gallery_bank.parquet"));
+            job.methods = methods.clone();
+            job.options.precision = precision;
+            let mut batches: Vec<RecordBatch> = Vec::new();
+            pipeline::stream_stats_rows(&job, rows, false, &Silent, &mut |b| {
+                batches.push(b.clone());
+                Ok(())
+            })
+            .unwrap();
+            batches
+        };
+        let whole = concat(&stats_rows(0..gallery_rows));
+        for (start, rows) in [(0, 1), (33, 1), (69, 1), (5, 5), (65, 5), (0, 64), (6, 64)] {
+            let shard = concat(&stats_rows(start..start + rows));
+            let expected = whole.slice(start as usize, rows as usize);
+            assert_eq!(
+                shard, expected,
+                "{precision:?} pass 1, rows {start}..+{rows}"
+            );
+        }
+        let search_rows = |rows: std::ops::Range<u64>| {
+            let mut job = SearchJob::new(
+                path("queries.parquet"),
+                path("gallery.parquet"),
+                None,
+                "unused",
+            );
+            job.methods = vec![MethodSpec::new("none", &[]).unwrap()];
+            job.k = k;
+            job.options.precision = precision;
+            let mut batches: Vec<RecordBatch> = Vec::new();
+            pipeline::stream_search(
+                &job,
+                Some(rows),
+                ResultRows::TopK,
+                None,
+                &Silent,
+                &mut |b| {
+                    batches.push(b.clone());
+                    Ok(())
+                },
+            )
+            .unwrap();
+            batches
+        };
+        let whole = concat(&search_rows(0..query_rows));
+        for (start, queries) in [(0, 1), (4, 1), (8, 1), (0, 3), (6, 3)] {
+            let shard = concat(&search_rows(start..start + queries));
+            let expected = whole.slice(start as usize * k, queries as usize * k);
+            assert_eq!(
+                shard, expected,
+                "{precision:?} pass 2, queries {start}..+{queries}"
+            );
+        }
+    }
+}
+
 /// With the banks in memory, pass 1 reads the gallery in pieces of at most
 /// 16 strips, the next piece on a thread of its own while the current one is
 /// worked on (here 4096 rows: half the room of one chunk). The rows are

@@ -257,7 +257,7 @@ fn screened_equals_exact(
 
 #[test]
 fn screened_search_equals_the_exact_search() {
-    if !hubnorm::kernel::gemm::reproducible(512, 2048, 384) {
+    if !hubnorm::kernel::gemm::reproducible() {
         eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no FMA)");
         return;
     }
@@ -319,7 +319,7 @@ fn screened_search_over_many_tiles_equals_the_exact_search() {
 
 #[test]
 fn screened_search_of_a_narrow_band_equals_the_exact_search() {
-    if !hubnorm::kernel::gemm::reproducible(512, 2048, 768) {
+    if !hubnorm::kernel::gemm::reproducible() {
         eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no FMA)");
         return;
     }
@@ -562,7 +562,7 @@ fn screened_columns_equal_exact(
 /// row), a narrow band, and rows far from unit length.
 #[test]
 fn screened_column_top_k_equals_the_exact_pass() {
-    if !hubnorm::kernel::gemm::reproducible(2048, 512, 384) {
+    if !hubnorm::kernel::gemm::reproducible() {
         eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no FMA)");
         return;
     }

@@ -280,10 +280,8 @@ pub(super) struct StripScreen<'a> {
     first_row: u32,
     corrections: &'a [ColumnScoring<'a>],
     positives: &'a Positives,
-    /// The re-scorer of each tile's columns: (first column, scorer), in
-    /// column order (tiles of different widths may sum in different depth
-    /// blocks).
-    scorers: Vec<(u32, TileScorer)>,
+    /// The re-scorer, with the exact tiles' bits.
+    scorer: TileScorer,
     pools: Pools,
     /// The ambiguous columns of each (row, scoring), one after the other,
     /// and where each lies.
@@ -313,12 +311,13 @@ impl<'a> StripScreen<'a> {
         corrections: &'a [ColumnScoring<'a>],
         positives: &'a Positives,
         k: usize,
-    ) -> StripScreen<'a> {
+    ) -> Option<StripScreen<'a>> {
+        let scorer = TileScorer::new(queries.dim)?;
         let pools = (q1 - q0) * corrections.len();
         // Room for the k best and the band around them, so that a pool is
         // decided rarely before the strip ends.
         let capacity = (4 * k + 256).min(POOL_ENTRIES / pools.max(1)).max(MIN_POOL);
-        StripScreen {
+        Some(StripScreen {
             screen,
             queries,
             gallery,
@@ -327,7 +326,7 @@ impl<'a> StripScreen<'a> {
             first_row,
             corrections,
             positives,
-            scorers: Vec::new(),
+            scorer,
             pools: Pools {
                 capacity,
                 entries: vec![Pending::default(); pools * capacity],
@@ -343,7 +342,7 @@ impl<'a> StripScreen<'a> {
             candidates: Vec::new(),
             largest: BinaryHeap::new(),
             counts: ScreenCounts::default(),
-        }
+        })
     }
 
     fn corrections_of(&self, k: usize, (c0, c1): (usize, usize)) -> &'a [f32] {
@@ -355,24 +354,15 @@ impl<'a> StripScreen<'a> {
 
     /// Screens the strip's tile of block columns `c0..c1` (`c0` on a
     /// panel); `tile` (stride `ld`) is scratch for the screened values.
-    /// Returns `false`, doing nothing, when the f32 tile of this shape is
-    /// not one whose bits [`TileScorer`] reproduces: the caller then runs
-    /// the exact tile.
     pub(super) fn tile(
         &mut self,
         (c0, c1): (usize, usize),
         states: &mut [QueryState],
         tile: &mut [f32],
         ld: usize,
-    ) -> bool {
+    ) {
         let (m, nc, dim) = (self.q1 - self.q0, c1 - c0, self.queries.dim);
-        let Some(scorer) = TileScorer::new(m, nc, dim) else {
-            return false;
-        };
         assert_eq!(c0 % PANEL, 0, "tiles start on a panel");
-        if self.scorers.last().is_none_or(|&(_, s)| s != scorer) {
-            self.scorers.push((c0 as u32, scorer));
-        }
         let pairs = dim.div_ceil(2);
         screen_packed(
             tile,
@@ -488,14 +478,13 @@ impl<'a> StripScreen<'a> {
                         state.equal += (score == state.target) as u64;
                     }
                     if !state.target.is_nan() {
-                        self.exclude_positives(i, (c0, c1), &scorer, h, state);
+                        self.exclude_positives(i, (c0, c1), h, state);
                     }
                 }
             }
             start = end;
         }
         self.counts.screened += (m * nc * nm) as u64;
-        true
     }
 
     /// Where row `i`'s pairs lie in `undecided` (rows in order).
@@ -512,7 +501,6 @@ impl<'a> StripScreen<'a> {
         &self,
         i: usize,
         (c0, c1): (usize, usize),
-        scorer: &TileScorer,
         h: &[f32],
         state: &mut QueryState,
     ) {
@@ -522,7 +510,7 @@ impl<'a> StripScreen<'a> {
             if p >= col0 && ((p - col0) as usize) < c1 - c0 {
                 let j = (p - col0) as usize;
                 let mut s = [0f32];
-                scorer.scores(
+                self.scorer.scores(
                     &[(
                         &self.queries.data[q * dim..(q + 1) * dim],
                         &self.gallery.data[(c0 + j) * dim..(c0 + j + 1) * dim],
@@ -611,23 +599,14 @@ impl<'a> StripScreen<'a> {
 }
 
 /// The f32 similarities of `pairs` (of `strip`'s rows and block columns)
-/// into `exact`, batch after batch (a batch's pairs in tiles of one scorer).
+/// into `exact`, a batch of [`TileScorer::BATCH`] at a time.
 fn rescore(strip: &StripScreen<'_>, pairs: &[Undecided], exact: &mut Vec<f32>) {
     let dim = strip.queries.dim;
     exact.resize(pairs.len(), 0.0);
-    let scorer_of = |column: u32| {
-        let at = strip.scorers.partition_point(|&(c0, _)| c0 <= column);
-        at.checked_sub(1).expect("a screened tile's column")
-    };
     const BATCH: usize = TileScorer::BATCH;
     let mut start = 0;
     while start < pairs.len() {
-        let scorer = scorer_of(pairs[start].column);
-        let end = start
-            + pairs[start..(start + BATCH).min(pairs.len())]
-                .iter()
-                .take_while(|u| scorer_of(u.column) == scorer)
-                .count();
+        let end = (start + BATCH).min(pairs.len());
         let batch = &pairs[start..end];
         let rows: [(&[f32], &[f32]); BATCH] = std::array::from_fn(|l| {
             let u = batch[l.min(batch.len() - 1)];
@@ -637,8 +616,8 @@ fn rescore(strip: &StripScreen<'_>, pairs: &[Undecided], exact: &mut Vec<f32>) {
                 &strip.gallery.data[c * dim..(c + 1) * dim],
             )
         });
-        strip.scorers[scorer]
-            .1
+        strip
+            .scorer
             .scores(&rows[..batch.len()], &mut exact[start..end]);
         start = end;
     }

@@ -455,7 +455,8 @@ impl StripSearch<'_> {
         // Packing a piece's columns pays off over a slab's rows; a strip of a
         // few queries leaves it to the crate, which reads them in place.
         let mut slabs = SlabTiles::new().filter(|_| q1 - q0 >= SLAB_ROWS);
-        let mut screen = self.screen.map(|screen| {
+        // No screen where the re-score cannot give the exact tiles' bits.
+        let mut screen = self.screen.and_then(|screen| {
             let k = strip_states.iter().map(|s| s.top.k()).max().unwrap_or(0);
             StripScreen::new(
                 screen,
@@ -473,14 +474,11 @@ impl StripSearch<'_> {
             let nc = c1 - c0;
             let tile = &mut buffer.cells_mut()[..(q1 - q0) * ld];
             if let Some(screen) = screen.as_mut() {
-                if screen.tile((c0, c1), strip_states, tile, ld) {
-                    c0 = c1;
-                    continue;
-                }
+                screen.tile((c0, c1), strip_states, tile, ld);
+                c0 = c1;
+                continue;
             }
-            let depth = slabs
-                .as_ref()
-                .and_then(|_| slab_depth(q1 - q0, nc, gallery.dim));
+            let depth = slabs.as_ref().and_then(|_| slab_depth(gallery.dim));
             if let (Some(slabs), Some(kc)) = (slabs.as_mut(), depth) {
                 // Pieces of the tile that stay in L2 while they are scanned;
                 // each query still sees its columns in increasing order.

@@ -8,7 +8,7 @@ use crate::cache::TableBlocks;
 use crate::error::Result;
 use crate::ids::{id_at, IdIndex};
 use crate::kernel::gemm::TileScorer;
-use crate::kernel::{Positives, TILE_COLS, TILE_ROWS};
+use crate::kernel::Positives;
 use crate::query::method::{QueryGaussian, Scoring};
 use crate::source::{EmbeddingBlock, EmbeddingTable};
 
@@ -110,20 +110,12 @@ pub fn resolve_targets(
     Ok(Positives::from_lists(lists))
 }
 
-/// The similarity of query `q` of a block of `queries` rows and gallery
-/// row `g` of a block of `gallery` rows, as pass 2's tile holding the pair
-/// computes it: tiles of [`TILE_ROWS`] × [`TILE_COLS`] from each block's
-/// start (the last ones shorter; column splits across threads fall on tile
-/// boundaries, so the tiles are these however the search is scheduled).
-fn tile_similarity(
-    qv: &[f32],
-    gv: &[f32],
-    (q, queries): (usize, usize),
-    (g, gallery): (usize, usize),
-) -> f32 {
-    let m = TILE_ROWS.min(queries - q / TILE_ROWS * TILE_ROWS);
-    let n = TILE_COLS.min(gallery - g / TILE_COLS * TILE_COLS);
-    match TileScorer::new(m, n, qv.len()) {
+/// The similarity of query row `qv` and gallery row `gv` as pass 2's tiles
+/// compute it: with their bits where [`TileScorer`] reproduces them
+/// (whatever tile holds the pair), else the f64 dot product rounded to f32
+/// (a system BLAS's tiles may differ from it in the last place).
+fn tile_similarity(qv: &[f32], gv: &[f32]) -> f32 {
+    match TileScorer::new(qv.len()) {
         Some(scorer) => {
             let mut s = [0f32];
             scorer.scores(&[(qv, gv)], &mut s);
@@ -164,10 +156,9 @@ fn cast_ids(values: &ArrayRef, id_type: &DataType) -> Result<ArrayRef> {
 /// rows are used: read alone when the gallery is streamed
 /// ([`TableBlocks::rows_alone`]), else from the blocks the search reads
 /// (its two halves at once when [`TableBlocks::fold_halves`] can). The
-/// scores are computed as the kernel computes them: the similarity with
-/// the bits of the search's GEMM tile where [`TileScorer`] reproduces it
-/// (else the f64 dot product rounded to f32, which may differ from the
-/// tile's in the last place), then the scoring's f32 arithmetic.
+/// scores are computed as the kernel computes them: the similarity as the
+/// search's tiles have it ([`tile_similarity`]), then the scoring's f32
+/// arithmetic.
 /// `query_parameters` holds each scoring's per-query parameters for the
 /// block ([`Scoring::query_parameters`]).
 pub fn target_scores(
@@ -187,16 +178,12 @@ pub fn target_scores(
     }
     wanted.sort_unstable();
     let dim = block.dim;
-    // Offers the pairs of gallery row `g` (the row `local` of a search
-    // block of `block_rows` rows, whose embedding is `gv`).
-    let offer_row = |best: &mut Vec<Option<(f32, f32)>>,
-                     pairs: &[(u32, u32)],
-                     gv: &[f32],
-                     (local, block_rows): (usize, usize)| {
+    // Offers the pairs of a gallery row, whose embedding is `gv`.
+    let offer_row = |best: &mut Vec<Option<(f32, f32)>>, pairs: &[(u32, u32)], gv: &[f32]| {
         for &(g, q) in pairs {
             let (g, q) = (g as usize, q as usize);
             let qv = &block.data[q * dim..(q + 1) * dim];
-            let s = tile_similarity(qv, gv, (q, block.rows), (local, block_rows));
+            let s = tile_similarity(qv, gv);
             for (m, scoring) in scorings.iter().enumerate() {
                 let v = scoring
                     .columns(g, g + 1)
@@ -221,7 +208,7 @@ pub fn target_scores(
                 let same = at + wanted[at..to].partition_point(|&(r, _)| r == g);
                 let local = (g as u64 - first) as usize;
                 let gv = &g_block.data[local * dim..(local + 1) * dim];
-                offer_row(best, &wanted[at..same], gv, (local, g_block.rows));
+                offer_row(best, &wanted[at..same], gv);
                 at = same;
             }
             Ok(())
@@ -248,9 +235,9 @@ fn scores_from_rows_alone(
     gallery: &TableBlocks,
     wanted: &[(u32, u32)],
     states: usize,
-    offer_row: &impl Fn(&mut Vec<Option<(f32, f32)>>, &[(u32, u32)], &[f32], (usize, usize)),
+    offer_row: &impl Fn(&mut Vec<Option<(f32, f32)>>, &[(u32, u32)], &[f32]),
 ) -> Option<Vec<Option<(f32, f32)>>> {
-    let (block_rows, total) = (gallery.block_rows(), gallery.rows());
+    let block_rows = gallery.block_rows();
     let mut rows: Vec<u64> = wanted.iter().map(|&(g, _)| g as u64).collect();
     rows.dedup();
     let mut best = vec![None; states];
@@ -260,15 +247,7 @@ fn scores_from_rows_alone(
         let dim = vectors.len() / chunk.len();
         for (&g, gv) in chunk.iter().zip(vectors.chunks_exact(dim.max(1))) {
             let same = at + wanted[at..].partition_point(|&(r, _)| r as u64 == g);
-            // Where the search meets this row: its block and place in it.
-            let start = g / block_rows as u64 * block_rows as u64;
-            let rows_in_block = (total - start).min(block_rows as u64) as usize;
-            offer_row(
-                &mut best,
-                &wanted[at..same],
-                gv,
-                ((g - start) as usize, rows_in_block),
-            );
+            offer_row(&mut best, &wanted[at..same], gv);
             at = same;
         }
     }

@@ -503,7 +503,7 @@ pub fn recorded_precision(path: &Path) -> Option<String> {
 /// re-scoring reproduces the f32 tiles' bits only with FMA (printed as a
 /// skip otherwise).
 pub fn screen_comparable() -> bool {
-    let comparable = hubnorm::kernel::gemm::reproducible(512, 2048, 64);
+    let comparable = hubnorm::kernel::gemm::reproducible();
     if !comparable {
         eprintln!("SKIPPED: the f32 tiles' bits are not reproduced on this CPU (no FMA)");
     }

@@ -391,7 +391,7 @@ fn column_strip(
         let r1 = (r0 + BANK_TILE_ROWS).min(rows.rows);
         let tile_rows = r1 - r0;
         let tile = &mut buffer.cells_mut()[..tile_rows * ld];
-        let scorer = screen.and_then(|_| TileScorer::new(tile_rows, nc, cols.dim));
+        let scorer = screen.and_then(|_| TileScorer::new(cols.dim));
         if let (Some((screen, c0)), Some(scorer)) = (screen, scorer) {
             let bound = screen.column_tile((r0, r1), (c0, c0 + nc), tile, ld);
             let tile = ScreenedTile {
@@ -412,7 +412,7 @@ fn column_strip(
             r0 = r1;
             continue;
         }
-        let depth = slab_depth(tile_rows, nc, cols.dim);
+        let depth = slab_depth(cols.dim);
         if let (Some(slabs), Some(kc)) = (slabs.as_mut(), depth) {
             for g0 in (r0..r1).step_by(SLAB_ROWS) {
                 let g1 = (g0 + SLAB_ROWS).min(r1);

@@ -3,6 +3,10 @@
 //! by a system BLAS the process chose once with [`use_blas`] (the command line's
 //! `HUBNORM_BLAS`).
 //!
+//! Every tile element has one summation order whatever the tile's shape
+//! ([`tile_score`]); the few shapes the crate sums otherwise are computed
+//! here (`examples/small_tiles.rs` times them against the crate's kernels).
+//!
 //! Before touching this, run `cargo bench --bench kernel` and compare
 //! `similarity_tile/gemm` against `similarity_tile/naive` and the machine
 //! peak in DESIGN.md.
@@ -99,6 +103,14 @@ pub fn similarity_tile(
             return;
         }
     }
+    // Shapes the crate sums in another order (its small-matrix kernels,
+    // its depth block for small tiles): the same chains, computed here.
+    if !crate_sums_in_chains(m, n, dim) {
+        if let Some(scorer) = TileScorer::new(dim) {
+            scorer.tile(out, ld_out, a, m, b, n);
+            return;
+        }
+    }
     // SAFETY: the asserts above guarantee that every index the strides describe
     // lies inside the slices; `out` is exclusively borrowed.
     unsafe {
@@ -126,30 +138,32 @@ pub fn similarity_tile(
     }
 }
 
-/// The bits [`similarity_tile`] writes for rows `q` and `g` of an `m × n`
-/// tile (of any `dim = q.len()`), computed for this one pair: what a
-/// screened search re-scores its candidates with, so that they come out
-/// exactly as the full tile would have them. `None` where the tile takes a
-/// path whose summation order this does not reproduce: a system BLAS, a CPU
-/// without FMA (the crate's scalar kernel), or the shapes the `gemm` crate
-/// hands to its small-matrix kernels (`m` or `n` ≤ 1, `m·n` ≤ 256, `dim` ≤ 2).
+/// The bits [`similarity_tile`] writes for rows `q` and `g` (of any
+/// `dim = q.len()`), computed for this one pair: what a screened search
+/// re-scores its candidates with, so that they come out exactly as the
+/// full tile would have them. `None` where the tiles take a path whose
+/// summation order this does not reproduce: a system BLAS, or a CPU
+/// without FMA (the `gemm` crate's scalar kernel).
 ///
-/// The `gemm` crate (0.19) computes every element of such a tile by its
-/// AVX-512 or, without AVX-512F, its AVX2/FMA microkernel: a chain of fused
-/// multiply-adds from +0 over each depth block of `kc` dimensions, in
-/// order, the blocks' sums added to the element in order. `kc` is
-/// `min(dim, 512)` for tiles of at most 64 × 64 and otherwise the crate's
-/// cache-derived [`gemm_common::cache::kernel_params`] for the microkernel's
-/// shape on this CPU; `tests::tile_scores_are_the_tiles_bits` holds
-/// this to the crate's output.
-pub fn tile_score(q: &[f32], g: &[f32], m: usize, n: usize) -> Option<f32> {
+/// Every element of a tile, whatever the tile's shape, is a chain of fused
+/// multiply-adds from +0 over each depth block of [`depth_block`]
+/// dimensions, in order, the blocks' sums added to the element in order:
+/// what the `gemm` crate (0.19) computes with its AVX-512 or, without
+/// AVX-512F, its AVX2/FMA microkernel for tiles beyond 64 × 64. The shapes
+/// it sums otherwise (one row or column, at most 256 elements, `dim` ≤ 2,
+/// and at most 64 × 64 where its depth block is then another) are computed
+/// by [`TileScorer::tile`] instead, so a pair's score does not depend on
+/// the batch, chunk or shard it was computed in.
+/// `tests::tile_scores_are_the_tiles_bits` holds this to the crate's output,
+/// `tests::tile_elements_do_not_depend_on_the_tile_shape` to every shape.
+pub fn tile_score(q: &[f32], g: &[f32]) -> Option<f32> {
     let mut out = [0f32];
-    TileScorer::new(m, n, q.len())?.scores(&[(q, g)], &mut out);
+    TileScorer::new(q.len())?.scores(&[(q, g)], &mut out);
     Some(out[0])
 }
 
-/// [`tile_score`] for many elements of one tile shape: the depth blocks
-/// worked out once, and several elements of a row computed together.
+/// [`tile_score`] for many elements: the depth blocks worked out once, and
+/// several elements computed together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TileScorer {
     dim: usize,
@@ -160,12 +174,12 @@ impl TileScorer {
     /// Elements one batch of [`TileScorer::scores`] computes side by side.
     pub const BATCH: usize = CHAINS;
 
-    /// The scorer of `m × n` tiles of `dim`-dimensional rows, or `None`
-    /// where [`tile_score`] gives `None`.
-    pub fn new(m: usize, n: usize, dim: usize) -> Option<TileScorer> {
-        reproducible(m, n, dim).then(|| TileScorer {
+    /// The scorer of `dim`-dimensional rows, or `None` where [`tile_score`]
+    /// gives `None`.
+    pub fn new(dim: usize) -> Option<TileScorer> {
+        reproducible().then(|| TileScorer {
             dim,
-            kc: depth_block(m, n, dim),
+            kc: depth_block(dim),
         })
     }
 
@@ -192,6 +206,29 @@ impl TileScorer {
                 continue;
             }
             interleaved_chains(items, self.kc, out);
+        }
+    }
+
+    /// A whole tile as [`similarity_tile`] has it: `out[i · ld + j]` for
+    /// the `m` rows of `a` and the `n` rows of `b`, [`CHAINS`] elements at
+    /// a time in row-major order (so a one-column tile fills every lane).
+    fn tile(&self, out: &mut [f32], ld: usize, a: &[f32], m: usize, b: &[f32], n: usize) {
+        let dim = self.dim;
+        let cell = |c: usize| (c / n, c % n);
+        let mut items: [(&[f32], &[f32]); CHAINS] = [(&[], &[]); CHAINS];
+        let mut values = [0f32; CHAINS];
+        let cells = m * n;
+        for first in (0..cells).step_by(CHAINS) {
+            let count = CHAINS.min(cells - first);
+            for (l, item) in items[..count].iter_mut().enumerate() {
+                let (i, j) = cell(first + l);
+                *item = (&a[i * dim..(i + 1) * dim], &b[j * dim..(j + 1) * dim]);
+            }
+            self.scores(&items[..count], &mut values);
+            for (l, &value) in values[..count].iter().enumerate() {
+                let (i, j) = cell(first + l);
+                out[i * ld + j] = value;
+            }
         }
     }
 }
@@ -261,6 +298,8 @@ mod transposed_chains {
                 std::array::from_fn(|l| row(l).1.as_ptr()),
             )
         };
+        let q_shared = q.iter().all(|&row| row == q[0]);
+        let g_shared = g.iter().all(|&row| row == g[0]);
         let mut element = _mm512_setzero_ps();
         let mut start = 0;
         while start < dim {
@@ -270,10 +309,25 @@ mod transposed_chains {
             while k < end {
                 let count = (end - k).min(LANES);
                 let mask: __mmask16 = if count == LANES { !0 } else { (1 << count) - 1 };
-                let qt = transposed(&q, k, mask);
-                let gt = transposed(&g, k, mask);
-                for step in 0..count {
-                    sum = _mm512_fmadd_ps(qt[step], gt[step], sum);
+                if q_shared {
+                    // One query row for every pair (a one-row tile, a
+                    // row's candidates): its values broadcast, not
+                    // transposed; the same products in the same order.
+                    let gt = transposed(&g, k, mask);
+                    for (step, &gt) in gt.iter().enumerate().take(count) {
+                        sum = _mm512_fmadd_ps(_mm512_set1_ps(*q[0].add(k + step)), gt, sum);
+                    }
+                } else if g_shared {
+                    let qt = transposed(&q, k, mask);
+                    for (step, &qt) in qt.iter().enumerate().take(count) {
+                        sum = _mm512_fmadd_ps(qt, _mm512_set1_ps(*g[0].add(k + step)), sum);
+                    }
+                } else {
+                    let qt = transposed(&q, k, mask);
+                    let gt = transposed(&g, k, mask);
+                    for step in 0..count {
+                        sum = _mm512_fmadd_ps(qt[step], gt[step], sum);
+                    }
                 }
                 k += count;
             }
@@ -364,21 +418,30 @@ impl SlabTiles {
 }
 
 /// The depth block with which [`SlabTiles::slab`] reproduces the elements
-/// of an `m × n` tile of `dim`-dimensional rows as [`similarity_tile`]
-/// computes them, or `None` where it does not ([`reproducible`]).
-pub fn slab_depth(m: usize, n: usize, dim: usize) -> Option<usize> {
-    reproducible(m, n, dim).then(|| depth_block(m, n, dim))
+/// of tiles of `dim`-dimensional rows as [`similarity_tile`] computes them,
+/// or `None` where it does not ([`reproducible`]).
+pub fn slab_depth(dim: usize) -> Option<usize> {
+    reproducible().then(|| depth_block(dim))
 }
 
-/// Whether [`tile_score`] reproduces the elements of an `m × n` tile of
-/// `dim`-dimensional rows in this process.
-pub fn reproducible(m: usize, n: usize, dim: usize) -> bool {
-    BLAS.get().is_none()
-        && Microkernel::of_this_cpu().is_some()
-        && dim > 2
+/// Whether [`tile_score`] reproduces the elements of every tile in this
+/// process: no system BLAS, and a CPU with one of the crate's FMA
+/// microkernels.
+pub fn reproducible() -> bool {
+    BLAS.get().is_none() && Microkernel::of_this_cpu().is_some()
+}
+
+/// Whether the `gemm` crate computes an `m × n` tile of `dim`-dimensional
+/// rows as [`tile_score`] does. Its other routes: the matrix-vector kernels
+/// for one row or column, horizontal dot products for tiles of at most
+/// 16 × 16 elements, outer products for `dim` ≤ 2, and for tiles of at
+/// most 64 × 64 the depth block `min(dim, 512)`.
+fn crate_sums_in_chains(m: usize, n: usize, dim: usize) -> bool {
+    dim > 2
         && m > 1
         && n > 1
         && m * n > 256
+        && (m > 64 || n > 64 || dim.min(512) == depth_block(dim))
 }
 
 /// The `gemm` crate's f32 microkernels whose summation order [`TileScorer`]
@@ -414,16 +477,23 @@ impl Microkernel {
     }
 }
 
-/// The `gemm` crate's depth block for an `m × n × dim` f32 product.
-fn depth_block(m: usize, n: usize, dim: usize) -> usize {
-    if m <= 64 && n <= 64 {
-        return dim.min(512);
-    }
+/// The depth block of every tile element's chain: the `gemm` crate's for
+/// tiles beyond 64 × 64, which depends on the depth, the microkernel and
+/// the caches only (not on the tile's rows and columns).
+fn depth_block(dim: usize) -> usize {
     let (mr, nr) = Microkernel::of_this_cpu()
         .expect("asked only where reproducible")
         .shape();
-    // The crate computes a row-major destination as its transpose.
-    gemm_common::cache::kernel_params(n, m, dim, mr, nr, std::mem::size_of::<f32>()).kc
+    let beyond_small = 65;
+    gemm_common::cache::kernel_params(
+        beyond_small,
+        beyond_small,
+        dim,
+        mr,
+        nr,
+        std::mem::size_of::<f32>(),
+    )
+    .kc
 }
 
 /// The textbook triple loop, kept as the baseline the benchmark compares with
@@ -518,7 +588,7 @@ mod tests {
                         let q = &a[i * dim..(i + 1) * dim];
                         let g = &b[j * dim..(j + 1) * dim];
                         let expected = out[i * n + j];
-                        let got = tile_score(q, g, m, n).expect("a microkernel tile");
+                        let got = tile_score(q, g).expect("a microkernel tile");
                         assert_eq!(
                             got.to_bits(),
                             expected.to_bits(),
@@ -530,13 +600,68 @@ mod tests {
             }
         }
         assert!(checked > 10_000, "{checked}");
-        assert!(tile_score(&[1.0; 8], &[1.0; 8], 1, 300).is_none());
-        assert!(tile_score(&[1.0; 8], &[1.0; 8], 16, 16).is_none());
     }
 
-    /// The AVX-512 chains (rows transposed in registers) give the portable
-    /// chains' bits for every batch length, depth block and dimension,
-    /// including dimensions and blocks that end mid-vector.
+    /// Tiles cut from a larger one in the shapes the `gemm` crate sums in
+    /// other orders (one row, one column, one element, at most 256
+    /// elements, at most 64 × 64 at depths beyond 512) and in shapes it
+    /// sums in chains have the larger tile's bits, element for element: a
+    /// pair's score does not depend on the batch, chunk or shard holding it.
+    #[test]
+    #[allow(clippy::print_stderr)] // a skipped test says so
+    fn tile_elements_do_not_depend_on_the_tile_shape() {
+        if !reproducible() {
+            eprintln!("SKIPPED: no FMA here: the gemm crate takes its scalar kernel");
+            return;
+        }
+        let mut next = mixed_magnitudes(0x6a09_e667_f3bc_c908);
+        let (m, n) = (130, 150);
+        // (first row, rows, first column, columns) of each cut.
+        let cuts = [
+            (7, 1, 0, 150),
+            (0, 130, 9, 1),
+            (3, 1, 4, 1),
+            (10, 16, 20, 16),
+            (1, 2, 5, 100),
+            (60, 64, 80, 64),
+            (64, 65, 3, 3),
+            (2, 17, 101, 15),
+            (0, 130, 0, 150),
+        ];
+        let mut checked = 0;
+        for dim in [1, 2, 3, 384, 513, 768, 1537] {
+            let a: Vec<f32> = (0..m * dim).map(|_| next()).collect();
+            let b: Vec<f32> = (0..n * dim).map(|_| next()).collect();
+            let mut whole = vec![0.0f32; m * n];
+            similarity_tile(&mut whole, n, &a, m, &b, n, dim);
+            for &(r0, rows, c0, cols) in &cuts {
+                let ld = cols + 3;
+                let mut cut = vec![f32::NAN; rows * ld];
+                let a_cut = &a[r0 * dim..(r0 + rows) * dim];
+                let b_cut = &b[c0 * dim..(c0 + cols) * dim];
+                similarity_tile(&mut cut, ld, a_cut, rows, b_cut, cols, dim);
+                for i in 0..rows {
+                    for j in 0..cols {
+                        let (got, expected) = (cut[i * ld + j], whole[(r0 + i) * n + c0 + j]);
+                        assert_eq!(
+                            got.to_bits(),
+                            expected.to_bits(),
+                            "{rows}×{cols} cut at ({r0}, {c0}), dim {dim}, element ({i}, {j}): \
+                             {got} vs {expected}"
+                        );
+                        checked += 1;
+                    }
+                    assert!(cut[i * ld + cols..(i + 1) * ld].iter().all(|v| v.is_nan()));
+                }
+            }
+        }
+        assert!(checked > 100_000, "{checked}");
+    }
+
+    /// The AVX-512 chains (rows transposed in registers, or a shared row
+    /// broadcast) give the portable chains' bits for every batch length,
+    /// depth block and dimension, including dimensions and blocks that end
+    /// mid-vector.
     #[test]
     #[cfg(target_arch = "x86_64")]
     #[allow(clippy::print_stderr)] // a skipped test says so
@@ -551,20 +676,33 @@ mod tests {
                 .map(|_| (0..dim).map(|_| next()).collect())
                 .collect();
             for kc in [1, 5, 16, 40, 256, dim] {
-                for count in [1, 7, CHAINS] {
-                    let items: Vec<(&[f32], &[f32])> = (0..count)
-                        .map(|l| (rows[l].as_slice(), rows[CHAINS + l].as_slice()))
-                        .collect();
-                    let (mut fast, mut portable) = ([f32::NAN; CHAINS], [f32::NAN; CHAINS]);
-                    // SAFETY: AVX-512F was detected; the rows have one length.
-                    unsafe { transposed_chains::chains(&items, kc, &mut fast) };
-                    chain_bodies::interleaved_chains(&items, kc, &mut portable);
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(
-                        bits(&fast),
-                        bits(&portable),
-                        "dim {dim}, kc {kc}, {count} pairs"
-                    );
+                // Pairs of distinct rows, and pairs sharing their query
+                // row or their gallery row (broadcast, not transposed).
+                type RowsOf = fn(usize) -> (usize, usize);
+                let pairings: [(&str, RowsOf); 3] = [
+                    ("distinct", |l| (l, CHAINS + l)),
+                    ("one query row", |l| (3, CHAINS + l)),
+                    ("one gallery row", |l| (l, CHAINS + 5)),
+                ];
+                for (pairing, rows_of) in pairings {
+                    for count in [1, 7, CHAINS] {
+                        let items: Vec<(&[f32], &[f32])> = (0..count)
+                            .map(|l| {
+                                let (q, g) = rows_of(l);
+                                (rows[q].as_slice(), rows[g].as_slice())
+                            })
+                            .collect();
+                        let (mut fast, mut portable) = ([f32::NAN; CHAINS], [f32::NAN; CHAINS]);
+                        // SAFETY: AVX-512F was detected; the rows have one length.
+                        unsafe { transposed_chains::chains(&items, kc, &mut fast) };
+                        chain_bodies::interleaved_chains(&items, kc, &mut portable);
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&fast),
+                            bits(&portable),
+                            "dim {dim}, kc {kc}, {count} pairs, {pairing}"
+                        );
+                    }
                 }
             }
         }

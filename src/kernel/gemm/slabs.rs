@@ -14,7 +14,7 @@
 //! Bits: every element is, as in the crate ([`super::TileScorer`]), a chain
 //! of fused multiply-adds from +0 over each depth block of `kc` dimensions,
 //! the blocks' sums added to the element in order. The depth block is the
-//! crate's for the whole tile's shape, passed in by the caller, so a slab's
+//! process's ([`super::slab_depth`]), passed in by the caller, so a slab's
 //! elements equal the whole tile's (`tests::slabs_are_the_gemm_crates_tiles`).
 //!
 //! The micro-kernel keeps [`ROWS`] × [`VECTORS`] accumulators (8 rows × 48
@@ -290,7 +290,7 @@ mod tests {
                 let ld = n + 5;
                 let mut whole = vec![f32::NAN; m * ld];
                 similarity_tile(&mut whole, ld, &a, m, &b, n, dim);
-                let kc = slab_depth(m, n, dim).expect("a micro-kernel tile");
+                let kc = slab_depth(dim).expect("a micro-kernel tile");
                 let mut tiles = SlabTiles::new().expect("AVX-512");
                 for p0 in (0..n).step_by(piece_cols) {
                     let p1 = (p0 + piece_cols).min(n);

@@ -201,7 +201,7 @@ fn sweep_strip(
     let mut sum: Vec<f64> = col_states.iter().map(|s| s.sum).collect();
     for r0 in (0..rows.rows).step_by(TILE_ROWS) {
         let r1 = (r0 + TILE_ROWS).min(rows.rows);
-        let mut slab_kernel = slabs.as_mut().zip(slab_depth(r1 - r0, nc, cols.dim));
+        let mut slab_kernel = slabs.as_mut().zip(slab_depth(cols.dim));
         let piece_rows = if slab_kernel.is_some() {
             SLAB_ROWS
         } else {
