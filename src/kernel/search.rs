@@ -453,7 +453,7 @@ impl StripSearch<'_> {
         let ld = buffer.stride;
         let mut c0 = columns.start;
         // Packing a piece's columns pays off over a slab's rows; a strip of a
-        // few queries leaves it to the crate, which reads them in place.
+        // few queries goes to `similarity_tile`, which reads them in place.
         let mut slabs = SlabTiles::new().filter(|_| q1 - q0 >= SLAB_ROWS);
         // No screen where the re-score cannot give the exact tiles' bits.
         let mut screen = self.screen.and_then(|screen| {

@@ -90,9 +90,9 @@ const fn max(a: usize, b: usize) -> usize {
 /// below 512, and its per-thread slab). The crate allocates its packed
 /// operands per call and keeps only the slab; a tile is computed either by
 /// the crate or by the slab kernel (`gemm::SlabTiles`), whose packed
-/// columns take the packed operands' place (beside them only the crate's
-/// small-matrix kernels run, which pack nothing), so the larger of the two
-/// is counted.
+/// columns take the packed operands' place (beside them only the small
+/// shapes' chains run, which pack nothing), so the larger of the two is
+/// counted.
 /// The memory plan counts this once per thread; `tests/memory.rs` checks
 /// that the crate's allocations and the slab kernel's are no more.
 pub const fn tile_workspace_bytes(dim: usize) -> usize {

@@ -381,6 +381,7 @@ fn column_strip(
             slabs
         }),
     };
+    let scorer = screen.and_then(|_| TileScorer::new(cols.dim));
     let mut r0 = 0;
     while r0 < rows.rows {
         // A strip streams the whole bank block (seconds with a large one):
@@ -391,7 +392,6 @@ fn column_strip(
         let r1 = (r0 + BANK_TILE_ROWS).min(rows.rows);
         let tile_rows = r1 - r0;
         let tile = &mut buffer.cells_mut()[..tile_rows * ld];
-        let scorer = screen.and_then(|_| TileScorer::new(cols.dim));
         if let (Some((screen, c0)), Some(scorer)) = (screen, scorer) {
             let bound = screen.column_tile((r0, r1), (c0, c0 + nc), tile, ld);
             let tile = ScreenedTile {
