@@ -321,18 +321,71 @@ fn load(spec: &DeltaSpec) -> Result<DeltaTable> {
             ))
         })?,
     };
-    crate::storage::block_on_io(builder.load())?.map_err(|e| match (&spec.at, &e) {
-        (At::Version(v), _) => HubnormError::input(
-            &spec.root,
-            None,
-            None,
-            format!(
-                "cannot read version {v} of the Delta table: {}",
-                crate::storage::redact(&e.to_string())
+    let table = crate::storage::block_on_io(builder.load())?.map_err(|e| match &spec.at {
+        At::Version(v) => match latest_version(&spec.root) {
+            Some(latest) if *v > latest => HubnormError::input(
+                &spec.root,
+                None,
+                None,
+                format!("the Delta table has no version {v}: its latest is {latest}"),
             ),
-        ),
+            _ => HubnormError::input(
+                &spec.root,
+                None,
+                None,
+                format!(
+                    "cannot read version {v} of the Delta table: {}",
+                    crate::storage::redact(&e.to_string())
+                ),
+            ),
+        },
         _ => error(&spec.root, e),
-    })
+    })?;
+    if let At::Timestamp(time) = &spec.at {
+        check_committed_by(&table, &spec.root, time)?;
+    }
+    Ok(table)
+}
+
+/// The latest version of the table at `root`, if it can be read.
+fn latest_version(root: &str) -> Option<u64> {
+    let table = crate::storage::block_on_io(builder(root).ok()?.load())
+        .ok()?
+        .ok()?;
+    table.version()
+}
+
+/// Refuses a table loaded for `PATH@TIME` whose version was committed
+/// after `time`: delta-rs gives the first version when none is older,
+/// which would read rows that did not exist at that time.
+fn check_committed_by(table: &DeltaTable, root: &str, time: &str) -> Result<()> {
+    let Ok(asked) = chrono::DateTime::parse_from_rfc3339(time) else {
+        return Ok(()); // delta-rs parsed it; a format it alone takes is not checked
+    };
+    let Some(version) = table.version() else {
+        return Ok(());
+    };
+    let committed = table
+        .snapshot()
+        .ok()
+        .and_then(|state| state.version_timestamp(version));
+    match committed {
+        Some(ms) if ms > asked.timestamp_millis() => {
+            let when = chrono::DateTime::from_timestamp_millis(ms)
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+                .unwrap_or_else(|| format!("{ms} ms after 1970"));
+            Err(HubnormError::input(
+                root,
+                None,
+                None,
+                format!(
+                    "the Delta table has no version committed at or before {time}: \
+                     its first, version {version}, was committed at {when}"
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A delta-rs builder of the table at `root`, on hubnorm's own object store

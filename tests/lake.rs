@@ -703,7 +703,8 @@ mod delta {
         .output();
         assert_eq!(out.code(), Some(2), "{}", out.stderr());
         assert!(
-            out.stderr().contains("version 7") && out.stderr().contains("gallery"),
+            out.stderr().contains("no version 7: its latest is 1")
+                && out.stderr().contains("gallery"),
             "{}",
             out.stderr()
         );
@@ -715,6 +716,30 @@ mod delta {
         );
         assert_eq!(out.code(), Some(2), "{}", out.stderr());
         assert!(!d.join("v7").exists());
+
+        // A time: the last version committed by then; before the first
+        // commit, none (not version 0, whose rows did not exist yet).
+        assert_eq!(
+            count(&format!("{}@2999-01-01T00:00:00Z", table("gallery"))),
+            "n\n40\n"
+        );
+        let before = format!("{}@2001-01-01T00:00:00+02:00", table("gallery"));
+        let out = run(
+            &before,
+            &table("bank"),
+            &table("queries"),
+            &path(&d.join("t0")),
+        );
+        assert_eq!(out.code(), Some(2), "{}", out.stderr());
+        assert!(
+            out.stderr().contains(
+                "no version committed at or before 2001-01-01T00:00:00+02:00: \
+                 its first, version 0, was committed at 20"
+            ),
+            "{}",
+            out.stderr()
+        );
+        assert!(!d.join("t0").exists());
     }
 
     /// `--format delta` outputs of every command are Delta tables that
