@@ -117,6 +117,17 @@ fn non_default_methods() -> Vec<MethodSpec> {
     ]
 }
 
+/// The non-default methods whose pass-1 rows are finished chunk by chunk
+/// (no activation sets, no Sinkhorn potentials): those a cluster shard
+/// computes alone.
+fn chunk_by_chunk_methods() -> Vec<MethodSpec> {
+    let late = ["dis", "dual-dis", "sn", "dbsn"];
+    non_default_methods()
+        .into_iter()
+        .filter(|m| !late.contains(&m.kind().name()))
+        .collect()
+}
+
 struct Case {
     queries: Table,
     gallery: Table,
@@ -678,13 +689,16 @@ fn shards_of_any_size_give_the_whole_pass_rows() {
     let dir = tempfile::tempdir().unwrap();
     let (gallery_rows, query_rows, k) = (70u64, 9u64, 20usize);
     let bank_rows = hubnorm::kernel::tile::BANK_TILE_ROWS + 40;
-    let case = Case::random(107, query_rows as usize, 70, bank_rows, 50, 768);
+    let case = Case::random(
+        107,
+        query_rows as usize,
+        gallery_rows as usize,
+        bank_rows,
+        50,
+        768,
+    );
     case.write(dir.path());
-    let late = ["dis", "dual-dis", "sn", "dbsn"];
-    let methods: Vec<MethodSpec> = non_default_methods()
-        .into_iter()
-        .filter(|m| !late.contains(&m.kind().name()))
-        .collect();
+    let methods = chunk_by_chunk_methods();
     let path = |n: &str| dir.path().join(n).display().to_string();
     let concat = |batches: &[RecordBatch]| {
         arrow::compute::concat_batches(&batches[0].schema(), batches).unwrap()
@@ -767,13 +781,7 @@ fn pass_1_reads_the_gallery_ahead_in_pieces_with_the_rows_of_an_inline_read() {
         24,
     );
     case.write(dir.path());
-    // The methods whose rows are finished chunk by chunk (no activation
-    // sets, no Sinkhorn potentials).
-    let late = ["dis", "dual-dis", "sn", "dbsn"];
-    let methods: Vec<MethodSpec> = non_default_methods()
-        .into_iter()
-        .filter(|m| !late.contains(&m.kind().name()))
-        .collect();
+    let methods = chunk_by_chunk_methods();
     let path = |n: &str| dir.path().join(n).display().to_string();
     let rows_of = |gallery: &str, memory: &str, threads: usize| {
         let mut job = StatsJob::new(path(gallery), path("bank.parquet"), path("unused"));
