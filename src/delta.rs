@@ -311,38 +311,38 @@ fn committed_with(root: &str, tag: &str) -> Result<Option<u64>> {
 /// Loads the table `spec` names at the version it asks for.
 fn load(spec: &DeltaSpec) -> Result<DeltaTable> {
     let builder = builder(&spec.root)?;
+    let mut asked_time = None;
     let builder = match &spec.at {
         At::Latest => builder,
         At::Version(v) => builder.with_version(*v),
-        At::Timestamp(t) => builder.with_datestring(t).map_err(|e| {
-            HubnormError::Usage(format!(
-                "{}@{t}: not a time (RFC 3339, e.g. 2026-11-27T08:00:00Z): {e}",
-                spec.root
-            ))
-        })?,
+        At::Timestamp(t) => {
+            let time = chrono::DateTime::parse_from_rfc3339(t).map_err(|e| {
+                HubnormError::Usage(format!(
+                    "{}@{t}: not a time (RFC 3339, e.g. 2026-11-27T08:00:00Z): {e}",
+                    spec.root
+                ))
+            })?;
+            asked_time = Some((t, time));
+            builder.with_timestamp(time.to_utc())
+        }
     };
     let table = crate::storage::block_on_io(builder.load())?.map_err(|e| match &spec.at {
-        At::Version(v) => match latest_version(&spec.root) {
-            Some(latest) if *v > latest => HubnormError::input(
-                &spec.root,
-                None,
-                None,
-                format!("the Delta table has no version {v}: its latest is {latest}"),
-            ),
-            _ => HubnormError::input(
-                &spec.root,
-                None,
-                None,
-                format!(
+        At::Version(v) => {
+            let message = match latest_version(&spec.root) {
+                Some(latest) if *v > latest => {
+                    format!("the Delta table has no version {v}: its latest is {latest}")
+                }
+                _ => format!(
                     "cannot read version {v} of the Delta table: {}",
                     crate::storage::redact(&e.to_string())
                 ),
-            ),
-        },
+            };
+            HubnormError::input(&spec.root, None, None, message)
+        }
         _ => error(&spec.root, e),
     })?;
-    if let At::Timestamp(time) = &spec.at {
-        check_committed_by(&table, &spec.root, time)?;
+    if let Some((text, time)) = asked_time {
+        check_committed_by(&table, &spec.root, text, time.timestamp_millis())?;
     }
     Ok(table)
 }
@@ -355,13 +355,10 @@ fn latest_version(root: &str) -> Option<u64> {
     table.version()
 }
 
-/// Refuses a table loaded for `PATH@TIME` whose version was committed
-/// after `time`: delta-rs gives the first version when none is older,
-/// which would read rows that did not exist at that time.
-fn check_committed_by(table: &DeltaTable, root: &str, time: &str) -> Result<()> {
-    let Ok(asked) = chrono::DateTime::parse_from_rfc3339(time) else {
-        return Ok(()); // delta-rs parsed it; a format it alone takes is not checked
-    };
+/// Refuses a table loaded for `PATH@TIME` (`time`, at `asked_ms`) whose
+/// version was committed after that time: delta-rs gives the first version
+/// when none is older, which would read rows that did not exist then.
+fn check_committed_by(table: &DeltaTable, root: &str, time: &str, asked_ms: i64) -> Result<()> {
     let Some(version) = table.version() else {
         return Ok(());
     };
@@ -370,7 +367,7 @@ fn check_committed_by(table: &DeltaTable, root: &str, time: &str) -> Result<()> 
         .ok()
         .and_then(|state| state.version_timestamp(version));
     match committed {
-        Some(ms) if ms > asked.timestamp_millis() => {
+        Some(ms) if ms > asked_ms => {
             let when = chrono::DateTime::from_timestamp_millis(ms)
                 .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
                 .unwrap_or_else(|| format!("{ms} ms after 1970"));
