@@ -38,9 +38,7 @@ use url::Url;
 
 use crate::error::{HubnormError, Result};
 use crate::sink::{DeltaMode, DeltaOutput};
-
-/// The folder of a table's transaction log.
-const LOG_DIR: &str = "_delta_log";
+use crate::source::DELTA_LOG_DIR as LOG_DIR;
 
 /// The commit-info key holding the resume tag of the checkpointed job that
 /// wrote a commit ([`DeltaOutput::resume_tag`]).

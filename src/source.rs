@@ -22,12 +22,15 @@ use crate::error::{HubnormError, Result};
 use crate::options::ReadOptions;
 
 mod blocks;
+mod files;
 mod footer;
 pub mod memory;
 mod parts;
 
 pub(crate) use blocks::CheckedBatches;
 pub use blocks::{normalise_ids, BlockReader};
+pub use files::{expand_spec, resolve_spec, ResolvedSpec};
+pub(crate) use files::{refuse_empty_file, refuse_files_of_delta_table, DELTA_LOG_DIR};
 pub use parts::{PartRecord, TablePart};
 
 /// The kind of ids a table has, after normalisation.
@@ -124,144 +127,6 @@ impl EmbeddingBlock {
     pub fn view(&self) -> ndarray::ArrayView2<'_, f32> {
         ndarray::ArrayView2::from_shape((self.rows, self.dim), &self.data).expect("block shape")
     }
-}
-
-/// Expands a path, directory or glob into the Parquet files it names, sorted.
-/// An object-store URL names an object, a prefix (a directory of parts) or
-/// a glob on keys ([`crate::storage`]); its files are URLs too. A Delta
-/// table (feature `delta`) names the files of the version asked for
-/// ([`crate::delta`]).
-pub fn expand_spec(spec: &str) -> Result<Vec<PathBuf>> {
-    Ok(resolve_spec(spec)?.files)
-}
-
-/// The Parquet files a table PATH names, and the Delta table version they
-/// are (when it names a Delta table).
-#[derive(Debug, Clone)]
-pub struct ResolvedSpec {
-    pub files: Vec<PathBuf>,
-    pub delta_version: Option<u64>,
-}
-
-/// [`expand_spec`], with the Delta table version read.
-pub fn resolve_spec(spec: &str) -> Result<ResolvedSpec> {
-    #[cfg(feature = "delta")]
-    if let Some(table) = crate::delta::parse_spec(spec) {
-        let found = crate::delta::files(&table)?;
-        return Ok(ResolvedSpec {
-            files: found.files,
-            delta_version: Some(found.version),
-        });
-    }
-    #[cfg(not(feature = "delta"))]
-    refuse_delta_table(spec)?;
-    Ok(ResolvedSpec {
-        files: expand_files(spec)?,
-        delta_version: None,
-    })
-}
-
-/// Refuses a Delta table in a build without Delta support: read as a folder
-/// of Parquet files it would include the files later versions removed.
-#[cfg(not(feature = "delta"))]
-fn refuse_delta_table(spec: &str) -> Result<()> {
-    if spec.contains(['*', '?', '[']) || memory::is_memory(Path::new(spec)) {
-        return Ok(());
-    }
-    let log = format!("{}/_delta_log", spec.trim_end_matches('/'));
-    // A failure to look (a missing bucket) is left to the read that follows,
-    // which names the path the user gave.
-    if crate::storage::is_dir(Path::new(&log)).unwrap_or(false) {
-        return Err(HubnormError::Usage(format!(
-            "{spec} is a Delta table: this hubnorm is built without the cargo feature `delta`, \
-             and reading its folder as Parquet files would include rows later versions removed"
-        )));
-    }
-    Ok(())
-}
-
-fn expand_files(spec: &str) -> Result<Vec<PathBuf>> {
-    if memory::is_memory(Path::new(spec)) {
-        memory::lookup(Path::new(spec))?;
-        return Ok(vec![PathBuf::from(spec)]);
-    }
-    if crate::storage::is_url(spec) {
-        match crate::storage::locate(Path::new(spec))? {
-            crate::storage::Location::Remote(url) => return crate::storage::expand_remote(&url),
-            crate::storage::Location::Local(local) => {
-                return expand_local(&local.to_string_lossy())
-            }
-        }
-    }
-    expand_local(spec)
-}
-
-fn expand_local(spec: &str) -> Result<Vec<PathBuf>> {
-    let path = Path::new(spec);
-    let mut files = Vec::new();
-    if path.is_dir() {
-        collect_parquet_files(path, &mut files)?;
-        if files.is_empty() {
-            return Err(HubnormError::input(
-                path,
-                None,
-                None,
-                "directory holds no .parquet files",
-            ));
-        }
-    } else if path.is_file() {
-        files.push(path.to_path_buf());
-    } else if spec.contains(['*', '?', '[']) {
-        let paths =
-            glob::glob(spec).map_err(|e| HubnormError::Usage(format!("bad glob '{spec}': {e}")))?;
-        for entry in paths {
-            let p = entry.map_err(|e| {
-                let path = e.path().to_path_buf();
-                HubnormError::io(path, e.into())
-            })?;
-            if p.is_file() {
-                files.push(p);
-            }
-        }
-        if files.is_empty() {
-            return Err(HubnormError::input(
-                spec,
-                None,
-                None,
-                "no file matches this glob",
-            ));
-        }
-    } else {
-        // Not there, or not reachable (a folder above it this user may not
-        // enter): say which.
-        return Err(match std::fs::metadata(path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => HubnormError::io(path, e),
-            _ => HubnormError::input(spec, None, None, "no such file or directory"),
-        });
-    }
-    files.sort();
-    Ok(files)
-}
-
-/// Parquet files under `dir`, recursively (Hive-style partitions), skipping
-/// hidden and `_`-prefixed entries such as `_SUCCESS`.
-fn collect_parquet_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let entries = std::fs::read_dir(dir).map_err(|e| HubnormError::io(dir, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| HubnormError::io(dir, e))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with('.') || name.starts_with('_') {
-            continue;
-        }
-        let p = entry.path();
-        if p.is_dir() {
-            collect_parquet_files(&p, out)?;
-        } else if name.ends_with(".parquet") || name.ends_with(".parq") {
-            out.push(p);
-        }
-    }
-    Ok(())
 }
 
 /// Column positions of one part, checked against the expected layout.

@@ -222,7 +222,12 @@ fn damaged_files() {
         "empty (0-byte) file",
         |d| std::fs::write(d.join("gallery.parquet"), b"").unwrap(),
         default_run,
-        input("gallery.parquet", None, None, "not a readable Parquet file"),
+        input(
+            "gallery.parquet",
+            None,
+            None,
+            "is empty (0 bytes), not a Parquet file",
+        ),
     );
     case(
         "not a Parquet file",
@@ -540,6 +545,26 @@ fn empty_inputs_and_bad_ids() {
             args
         },
         input("empty", None, None, "directory holds no .parquet files"),
+    );
+    case(
+        "a part of 0 bytes in a folder",
+        |d| {
+            std::fs::create_dir(d.join("parts")).unwrap();
+            std::fs::rename(d.join("bank.parquet"), d.join("parts/a.parquet")).unwrap();
+            std::fs::write(d.join("parts/b.parquet"), b"").unwrap();
+        },
+        |d| {
+            let mut args = default_run(d);
+            let i = args.iter().position(|a| a == "--bank").unwrap();
+            args[i + 1] = format!("{}/*.parquet", d.join("parts").display());
+            args
+        },
+        input(
+            "b.parquet",
+            None,
+            None,
+            "is empty (0 bytes), not a Parquet file",
+        ),
     );
     case(
         "duplicate ids",

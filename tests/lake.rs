@@ -449,6 +449,10 @@ mod delta {
         p.display().to_string()
     }
 
+    fn samples() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("data-samples")
+    }
+
     /// The rows of a JSON `read` as (method, query, rank, gallery id, score).
     fn result_rows(read: &Value) -> Vec<(String, String, i64, String, f64)> {
         let columns: Vec<&str> = read["columns"]
@@ -507,6 +511,101 @@ mod delta {
             .into_iter()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v)
+    }
+
+    /// A folder or glob that reaches into a Delta table (its files, a
+    /// folder holding it, a folder inside it, a glob run from inside it) is
+    /// refused, naming the table: its folder still holds the files a later
+    /// version removed. A data file named alone is read as asked.
+    #[test]
+    fn globs_and_folders_into_a_delta_table_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let lake = d.join("lake");
+        let table = lake.join("ids");
+        let gallery = format!("g={}", path(&samples().join("gallery.parquet")));
+        let copy = |limit: usize, mode: &str| {
+            hubnorm([
+                "sql",
+                "--table",
+                &gallery,
+                &format!(
+                    "COPY (SELECT id FROM g LIMIT {limit}) TO '{}' STORED AS DELTA OPTIONS ('mode' '{mode}')",
+                    path(&table)
+                ),
+            ])
+            .output()
+            .assert_success();
+        };
+        copy(10, "error");
+        copy(4, "overwrite");
+        let count = |spec: &str, dir: &Path| {
+            hubnorm([
+                "sql",
+                "--format",
+                "csv",
+                "--table",
+                &format!("t={spec}"),
+                "SELECT count(*) AS n FROM t",
+            ])
+            .current_dir(dir)
+            .output()
+        };
+        let table_out = count(&path(&table), d);
+        table_out.assert_success();
+        assert_eq!(table_out.stdout(), "n\n4\n");
+
+        let inner = table.join("sub");
+        std::fs::create_dir(&inner).unwrap();
+        let files: Vec<_> = std::fs::read_dir(&table)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+            .collect();
+        assert_eq!(files.len(), 2, "both versions' files: {files:?}");
+        std::fs::copy(&files[0], inner.join("part.parquet")).unwrap();
+        for (spec, cwd, named) in [
+            (format!("{}/*.parquet", path(&table)), d, path(&table)),
+            (path(&lake), d, path(&table)),
+            (path(&inner), d, path(&table)),
+            ("*.parquet".to_owned(), table.as_path(), path(&table)),
+            ("*.parquet".to_owned(), inner.as_path(), path(&table)),
+        ] {
+            let out = count(&spec, cwd);
+            assert_eq!(out.code(), Some(2), "{spec}: {}", out.stderr());
+            let expected = format!("reaches into the Delta table {named}, ");
+            assert!(out.stderr().contains(&expected), "{spec}: {}", out.stderr());
+            assert!(
+                out.stderr().contains(&format!("{named}@VERSION")),
+                "{}",
+                out.stderr()
+            );
+        }
+        let search = hubnorm([
+            "search",
+            "--queries",
+            &path(&samples().join("queries.parquet")),
+            "--gallery",
+            &format!("{}/*.parquet", path(&table)),
+            "--out",
+            &path(&d.join("results.parquet")),
+        ])
+        .output();
+        assert_eq!(search.code(), Some(2), "{}", search.stderr());
+        assert!(
+            search.stderr().contains("reaches into the Delta table"),
+            "{}",
+            search.stderr()
+        );
+        assert!(!d.join("results.parquet").exists());
+
+        let one = count(&path(&files[0]), d);
+        one.assert_success();
+        assert!(
+            ["n\n4\n", "n\n10\n"].contains(&one.stdout().as_str()),
+            "{}",
+            one.stdout()
+        );
     }
 
     /// `sql --run` reads a Delta input at the version the run recorded, not
@@ -621,7 +720,20 @@ mod delta {
             ])
             .output()
         };
-        let glob = |name: &str| format!("{}/*.parquet", table(name));
+        // The tables' data files copied out of their folders (a glob into
+        // a table is refused): every file of the latest version, as nothing
+        // was removed.
+        let parts = |name: &str| {
+            let to = d.join("parts").join(name);
+            std::fs::create_dir_all(&to).unwrap();
+            for entry in std::fs::read_dir(lake.join(name)).unwrap() {
+                let entry = entry.unwrap().path();
+                if entry.extension().is_some_and(|e| e == "parquet") {
+                    std::fs::copy(&entry, to.join(entry.file_name().unwrap())).unwrap();
+                }
+            }
+            path(&to)
+        };
         run(
             &table("gallery"),
             &table("bank"),
@@ -630,9 +742,9 @@ mod delta {
         )
         .assert_success();
         run(
-            &glob("gallery"),
-            &glob("bank"),
-            &glob("queries"),
+            &parts("gallery"),
+            &parts("bank"),
+            &parts("queries"),
             &path(&d.join("glob")),
         )
         .assert_success();

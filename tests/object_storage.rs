@@ -745,6 +745,139 @@ fn sql_reads_s3_tables_and_copies_to_s3() {
     assert_clean_bucket(&server);
 }
 
+/// Listings are checked as local folders are: a prefix or glob that
+/// reaches into a Delta table (its files, a prefix holding it, a prefix
+/// inside it) is refused naming the table, an object of 0 bytes is refused
+/// naming it, and an output under an input prefix is refused when the two
+/// URLs spell the scheme differently (`s3a://` for `s3://`).
+#[cfg(feature = "delta")]
+#[test]
+fn delta_prefixes_empty_objects_and_scheme_aliases() {
+    let Some((dir, local, server)) = lake("delta_prefixes_empty_objects_and_scheme_aliases") else {
+        return;
+    };
+    let d = dir.path();
+    // A Delta table in two versions (the second replaces the first's rows),
+    // with a copy of a data file in a folder inside it.
+    let table = d.join("ids");
+    let gallery = format!("g={}", local.join("gallery").display());
+    for (limit, mode) in [(10, "error"), (4, "overwrite")] {
+        hubnorm([
+            "sql",
+            "--table",
+            &gallery,
+            &format!(
+                "COPY (SELECT id FROM g LIMIT {limit}) TO '{}' STORED AS DELTA OPTIONS ('mode' '{mode}')",
+                table.display()
+            ),
+        ])
+        .output()
+        .assert_success();
+    }
+    let part = std::fs::read_dir(&table)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .unwrap();
+    std::fs::create_dir(table.join("sub")).unwrap();
+    std::fs::copy(&part, table.join("sub/part.parquet")).unwrap();
+    server.put_dir(BUCKET, "dl/ids", &table);
+    let count = |spec: &str| {
+        run_with(
+            &server,
+            &[
+                "sql",
+                "--format",
+                "csv",
+                "--table",
+                &format!("t={spec}"),
+                "SELECT count(*) AS n FROM t",
+            ],
+        )
+    };
+    let read = count("s3://lake/dl/ids");
+    read.assert_success();
+    assert_eq!(read.stdout(), "n\n4\n");
+    let named = format!(
+        "s3://lake/dl/ids/{}",
+        part.file_name().unwrap().to_string_lossy()
+    );
+    count(&named).assert_success();
+    for spec in [
+        "s3://lake/dl/ids/*.parquet",
+        "s3://lake/dl/",
+        "s3://lake/dl/ids/sub/",
+    ] {
+        let out = count(spec);
+        assert_eq!(out.code(), Some(2), "{spec}: {}", out.stderr());
+        assert!(
+            out.stderr().contains(&format!(
+                "bad input at {spec}: reaches into the Delta table s3://lake/dl/ids,"
+            )),
+            "{spec}: {}",
+            out.stderr()
+        );
+    }
+
+    // Objects of 0 bytes, named alone or in a prefix.
+    let empty = d.join("empty.parquet");
+    std::fs::write(&empty, b"").unwrap();
+    server.put_file(BUCKET, "zero/b.parquet", &empty);
+    server.put_file(BUCKET, "zero/a.parquet", &part);
+    for (spec, object) in [
+        ("s3://lake/zero/b.parquet", "s3://lake/zero/b.parquet"),
+        ("s3://lake/zero/", "s3://lake/zero/b.parquet"),
+        ("s3://lake/zero/*.parquet", "s3://lake/zero/b.parquet"),
+    ] {
+        let out = count(spec);
+        assert_eq!(out.code(), Some(2), "{spec}: {}", out.stderr());
+        assert!(
+            out.stderr()
+                .contains(&format!("bad input at {object}: is empty (0 bytes)")),
+            "{spec}: {}",
+            out.stderr()
+        );
+    }
+
+    // An output under an input prefix named with the other scheme.
+    let keys = server.keys(BUCKET);
+    for (gallery, out) in [
+        (
+            "s3a://lake/emb/gallery",
+            "s3://lake/emb/gallery/results.parquet",
+        ),
+        (
+            "s3://lake/emb/gallery/",
+            "s3a://lake/emb/gallery/results.parquet",
+        ),
+    ] {
+        let refused = run_with(
+            &server,
+            &[
+                "search",
+                "--queries",
+                "s3://lake/emb/queries.parquet",
+                "--gallery",
+                gallery,
+                "--out",
+                out,
+            ],
+        );
+        assert_eq!(
+            refused.code(),
+            Some(2),
+            "{gallery} -> {out}: {}",
+            refused.stderr()
+        );
+        assert!(
+            refused.stderr().contains("is inside the gallery input"),
+            "{}",
+            refused.stderr()
+        );
+    }
+    assert_eq!(server.keys(BUCKET), keys, "nothing written");
+}
+
 #[test]
 fn faults_name_the_url_and_leave_nothing_behind() {
     let Some((_dir, _local, mut server)) = lake("faults_name_the_url_and_leave_nothing_behind")
@@ -1345,6 +1478,39 @@ fn http_inputs_are_read_by_ranges() {
         &out.join("http/results.parquet"),
         &out.join("local/results.parquet"),
     );
+
+    // A server that answers range requests with the whole file: refused
+    // (exit 2) with what to do, by the run and by SQL, nothing written.
+    let whole = common::s3::serve_http_ignoring_ranges(&local);
+    let url = |p: &str| format!("http://127.0.0.1:{whole}/{p}");
+    let refused = hubnorm([
+        "search",
+        "--queries",
+        &url("queries.parquet"),
+        "--gallery",
+        &url("gallery/part-0.parquet"),
+        "--skip-missing",
+        "--out",
+        &out.join("whole.parquet").display().to_string(),
+    ])
+    .output();
+    let sql = hubnorm([
+        "sql",
+        "--table",
+        &format!("g={}", url("gallery/part-0.parquet")),
+        "SELECT count(*) FROM g",
+    ])
+    .output();
+    for out in [refused, sql] {
+        assert_eq!(out.code(), Some(2), "{}", out.stderr());
+        assert!(
+            out.stderr()
+                .contains("the server ignores byte-range requests"),
+            "{}",
+            out.stderr()
+        );
+    }
+    assert!(!out.join("whole.parquet").exists());
 }
 
 /// Delta tables in an object store (feature `delta`): tables deltalake

@@ -983,6 +983,110 @@ fn copy_writes_atomically_and_keeps_existing_targets() {
     assert!(!dir.path().join("y.parquet").exists());
 }
 
+/// An output inside a table the statements read (`--out` or a COPY target,
+/// in its folder or the file itself) is refused before anything is written,
+/// as every command refuses one inside an input; the input stays as it was
+/// even with `--overwrite`. A Delta table may take a new version made from
+/// a query on itself.
+#[test]
+fn outputs_inside_input_tables_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let parts = dir.path().join("parts");
+    std::fs::create_dir(&parts).unwrap();
+    let part = parts.join("a.parquet");
+    std::fs::copy(samples().join("gallery.parquet"), &part).unwrap();
+    let before = std::fs::read(&part).unwrap();
+    let folder_table = format!("g={}", parts.display());
+    let file_table = format!("g={}", part.display());
+    let inside = parts.join("x.parquet").display().to_string();
+    let copy_inside = format!("COPY (SELECT id FROM g) TO '{inside}'");
+    for (table, extra) in [
+        (&folder_table, vec!["--format", "parquet", "--out", &inside]),
+        (&folder_table, vec!["--format", "csv", "--out", &inside]),
+        (&folder_table, vec![&copy_inside]),
+        (
+            &file_table,
+            vec![
+                "--format",
+                "parquet",
+                "--overwrite",
+                "--out",
+                part.to_str().unwrap(),
+            ],
+        ),
+    ] {
+        let mut args = vec!["sql", "--table", table.as_str()];
+        let statement = extra.iter().any(|a| a.starts_with("COPY"));
+        args.extend(extra.iter().copied());
+        if !statement {
+            args.push("SELECT id FROM g LIMIT 3");
+        }
+        let out = hubnorm(&args).output();
+        assert_eq!(out.code(), Some(2), "{args:?}: {}", out.stderr());
+        assert!(
+            out.stderr().contains("is inside the table g input"),
+            "{args:?}: {}",
+            out.stderr()
+        );
+        let names: Vec<_> = std::fs::read_dir(&parts)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["a.parquet"], "{args:?}");
+        assert_eq!(std::fs::read(&part).unwrap(), before, "{args:?}");
+    }
+
+    #[cfg(feature = "delta")]
+    {
+        let table = dir.path().join("ids");
+        let sql = |statement: String| {
+            hubnorm([
+                "sql",
+                "--table",
+                &file_table,
+                "--table",
+                &format!("t={}", table.display()),
+            ])
+            .arg(statement)
+            .output()
+        };
+        let create = format!(
+            "COPY (SELECT id FROM g LIMIT 10) TO '{}' STORED AS DELTA",
+            table.display()
+        );
+        hubnorm(["sql", "--table", &file_table, &create])
+            .output()
+            .assert_success();
+        let grow = format!(
+            "COPY (SELECT id FROM t LIMIT 2) TO '{}' STORED AS DELTA OPTIONS ('mode' 'append')",
+            table.display()
+        );
+        let count = || {
+            let out = sql("SELECT count(*) AS n FROM t".into());
+            out.assert_success();
+            out.stdout()
+                .lines()
+                .nth(3)
+                .unwrap()
+                .trim_matches(['|', ' '])
+                .to_owned()
+        };
+        assert_eq!(count(), "10");
+        sql(grow).assert_success();
+        assert_eq!(count(), "12");
+        let out = sql(format!(
+            "COPY (SELECT id FROM t) TO '{}' STORED AS PARQUET",
+            table.join("x.parquet").display()
+        ));
+        assert_eq!(out.code(), Some(2), "{}", out.stderr());
+        assert!(
+            out.stderr().contains("is inside the table t input"),
+            "{}",
+            out.stderr()
+        );
+    }
+}
+
 /// `hub_moments` over a table in uneven parts, on 1 and 4 partitions,
 /// gives the moments `mp` keeps of the same rows (its stats file's
 /// gallery side), and its second moment is C = Σ + m mᵀ of the pairs.

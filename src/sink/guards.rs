@@ -50,14 +50,16 @@ pub(crate) fn refuse_output_in_inputs(out: &Path, inputs: &[(&str, &str)]) -> Re
         let spec_text = spec_path.to_string_lossy().into_owned();
         let spec = spec_text.as_str();
         let clash = if crate::storage::is_remote(out) || crate::storage::is_remote(spec_path) {
-            // URLs compare as text: the same object, an object under an
-            // input prefix (any URL may name one), or a key the glob matches.
-            let out_text = out.to_string_lossy();
+            // URLs compare as text (an alias scheme as the one it stands
+            // for): the same object, an object under an input prefix (any
+            // URL may name one), or a key the glob matches.
+            let out_text = crate::storage::canonical_url_text(&out.to_string_lossy());
+            let spec = crate::storage::canonical_url_text(spec);
             let prefix = format!("{}/", spec.trim_end_matches('/'));
             out_text == spec
                 || out_text.starts_with(&prefix)
                 || (spec.contains(['*', '?', '['])
-                    && glob::Pattern::new(spec)
+                    && glob::Pattern::new(&spec)
                         .map(|p| p.matches(&out_text))
                         .unwrap_or(false))
         } else if spec_path.is_dir() {
@@ -77,6 +79,26 @@ pub(crate) fn refuse_output_in_inputs(out: &Path, inputs: &[(&str, &str)]) -> Re
         }
     }
     Ok(())
+}
+
+/// Whether `a` and `b` name the same file, folder or object (local paths
+/// made absolute, URLs compared as text with alias schemes resolved).
+#[cfg(feature = "delta")]
+pub(crate) fn same_place(a: &Path, b: &Path) -> Result<bool> {
+    let (a, b) = (
+        crate::storage::local_or_url(a)?,
+        crate::storage::local_or_url(b)?,
+    );
+    Ok(
+        if crate::storage::is_remote(&a) || crate::storage::is_remote(&b) {
+            let text = |p: &Path| {
+                crate::storage::canonical_url_text(p.to_string_lossy().trim_end_matches('/'))
+            };
+            text(&a) == text(&b)
+        } else {
+            absolute(&a) == absolute(&b)
+        },
+    )
 }
 
 /// `path` made absolute with symbolic links resolved as far as it exists.

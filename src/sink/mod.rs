@@ -23,6 +23,8 @@ use parquet::schema::types::ColumnPath;
 use crate::error::{HubnormError, Result};
 
 mod guards;
+#[cfg(feature = "delta")]
+pub(crate) use guards::same_place;
 pub use guards::OutputLock;
 pub(crate) use guards::{refuse_existing, refuse_output_in_inputs, PreparedOutputDir};
 

@@ -232,7 +232,14 @@ async fn register_parquet(ctx: &SessionContext, name: &str, spec: &str) -> Resul
         .infer_schema(&state)
         .await
         .map_err(|e| {
-            HubnormError::input(spec, None, None, format!("cannot read as Parquet: {e}"))
+            let message = crate::storage::redact(&e.to_string());
+            let hint = crate::storage::range_refusal_hint(&message).unwrap_or_default();
+            HubnormError::input(
+                spec,
+                None,
+                None,
+                format!("cannot read as Parquet: {message}{hint}"),
+            )
         })?;
     let table = ListingTable::try_new(config).map_err(|e| sql_error(e, None))?;
     ctx.register_table(name, Arc::new(table))
@@ -296,7 +303,9 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
     for (name, path) in &tables {
         register_parquet(&ctx, name, path).await?;
     }
-    outcome.tables = tables;
+    if let Some(out) = &job.out {
+        refuse_output_in_tables(out, &tables, false)?;
+    }
 
     let source = job.source.as_deref();
     let statements = DFParser::parse_sql(&job.sql).map_err(|e| sql_error(e, source))?;
@@ -308,6 +317,9 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
         // `COPY ... TO`: its query's rows go to hubnorm's own writers (atomic,
         // an existing target refused, URLs checked), the count to the output.
         let (statement, copy) = copy_of(statement, source)?;
+        if let Some(copy) = &copy {
+            refuse_output_in_tables(&copy.target, &tables, copy.format == CopyFormat::Delta)?;
+        }
         // A fresh state per statement: views made by earlier ones are visible.
         let plan = ctx
             .state()
@@ -380,7 +392,37 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
             outcome.batches = output.finish()?;
         }
     }
+    outcome.tables = tables;
     Ok(outcome)
+}
+
+/// Refuses an output at `out` inside one of the registered `tables`, as
+/// every command refuses one inside an input: a later query would read it
+/// as part of that table, and `--overwrite` would replace the user's data.
+/// A Delta target may be a Delta table it reads (`COPY (SELECT ... FROM t)
+/// TO 't' STORED AS DELTA`): the query reads one version, the copy commits
+/// the next.
+fn refuse_output_in_tables(out: &Path, tables: &NamedTables, delta_target: bool) -> Result<()> {
+    let roles: Vec<(String, &str)> = tables
+        .iter()
+        .filter(|(_, spec)| !(delta_target && reads_delta_table(spec, out)))
+        .map(|(name, spec)| (format!("table {name}"), spec.as_str()))
+        .collect();
+    let inputs: Vec<(&str, &str)> = roles
+        .iter()
+        .map(|(role, spec)| (role.as_str(), *spec))
+        .collect();
+    crate::sink::refuse_output_in_inputs(out, &inputs)
+}
+
+/// Whether `spec` reads (a version of) the Delta table at `table`.
+fn reads_delta_table(spec: &str, table: &Path) -> bool {
+    #[cfg(feature = "delta")]
+    if let Some(read) = crate::delta::parse_spec(spec) {
+        return crate::sink::same_place(Path::new(&read.root), table).unwrap_or(false);
+    }
+    let _ = (spec, table);
+    false
 }
 
 /// The formats a `COPY ... TO` writes.

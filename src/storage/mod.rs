@@ -88,6 +88,36 @@ pub fn local_or_url(path: &Path) -> Result<PathBuf> {
     })
 }
 
+/// What to do when a store's `message` says its server answers a byte-range
+/// request with the whole object (as `python -m http.server` does): hubnorm
+/// reads a Parquet file's footer and row groups by ranges, so it cannot
+/// read from such a server within its memory bound.
+#[cfg(feature = "cloud")]
+pub(crate) fn range_refusal_hint(message: &str) -> Option<&'static str> {
+    message.contains("Range request not supported").then_some(
+        " (the server ignores byte-range requests, by which Parquet files are read: serve them \
+         from one that answers them, e.g. nginx, Caddy or an object store, or copy them locally)",
+    )
+}
+
+/// `url` with an alias scheme replaced by the one it stands for (`s3a://`
+/// by `s3://`, `azure://` and `adl://` by `az://`, `abfs://` by
+/// `abfss://`), so two URLs of one object compare equal as text.
+pub(crate) fn canonical_url_text(url: &str) -> String {
+    const ALIASES: [(&str, &str); 4] = [
+        ("s3a://", "s3://"),
+        ("azure://", "az://"),
+        ("adl://", "az://"),
+        ("abfs://", "abfss://"),
+    ];
+    for (alias, canonical) in ALIASES {
+        if let Some(rest) = url.strip_prefix(alias) {
+            return format!("{canonical}{rest}");
+        }
+    }
+    url.to_owned()
+}
+
 /// Sets the options of every object store built from now on
 /// (`--storage-option KEY=VALUE`, in order; a later key wins). A key no
 /// store knows is refused. Besides each store's own keys (those of

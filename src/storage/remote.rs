@@ -145,14 +145,19 @@ impl ObjectUrl {
 
     /// Whether an object exists under this exact key.
     pub(crate) fn exists(&self) -> Result<bool> {
+        Ok(self.size()?.is_some())
+    }
+
+    /// The size of the object under this exact key, if there is one.
+    fn size(&self) -> Result<Option<u64>> {
         if self.names_prefix() || self.key.as_ref().is_empty() {
-            return Ok(false);
+            return Ok(None);
         }
         let store = self.store()?;
         let key = self.key.clone();
         match block_on(async move { store.head(&key).await })? {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.error("HEAD", e)),
         }
     }
@@ -256,7 +261,8 @@ impl ObjectUrl {
         if let Some(first) = key.find(['*', '?', '[']) {
             return self.expand_glob(first);
         }
-        if !self.names_prefix() && self.exists()? {
+        if let Some(size) = self.size()? {
+            crate::source::refuse_empty_file(Path::new(&self.to_string()), size)?;
             return Ok(vec![PathBuf::from(self.to_string())]);
         }
         let objects = self.list_all().map_err(|e| match e {
@@ -277,7 +283,7 @@ impl ObjectUrl {
             ));
         }
         let depth = self.key.parts_count();
-        let files: Vec<PathBuf> = objects
+        let chosen: Vec<&object_store::ObjectMeta> = objects
             .iter()
             .filter(|o| {
                 let parts: Vec<_> = o.location.parts().skip(depth).collect();
@@ -285,8 +291,8 @@ impl ObjectUrl {
                 parts.iter().all(|p| !p.as_ref().starts_with(['.', '_']))
                     && (name.ends_with(".parquet") || name.ends_with(".parq"))
             })
-            .map(|o| PathBuf::from(self.url_of(&o.location)))
             .collect();
+        let files = self.checked_files(&self.key, &objects, &chosen)?;
         if files.is_empty() {
             return Err(HubnormError::input(
                 self.to_string(),
@@ -318,12 +324,12 @@ impl ObjectUrl {
             require_literal_separator: true,
             require_literal_leading_dot: false,
         };
-        let files: Vec<PathBuf> = lister
-            .list_all()?
+        let objects = lister.list_all()?;
+        let chosen: Vec<&object_store::ObjectMeta> = objects
             .iter()
             .filter(|o| pattern.matches_with(o.location.as_ref(), options))
-            .map(|o| PathBuf::from(self.url_of(&o.location)))
             .collect();
+        let files = self.checked_files(&lister.key, &objects, &chosen)?;
         if files.is_empty() {
             return Err(HubnormError::input(
                 self.to_string(),
@@ -333,6 +339,57 @@ impl ObjectUrl {
             ));
         }
         Ok(files)
+    }
+
+    /// The URLs of `chosen`, objects of the listing of `listed` (all of
+    /// whose `objects` are given), refusing any of 0 bytes, and refusing
+    /// them all when one lies in a Delta table: a table whose log is among
+    /// `objects`, or one whose folder holds `listed`.
+    fn checked_files(
+        &self,
+        listed: &Key,
+        objects: &[object_store::ObjectMeta],
+        chosen: &[&object_store::ObjectMeta],
+    ) -> Result<Vec<PathBuf>> {
+        use crate::source::DELTA_LOG_DIR;
+        if !chosen.is_empty() {
+            let mut tables: Vec<Key> = objects
+                .iter()
+                .filter_map(|o| {
+                    let parts: Vec<_> = o.location.parts().collect();
+                    let log = parts.iter().position(|p| p.as_ref() == DELTA_LOG_DIR)?;
+                    Some(Key::from_iter(parts[..log].iter().cloned()))
+                })
+                .collect();
+            tables.dedup();
+            let folders: Vec<_> = listed.parts().collect();
+            for depth in 0..folders.len() {
+                let folder = Key::from_iter(folders[..depth].iter().cloned());
+                let log = ObjectUrl {
+                    key: folder.clone().join(DELTA_LOG_DIR),
+                    ..self.clone()
+                };
+                if log.has_children()? {
+                    tables.push(folder);
+                }
+            }
+            for table in &tables {
+                if chosen.iter().any(|o| o.location.prefix_matches(table)) {
+                    return Err(crate::source::refuse_files_of_delta_table(
+                        &self.to_string(),
+                        &self.url_of(table),
+                    ));
+                }
+            }
+        }
+        chosen
+            .iter()
+            .map(|o| {
+                let url = PathBuf::from(self.url_of(&o.location));
+                crate::source::refuse_empty_file(&url, o.size)?;
+                Ok(url)
+            })
+            .collect()
     }
 
     /// Uploads the local file `spool` to this object, all or nothing.
@@ -470,6 +527,13 @@ pub(crate) fn storage_error(url: &str, what: &str, e: object_store::Error) -> Hu
                 "{what} failed: {message} (an http:// endpoint needs --storage-option \
                  aws_allow_http=true, or AWS_ALLOW_HTTP=true)"
             ),
+            exit_code: 2,
+        };
+    }
+    if let Some(hint) = super::range_refusal_hint(&message) {
+        return HubnormError::Storage {
+            url: url.to_owned(),
+            message: format!("{what} failed: {message}{hint}"),
             exit_code: 2,
         };
     }

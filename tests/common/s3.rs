@@ -455,6 +455,16 @@ impl CutProxy {
 /// HEAD and GET, with `Range: bytes=a-b` answered by 206 (what a
 /// read-only `http(s)://` input needs). Serves until the process ends.
 pub fn serve_http(dir: &Path) -> u16 {
+    serve_files(dir, true)
+}
+
+/// [`serve_http`], but answering every GET with the whole file, as servers
+/// without byte-range support do (`python -m http.server`).
+pub fn serve_http_ignoring_ranges(dir: &Path) -> u16 {
+    serve_files(dir, false)
+}
+
+fn serve_files(dir: &Path, ranges: bool) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let dir = dir.to_path_buf();
@@ -462,11 +472,11 @@ pub fn serve_http(dir: &Path) -> u16 {
         for stream in listener.incoming().flatten() {
             let dir = dir.clone();
             std::thread::spawn(move || {
-                let _ = answer(stream, &dir);
+                let _ = answer(stream, &dir, ranges);
             });
         }
     });
-    fn answer(mut stream: TcpStream, dir: &Path) -> std::io::Result<()> {
+    fn answer(mut stream: TcpStream, dir: &Path, ranges: bool) -> std::io::Result<()> {
         let mut request = Vec::new();
         let mut byte = [0u8; 1];
         while !request.ends_with(b"\r\n\r\n") {
@@ -488,7 +498,7 @@ pub fn serve_http(dir: &Path) -> u16 {
             let (name, value) = l.split_once(':')?;
             let value = value.trim().strip_prefix("bytes=")?;
             let (a, b) = value.split_once('-')?;
-            (name.eq_ignore_ascii_case("range")).then(|| {
+            (ranges && name.eq_ignore_ascii_case("range")).then(|| {
                 let a: usize = a.parse().unwrap_or(0);
                 let b: usize = b
                     .parse()
@@ -504,8 +514,13 @@ pub fn serve_http(dir: &Path) -> u16 {
             ),
             None => ("200 OK", &data[..], String::new()),
         };
+        let accepts = if ranges {
+            "Accept-Ranges: bytes\r\n"
+        } else {
+            ""
+        };
         let head = format!(
-            "HTTP/1.1 {status}\r\nContent-Length: {}\r\n{extra}Accept-Ranges: bytes\r\nLast-Modified: Thu, 01 Jan 2026 00:00:00 GMT\r\nConnection: close\r\n\r\n",
+            "HTTP/1.1 {status}\r\nContent-Length: {}\r\n{extra}{accepts}Last-Modified: Thu, 01 Jan 2026 00:00:00 GMT\r\nConnection: close\r\n\r\n",
             body.len()
         );
         stream.write_all(head.as_bytes())?;

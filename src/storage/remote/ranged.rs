@@ -120,10 +120,16 @@ impl RemoteFile {
             let start = meta.size.saturating_sub(TAIL_BYTES);
             let data = file
                 .fetch(start..meta.size)
-                .map_err(|e| HubnormError::Storage {
+                .map_err(|message| HubnormError::Storage {
                     url: url.to_string(),
-                    message: e.to_string(),
-                    exit_code: 1,
+                    // A server without byte ranges is refused on the first
+                    // read, as a usage problem (the hint says what to do).
+                    exit_code: if crate::storage::range_refusal_hint(&message).is_some() {
+                        2
+                    } else {
+                        1
+                    },
+                    message,
                 })?;
             let mut state = file.inner.state.lock().unwrap_or_else(|e| e.into_inner());
             state.streams.push(Window {

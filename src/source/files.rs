@@ -1,0 +1,228 @@
+//! Which Parquet files a table PATH names: a file, a folder of parts
+//! (recursively), a glob, an object-store URL (prefix or glob on keys), or
+//! the files of one version of a Delta table.
+//!
+//! A folder or glob that reaches into a Delta table is refused: the table's
+//! folder holds the files of every version, so reading them as Parquet
+//! would include rows later versions removed. A file of 0 bytes is refused
+//! too (an interrupted copy): it is no Parquet file, and a SQL query would
+//! otherwise read it as an empty part.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::error::{HubnormError, Result};
+
+use super::memory;
+
+/// The folder of a Delta table's transaction log, under the table's root.
+pub(crate) const DELTA_LOG_DIR: &str = "_delta_log";
+
+/// Expands a path, directory or glob into the Parquet files it names, sorted.
+/// An object-store URL names an object, a prefix (a directory of parts) or
+/// a glob on keys ([`crate::storage`]); its files are URLs too. A Delta
+/// table (feature `delta`) names the files of the version asked for
+/// ([`crate::delta`]).
+pub fn expand_spec(spec: &str) -> Result<Vec<PathBuf>> {
+    Ok(resolve_spec(spec)?.files)
+}
+
+/// The Parquet files a table PATH names, and the Delta table version they
+/// are (when it names a Delta table).
+#[derive(Debug, Clone)]
+pub struct ResolvedSpec {
+    pub files: Vec<PathBuf>,
+    pub delta_version: Option<u64>,
+}
+
+/// [`expand_spec`], with the Delta table version read.
+pub fn resolve_spec(spec: &str) -> Result<ResolvedSpec> {
+    #[cfg(feature = "delta")]
+    if let Some(table) = crate::delta::parse_spec(spec) {
+        let found = crate::delta::files(&table)?;
+        return Ok(ResolvedSpec {
+            files: found.files,
+            delta_version: Some(found.version),
+        });
+    }
+    Ok(ResolvedSpec {
+        files: expand_files(spec)?,
+        delta_version: None,
+    })
+}
+
+fn expand_files(spec: &str) -> Result<Vec<PathBuf>> {
+    if memory::is_memory(Path::new(spec)) {
+        memory::lookup(Path::new(spec))?;
+        return Ok(vec![PathBuf::from(spec)]);
+    }
+    if crate::storage::is_url(spec) {
+        match crate::storage::locate(Path::new(spec))? {
+            crate::storage::Location::Remote(url) => return crate::storage::expand_remote(&url),
+            crate::storage::Location::Local(local) => {
+                return expand_local(&local.to_string_lossy())
+            }
+        }
+    }
+    expand_local(spec)
+}
+
+fn expand_local(spec: &str) -> Result<Vec<PathBuf>> {
+    let path = Path::new(spec);
+    let mut files = Vec::new();
+    if path.is_dir() {
+        if let Some(table) = local_delta_table_holding(path) {
+            return Err(refuse_files_of_delta_table(spec, &table.to_string_lossy()));
+        }
+        collect_parquet_files(spec, path, &mut files)?;
+        if files.is_empty() {
+            return Err(HubnormError::input(
+                path,
+                None,
+                None,
+                "directory holds no .parquet files",
+            ));
+        }
+    } else if path.is_file() {
+        refuse_empty_file(path, file_len(path)?)?;
+        files.push(path.to_path_buf());
+    } else if spec.contains(['*', '?', '[']) {
+        let paths =
+            glob::glob(spec).map_err(|e| HubnormError::Usage(format!("bad glob '{spec}': {e}")))?;
+        // The Delta table holding each folder a match lies in, looked up once.
+        let mut tables: HashMap<PathBuf, Option<PathBuf>> = HashMap::new();
+        for entry in paths {
+            let p = entry.map_err(|e| {
+                let path = e.path().to_path_buf();
+                HubnormError::io(path, e.into())
+            })?;
+            if p.is_file() {
+                let folder = p.parent().unwrap_or(Path::new("")).to_path_buf();
+                let table = tables
+                    .entry(folder)
+                    .or_insert_with_key(|folder| local_delta_table_holding(folder));
+                if let Some(table) = table {
+                    return Err(refuse_files_of_delta_table(spec, &table.to_string_lossy()));
+                }
+                refuse_empty_file(&p, file_len(&p)?)?;
+                files.push(p);
+            }
+        }
+        if files.is_empty() {
+            return Err(HubnormError::input(
+                spec,
+                None,
+                None,
+                "no file matches this glob",
+            ));
+        }
+    } else {
+        // Not there, or not reachable (a folder above it this user may not
+        // enter): say which.
+        return Err(match std::fs::metadata(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => HubnormError::io(path, e),
+            _ => HubnormError::input(spec, None, None, "no such file or directory"),
+        });
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Parquet files under `dir`, recursively (Hive-style partitions), skipping
+/// hidden and `_`-prefixed entries such as `_SUCCESS`; a Delta table among
+/// the folders is refused, naming the `spec` the user gave.
+fn collect_parquet_files(spec: &str, dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let entries = std::fs::read_dir(dir).map_err(|e| HubnormError::io(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| HubnormError::io(dir, e))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') || name.starts_with('_') {
+            continue;
+        }
+        let p = entry.path();
+        if p.is_dir() {
+            if is_local_delta_table(&p) {
+                return Err(refuse_files_of_delta_table(spec, &p.to_string_lossy()));
+            }
+            collect_parquet_files(spec, &p, out)?;
+        } else if name.ends_with(".parquet") || name.ends_with(".parq") {
+            refuse_empty_file(&p, file_len(&p)?)?;
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// The error for a folder or glob (`spec`) whose files lie in the Delta
+/// table at `table`.
+pub(crate) fn refuse_files_of_delta_table(spec: &str, table: &str) -> HubnormError {
+    let read_it = if cfg!(feature = "delta") {
+        format!("read the table itself: {table} (or {table}@VERSION)")
+    } else {
+        format!("read the table {table} with a hubnorm built with the cargo feature `delta`")
+    };
+    HubnormError::input(
+        spec,
+        None,
+        None,
+        format!(
+            "reaches into the Delta table {table}, whose folder holds the files of every version \
+             (read as Parquet files they would include rows later versions removed); {read_it}"
+        ),
+    )
+}
+
+/// Refuses a file of 0 bytes at `path`.
+pub(crate) fn refuse_empty_file(path: &Path, len: u64) -> Result<()> {
+    if len == 0 {
+        return Err(HubnormError::input(
+            path,
+            None,
+            None,
+            "is empty (0 bytes), not a Parquet file",
+        ));
+    }
+    Ok(())
+}
+
+fn file_len(path: &Path) -> Result<u64> {
+    Ok(std::fs::metadata(path)
+        .map_err(|e| HubnormError::io(path, e))?
+        .len())
+}
+
+/// Whether the local folder `dir` is a Delta table (holds `_delta_log/`).
+fn is_local_delta_table(dir: &Path) -> bool {
+    dir.join(DELTA_LOG_DIR).is_dir()
+}
+
+/// The Delta table whose folder is `dir` or holds it, if any: `dir`'s
+/// folders as given, then, for a relative path, those above the working
+/// folder (a glob run from inside a table).
+fn local_delta_table_holding(dir: &Path) -> Option<PathBuf> {
+    let as_given = dir.ancestors().map(|folder| {
+        if folder.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            folder
+        }
+    });
+    if let Some(table) = as_given.into_iter().find(|f| is_local_delta_table(f)) {
+        // The working folder by its name, not as `.`.
+        return Some(if table == Path::new(".") {
+            std::path::absolute(table).unwrap_or_else(|_| table.to_path_buf())
+        } else {
+            table.to_path_buf()
+        });
+    }
+    if dir.is_relative() {
+        let working = std::path::absolute(".").ok()?;
+        return working
+            .ancestors()
+            .skip(1)
+            .find(|f| is_local_delta_table(f))
+            .map(Path::to_path_buf);
+    }
+    None
+}
