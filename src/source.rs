@@ -30,6 +30,7 @@ mod parts;
 pub(crate) use blocks::CheckedBatches;
 pub use blocks::{normalise_ids, BlockReader};
 pub use files::{expand_spec, resolve_spec, ResolvedSpec};
+#[cfg(feature = "cloud")]
 pub(crate) use files::{refuse_empty_file, refuse_files_of_delta_table, DELTA_LOG_DIR};
 pub use parts::{PartRecord, TablePart};
 

@@ -599,6 +599,21 @@ mod delta {
         );
         assert!(!d.join("results.parquet").exists());
 
+        // Judged by where a path leads: `..` out of the table is read, a
+        // link into it is refused.
+        std::fs::create_dir(lake.join("other")).unwrap();
+        std::fs::copy(&files[0], lake.join("other/part.parquet")).unwrap();
+        count("../../other", &inner).assert_success();
+        count(&format!("{}/../../other/*.parquet", path(&inner)), d).assert_success();
+        std::os::unix::fs::symlink(&inner, d.join("link")).unwrap();
+        let linked = count(&path(&d.join("link")), d);
+        assert_eq!(linked.code(), Some(2), "{}", linked.stderr());
+        assert!(
+            linked.stderr().contains("reaches into the Delta table"),
+            "{}",
+            linked.stderr()
+        );
+
         let one = count(&path(&files[0]), d);
         one.assert_success();
         assert!(

@@ -1084,6 +1084,25 @@ fn outputs_inside_input_tables_are_refused() {
             "{}",
             out.stderr()
         );
+        // The table read at a version: its folder is still an input.
+        let out = hubnorm([
+            "sql",
+            "--table",
+            &format!("t={}@0", table.display()),
+            "--format",
+            "parquet",
+            "--out",
+            &table.join("y.parquet").display().to_string(),
+            "SELECT id FROM t",
+        ])
+        .output();
+        assert_eq!(out.code(), Some(2), "{}", out.stderr());
+        assert!(
+            out.stderr().contains("is inside the table t input"),
+            "{}",
+            out.stderr()
+        );
+        assert!(!table.join("y.parquet").exists());
     }
 }
 

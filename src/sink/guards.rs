@@ -45,6 +45,14 @@ pub(crate) fn refuse_output_in_inputs(out: &Path, inputs: &[(&str, &str)]) -> Re
         .iter()
         .filter(|(_, spec)| !spec.is_empty() && !crate::source::memory::is_memory(Path::new(spec)));
     for &(role, spec) in files {
+        // A Delta table read at a version or time (`t@3`): its folder.
+        #[cfg(feature = "delta")]
+        let table = spec
+            .contains('@')
+            .then(|| crate::delta::parse_spec(spec))
+            .flatten();
+        #[cfg(feature = "delta")]
+        let spec = table.as_ref().map_or(spec, |table| table.root.as_str());
         let local_spec = crate::storage::local_or_url(Path::new(spec))?;
         let spec_path = local_spec.as_path();
         let spec_text = spec_path.to_string_lossy().into_owned();

@@ -197,32 +197,17 @@ fn is_local_delta_table(dir: &Path) -> bool {
     dir.join(DELTA_LOG_DIR).is_dir()
 }
 
-/// The Delta table whose folder is `dir` or holds it, if any: `dir`'s
-/// folders as given, then, for a relative path, those above the working
-/// folder (a glob run from inside a table).
+/// The Delta table whose folder is `dir` or holds it, if any: the folders
+/// of `dir`'s real path (links and `..` resolved, so a path is judged by
+/// where it leads, not by how it is spelt).
 fn local_delta_table_holding(dir: &Path) -> Option<PathBuf> {
-    let as_given = dir.ancestors().map(|folder| {
-        if folder.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            folder
-        }
-    });
-    if let Some(table) = as_given.into_iter().find(|f| is_local_delta_table(f)) {
-        // The working folder by its name, not as `.`.
-        return Some(if table == Path::new(".") {
-            std::path::absolute(table).unwrap_or_else(|_| table.to_path_buf())
-        } else {
-            table.to_path_buf()
-        });
-    }
-    if dir.is_relative() {
-        let working = std::path::absolute(".").ok()?;
-        return working
-            .ancestors()
-            .skip(1)
-            .find(|f| is_local_delta_table(f))
-            .map(Path::to_path_buf);
-    }
-    None
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let real = std::fs::canonicalize(dir).ok()?;
+    real.ancestors()
+        .find(|folder| is_local_delta_table(folder))
+        .map(Path::to_path_buf)
 }

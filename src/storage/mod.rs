@@ -101,14 +101,16 @@ pub(crate) fn range_refusal_hint(message: &str) -> Option<&'static str> {
 }
 
 /// `url` with an alias scheme replaced by the one it stands for (`s3a://`
-/// by `s3://`, `azure://` and `adl://` by `az://`, `abfs://` by
-/// `abfss://`), so two URLs of one object compare equal as text.
+/// by `s3://`; `azure://`, `adl://`, `abfs://` and `abfss://` by `az://`,
+/// as `object_store` reads them alike), so two URLs of one object compare
+/// equal as text.
 pub(crate) fn canonical_url_text(url: &str) -> String {
-    const ALIASES: [(&str, &str); 4] = [
+    const ALIASES: [(&str, &str); 5] = [
         ("s3a://", "s3://"),
         ("azure://", "az://"),
         ("adl://", "az://"),
-        ("abfs://", "abfss://"),
+        ("abfs://", "az://"),
+        ("abfss://", "az://"),
     ];
     for (alias, canonical) in ALIASES {
         if let Some(rest) = url.strip_prefix(alias) {

@@ -369,7 +369,9 @@ impl ObjectUrl {
                     key: folder.clone().join(DELTA_LOG_DIR),
                     ..self.clone()
                 };
-                if log.has_children()? {
+                // A folder this user may not list (a bucket shared by
+                // prefix) holds no table of theirs: not a refusal.
+                if log.has_children().unwrap_or(false) {
                     tables.push(folder);
                 }
             }
