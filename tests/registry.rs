@@ -3,11 +3,13 @@
 //! same order and types; merging a file's rows with nothing gives back the
 //! very columns written (so the merge reads and writes the declared order);
 //! the columns pass 2 reads are declared ones; and `stats` then `search`
-//! gives exactly what `run` gives; and `--precision screened` serves a
-//! method exactly when its registry entry says it can.
+//! gives exactly what `run` gives; `--precision screened` serves a
+//! method exactly when its registry entry says it can; and the docs' lists
+//! of methods by property are the registry's.
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use arrow::array::Array;
@@ -15,7 +17,7 @@ use common::{
     random_table, read_parquet, read_results, write_case, write_table, CaseShape, Layout,
 };
 use hubnorm::bank::StatsLayout;
-use hubnorm::method::{MethodKind, MethodSpec, StatColumn, StoredRows, REGISTRY};
+use hubnorm::method::{Export, MethodKind, MethodSpec, StatColumn, StoredRows, REGISTRY};
 use hubnorm::options::{PassOptions, Precision};
 use hubnorm::pipeline::{self, RunJob, SearchJob, StatsJob};
 use hubnorm::progress::Silent;
@@ -278,4 +280,128 @@ fn the_registry_names_each_method_once_with_its_docs_line() {
     let before = names.len();
     names.dedup();
     assert_eq!(names.len(), before, "a method name is registered twice");
+}
+
+/// The registered names written in backticks in `text` from the first
+/// `start` (included) to the next `end` after it (other backticked words
+/// ignored).
+fn names_between(text: &str, start: &str, end: &str, file: &str) -> BTreeSet<String> {
+    let from = text
+        .find(start)
+        .unwrap_or_else(|| panic!("{file} no longer has `{start}`"));
+    let to = from
+        + start.len()
+        + text[from + start.len()..]
+            .find(end)
+            .unwrap_or_else(|| panic!("{file}: no `{end}` after `{start}`"));
+    text[from..to]
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|word| MethodKind::named(word).is_ok())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn names_where(keep: impl Fn(MethodKind) -> bool) -> BTreeSet<String> {
+    MethodKind::all()
+        .filter(|&m| keep(m))
+        .map(|m| m.name().to_owned())
+        .collect()
+}
+
+/// The prose that sorts methods by a property (which ones `export` serves
+/// and refuses, which ones `stats --update` merges and recomputes) names
+/// exactly the methods the registry gives that property: a method added or
+/// changed in the registry fails here until its docs say so.
+#[test]
+fn the_docs_lists_of_methods_by_property_are_the_registry_s() {
+    let read = |file: &str| {
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap()
+    };
+    let readme = read("README.md");
+    let exported = names_where(|m| matches!(m.method().export(), Export::Additive));
+    let refused = names_where(|m| {
+        m != MethodKind::baseline() && matches!(m.method().export(), Export::Refused(_))
+    });
+    let synopsis: BTreeSet<String> = readme
+        .lines()
+        .find_map(|line| line.strip_prefix("hubnorm export "))
+        .and_then(|line| line.split("--method ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("README's export synopsis")
+        .split('|')
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        synopsis, exported,
+        "README: hubnorm export --method A|B|..."
+    );
+    assert_eq!(
+        names_between(
+            &readme,
+            "Methods: `none`",
+            "**[docs/methods.md]",
+            "README.md"
+        ),
+        names_where(|_| true),
+        "README: every method"
+    );
+    assert_eq!(
+        names_between(
+            &readme,
+            "h(g). Methods:",
+            "A term of the query",
+            "README.md"
+        ),
+        exported,
+        "README: the methods export serves"
+    );
+    assert_eq!(
+        names_between(
+            &readme,
+            "never changes a ranking.",
+            "are refused",
+            "README.md"
+        ),
+        refused,
+        "README: the methods export refuses"
+    );
+    // The SQL function for the same scores, in its table row (plain words).
+    let corrected: BTreeSet<String> = readme
+        .lines()
+        .find(|line| line.starts_with("| `hub_corrected_score("))
+        .and_then(|line| line.split("the score ").nth(1))
+        .and_then(|rest| rest.split(" rank by").next())
+        .expect("README's hub_corrected_score row")
+        .replace(" and ", ", ")
+        .split(", ")
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(corrected, exported, "README: hub_corrected_score's methods");
+
+    let incremental = read("docs/incremental.md");
+    let with_statistics = |mergeable: bool| {
+        names_where(|m| m.method().has_statistics() && m.method().mergeable() == mergeable)
+    };
+    assert_eq!(
+        names_between(
+            &incremental,
+            "For the mergeable methods,",
+            "new bank parts",
+            "docs/incremental.md"
+        ),
+        with_statistics(true),
+        "docs/incremental.md: the methods --update merges"
+    );
+    assert_eq!(
+        names_between(
+            &incremental,
+            "**Not incremental**",
+            "summary line says",
+            "docs/incremental.md"
+        ),
+        with_statistics(false),
+        "docs/incremental.md: the methods --update recomputes"
+    );
 }
