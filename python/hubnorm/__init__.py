@@ -149,15 +149,33 @@ class _Inputs:
             return None
         if isinstance(table, (str, os.PathLike)):
             return os.fspath(table)
+        if _is_lazy_frame(table):
+            # Run by polars' streaming engine into a scratch file, which the
+            # passes then read out of core: the query's result never has to
+            # fit in memory, as it would if it were collected.
+            path = self._scratch_file(role)
+            table.sink_parquet(path)
+            return path
         if as_file:
-            if self._scratch is None:
-                self._scratch = tempfile.mkdtemp(prefix="hubnorm-inputs-")
-            path = os.path.join(self._scratch, f"{role}.parquet")
+            path = self._scratch_file(role)
             _write_table(_as_arrow(table, role), path)
             return path
         held = _hubnorm.InMemoryTable(_as_arrow(table, role), role)
         self._held.append(held)
         return held.path
+
+
+    def _scratch_file(self, role: str) -> str:
+        """A Parquet path for ``role`` in this call's scratch folder."""
+        if self._scratch is None:
+            self._scratch = tempfile.mkdtemp(prefix="hubnorm-inputs-")
+        return os.path.join(self._scratch, f"{role}.parquet")
+
+
+def _is_lazy_frame(table: Any) -> bool:
+    """Whether ``table`` is a polars ``LazyFrame`` (a query, not yet rows)."""
+    kind = type(table)
+    return kind.__module__.startswith("polars") and kind.__name__ == "LazyFrame"
 
 
 class _Outputs:
@@ -244,13 +262,17 @@ def _as_arrow(table: Any, role: str) -> Any:
         return embeddings(table)
     if type(table).__module__.startswith("pandas"):
         # A frame's rows are numpy objects (an embedding column of arrays):
-        # pyarrow converts them once, here.
-        return pa.Table.from_pandas(table, preserve_index=False)
+        # pyarrow converts them once, here. A named index that no column
+        # shadows is data (ids kept as the index), so it becomes a column.
+        name = getattr(table.index, "name", None)
+        keep_index = name is not None and name not in table.columns
+        return pa.Table.from_pandas(table, preserve_index=keep_index)
     if hasattr(table, "__arrow_c_stream__"):
         return table
     raise UsageError(
         f"{role}: a path, a pyarrow Table or RecordBatchReader, an object with "
-        f"__arrow_c_stream__ or a 2-D numpy array is needed, not {type(table).__name__}"
+        f"__arrow_c_stream__, a polars LazyFrame or a 2-D numpy array is needed, "
+        f"not {type(table).__name__}"
     )
 
 

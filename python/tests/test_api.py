@@ -1,6 +1,7 @@
 """The Python package against the CLI on data-samples/: the same files byte
 for byte where files are written, the same tables otherwise; inputs as paths,
-pyarrow tables and readers, numpy arrays, pandas and polars frames; the
+pyarrow tables and readers, numpy arrays, pandas and polars frames (lazy
+ones too); the
 error types; progress; Ctrl-C in a child interpreter, and resuming after it."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -105,7 +107,10 @@ def in_memory_forms(path: str):
     categorical = table.to_pandas()
     categorical["id"] = categorical["id"].astype("category")
     yield "pandas, categorical ids", categorical
-    yield "polars", pytest.importorskip("polars").from_arrow(table)
+    yield "pandas, ids as the index", table.to_pandas().set_index("id")
+    polars = pytest.importorskip("polars")
+    yield "polars", polars.from_arrow(table)
+    yield "polars LazyFrame", polars.from_arrow(table).lazy().filter(polars.col("id").is_not_null())
 
 
 def results_rows(table: pa.Table) -> pa.Table:
@@ -203,6 +208,20 @@ def test_in_memory_tables_cross_without_a_copy(samples):
     frame = polars.from_arrow(table)
     held = hubnorm._hubnorm.InMemoryTable(frame, "gallery")
     assert held.rows == table.num_rows
+
+
+def test_a_lazy_frame_is_streamed_to_a_scratch_file_removed_after_the_call(samples, tmp_path,
+                                                                           monkeypatch):
+    """A LazyFrame (a polars scan here) is run by polars into a scratch
+    Parquet file the passes read, gone once the call returns."""
+    polars = pytest.importorskip("polars")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    kwargs = dict(methods="is,nnn", k=5, progress=False)
+    q, g, b = (sample(samples, n) for n in ("queries", "gallery", "bank"))
+    expected = results_rows(hubnorm.run(q, g, b, **kwargs).results)
+    lazy = polars.scan_parquet(g)
+    assert results_rows(hubnorm.run(q, lazy, b, **kwargs).results).equals(expected)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("hubnorm-inputs-")]
 
 
 def test_a_one_shot_stream_serves_every_pass(samples):
