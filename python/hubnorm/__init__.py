@@ -19,7 +19,10 @@ Quick start::
 Every table argument is a path or URL of Parquet files (streamed out of core,
 as the CLI streams it), a ``pyarrow.Table`` or ``RecordBatchReader``,
 anything with ``__arrow_c_stream__`` (polars, pandas >= 2.2, DuckDB), a
-``pandas.DataFrame``, or a 2-D float ``numpy`` array (ids 0..n-1; see
+polars ``LazyFrame`` (run by polars' streaming engine into a scratch
+Parquet file the passes read out of core, removed when the call returns), a
+``pandas.DataFrame`` (its ids may be a named index), or a 2-D float
+``numpy`` array (ids 0..n-1; see
 :func:`embeddings` for ids and ground truth). Tables have an ``id`` column and
 an ``embedding`` column (fixed-size or variable lists of float16/32/64);
 queries may have ``target_id`` (the ground truth) for recall figures.
