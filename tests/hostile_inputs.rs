@@ -546,46 +546,31 @@ fn empty_inputs_and_bad_ids() {
         },
         input("empty", None, None, "directory holds no .parquet files"),
     );
-    case(
-        "a part of 0 bytes in a folder",
-        |d| {
-            std::fs::create_dir(d.join("parts")).unwrap();
-            std::fs::rename(d.join("bank.parquet"), d.join("parts/a.parquet")).unwrap();
-            std::fs::write(d.join("parts/b.parquet"), b"").unwrap();
-        },
-        |d| {
-            let mut args = default_run(d);
-            let i = args.iter().position(|a| a == "--bank").unwrap();
-            args[i + 1] = d.join("parts").display().to_string();
-            args
-        },
-        input(
-            "b.parquet",
-            None,
-            None,
-            "is empty (0 bytes), not a Parquet file",
-        ),
-    );
-    case(
-        "a part of 0 bytes matched by a glob",
-        |d| {
-            std::fs::create_dir(d.join("parts")).unwrap();
-            std::fs::rename(d.join("bank.parquet"), d.join("parts/a.parquet")).unwrap();
-            std::fs::write(d.join("parts/b.parquet"), b"").unwrap();
-        },
-        |d| {
-            let mut args = default_run(d);
-            let i = args.iter().position(|a| a == "--bank").unwrap();
-            args[i + 1] = format!("{}/*.parquet", d.join("parts").display());
-            args
-        },
-        input(
-            "b.parquet",
-            None,
-            None,
-            "is empty (0 bytes), not a Parquet file",
-        ),
-    );
+    for (name, spec) in [
+        ("a part of 0 bytes in a folder", ""),
+        ("a part of 0 bytes matched by a glob", "/*.parquet"),
+    ] {
+        case(
+            name,
+            |d| {
+                std::fs::create_dir(d.join("parts")).unwrap();
+                std::fs::rename(d.join("bank.parquet"), d.join("parts/a.parquet")).unwrap();
+                std::fs::write(d.join("parts/b.parquet"), b"").unwrap();
+            },
+            |d| {
+                let mut args = default_run(d);
+                let i = args.iter().position(|a| a == "--bank").unwrap();
+                args[i + 1] = format!("{}{spec}", d.join("parts").display());
+                args
+            },
+            input(
+                "b.parquet",
+                None,
+                None,
+                "is empty (0 bytes), not a Parquet file",
+            ),
+        );
+    }
     case(
         "duplicate ids",
         |d| {

@@ -523,22 +523,7 @@ mod delta {
         let d = dir.path();
         let lake = d.join("lake");
         let table = lake.join("ids");
-        let gallery = format!("g={}", path(&samples().join("gallery.parquet")));
-        let copy = |limit: usize, mode: &str| {
-            hubnorm([
-                "sql",
-                "--table",
-                &gallery,
-                &format!(
-                    "COPY (SELECT id FROM g LIMIT {limit}) TO '{}' STORED AS DELTA OPTIONS ('mode' '{mode}')",
-                    path(&table)
-                ),
-            ])
-            .output()
-            .assert_success();
-        };
-        copy(10, "error");
-        copy(4, "overwrite");
+        common::delta::write_replaced_ids_table(&samples().join("gallery.parquet"), &table);
         let count = |spec: &str, dir: &Path| {
             hubnorm([
                 "sql",

@@ -68,3 +68,23 @@ pub fn write_delta_case(python: &Path, dir: &Path) {
     }
     assert_eq!(client(python, &["info", &table("gallery")])["version"], 1);
 }
+
+/// A Delta table at `table` written by hubnorm itself (`sql ... COPY ...
+/// STORED AS DELTA`): version 0 holds the first 10 ids of the Parquet
+/// table at `source`, version 1 replaces them with its first 4, so the
+/// table's folder holds a data file its latest version removed.
+pub fn write_replaced_ids_table(source: &Path, table: &Path) {
+    for (limit, mode) in [(10, "error"), (4, "overwrite")] {
+        super::hubnorm([
+            "sql",
+            "--table",
+            &format!("g={}", source.display()),
+            &format!(
+                "COPY (SELECT id FROM g LIMIT {limit}) TO '{}' STORED AS DELTA OPTIONS ('mode' '{mode}')",
+                table.display()
+            ),
+        ])
+        .output()
+        .assert_success();
+    }
+}
