@@ -31,7 +31,9 @@ pub(crate) use blocks::CheckedBatches;
 pub use blocks::{normalise_ids, BlockReader};
 pub use files::{expand_spec, resolve_spec, ResolvedSpec};
 #[cfg(feature = "cloud")]
-pub(crate) use files::{refuse_empty_file, refuse_files_of_delta_table, DELTA_LOG_DIR};
+pub(crate) use files::{
+    is_unasked_marker, refuse_empty_file, refuse_files_of_delta_table, DELTA_LOG_DIR,
+};
 pub use parts::{PartRecord, TablePart};
 
 /// The kind of ids a table has, after normalisation.

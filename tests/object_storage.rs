@@ -748,7 +748,8 @@ fn sql_reads_s3_tables_and_copies_to_s3() {
 /// Listings are checked as local folders are: a prefix or glob that
 /// reaches into a Delta table (its files, a prefix holding it, a prefix
 /// inside it) is refused naming the table, an object of 0 bytes is refused
-/// naming it, and an output under an input prefix is refused when the two
+/// naming it (but a glob skips `_SUCCESS`-like markers, as a folder does),
+/// and an output under an input prefix is refused when the two
 /// URLs spell the scheme differently (`s3a://` for `s3://`).
 #[cfg(feature = "delta")]
 #[test]
@@ -760,20 +761,7 @@ fn delta_prefixes_empty_objects_and_scheme_aliases() {
     // A Delta table in two versions (the second replaces the first's rows),
     // with a copy of a data file in a folder inside it.
     let table = d.join("ids");
-    let gallery = format!("g={}", local.join("gallery").display());
-    for (limit, mode) in [(10, "error"), (4, "overwrite")] {
-        hubnorm([
-            "sql",
-            "--table",
-            &gallery,
-            &format!(
-                "COPY (SELECT id FROM g LIMIT {limit}) TO '{}' STORED AS DELTA OPTIONS ('mode' '{mode}')",
-                table.display()
-            ),
-        ])
-        .output()
-        .assert_success();
-    }
+    common::delta::write_replaced_ids_table(&local.join("gallery"), &table);
     let part = std::fs::read_dir(&table)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -838,6 +826,16 @@ fn delta_prefixes_empty_objects_and_scheme_aliases() {
             out.stderr()
         );
     }
+
+    // Marker and hidden files beside the parts (`_SUCCESS` of 0 bytes, a
+    // `.crc`): a glob skips them as a folder's listing does, here and locally.
+    let globbed = count("s3://lake/emb/gallery/*");
+    globbed.assert_success();
+    assert_eq!(globbed.stdout(), "n\n500\n");
+    let local_glob = format!("{}/*", local.join("gallery").display());
+    let globbed = count(&local_glob);
+    globbed.assert_success();
+    assert_eq!(globbed.stdout(), "n\n500\n");
 
     // An output under an input prefix named with the other scheme.
     let keys = server.keys(BUCKET);

@@ -96,7 +96,8 @@ fn expand_local(spec: &str) -> Result<Vec<PathBuf>> {
                 let path = e.path().to_path_buf();
                 HubnormError::io(path, e.into())
             })?;
-            if p.is_file() {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            if p.is_file() && !is_unasked_marker(spec, &name) {
                 let folder = p.parent().unwrap_or(Path::new("")).to_path_buf();
                 let table = tables
                     .entry(folder)
@@ -152,6 +153,15 @@ fn collect_parquet_files(spec: &str, dir: &Path, out: &mut Vec<PathBuf>) -> Resu
         }
     }
     Ok(())
+}
+
+/// Whether a file named `name` that the glob `pattern` matched is a marker
+/// or hidden file (`_SUCCESS`, `.part-0.crc`) the pattern did not ask for
+/// by name: skipped, as a folder's listing skips them (and as Spark's
+/// readers do), unless the pattern's last part starts with `_` or `.`.
+pub(crate) fn is_unasked_marker(pattern: &str, name: &str) -> bool {
+    let asked = pattern.rsplit('/').next().unwrap_or(pattern);
+    name.starts_with(['_', '.']) && !asked.starts_with(['_', '.'])
 }
 
 /// The error for a folder or glob (`spec`) whose files lie in the Delta

@@ -327,7 +327,11 @@ impl ObjectUrl {
         let objects = lister.list_all()?;
         let chosen: Vec<&object_store::ObjectMeta> = objects
             .iter()
-            .filter(|o| pattern.matches_with(o.location.as_ref(), options))
+            .filter(|o| {
+                let name = o.location.filename().unwrap_or_default();
+                pattern.matches_with(o.location.as_ref(), options)
+                    && !crate::source::is_unasked_marker(key, name)
+            })
             .collect();
         let files = self.checked_files(&lister.key, &objects, &chosen)?;
         if files.is_empty() {
