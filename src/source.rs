@@ -32,7 +32,7 @@ pub use blocks::{normalise_ids, BlockReader};
 pub use files::{expand_spec, resolve_spec, ResolvedSpec};
 #[cfg(feature = "cloud")]
 pub(crate) use files::{
-    is_unasked_marker, refuse_empty_file, refuse_files_of_delta_table, DELTA_LOG_DIR,
+    is_unasked_hidden, refuse_empty_file, refuse_files_of_delta_table, DELTA_LOG_DIR,
 };
 pub use parts::{PartRecord, TablePart};
 

@@ -45,10 +45,12 @@ pub(crate) fn refuse_output_in_inputs(out: &Path, inputs: &[(&str, &str)]) -> Re
         .iter()
         .filter(|(_, spec)| !spec.is_empty() && !crate::source::memory::is_memory(Path::new(spec)));
     for &(role, spec) in files {
-        // A Delta table read at a version or time (`t@3`): its folder.
+        // A Delta table read at a version or time (`t@3`): its folder (an
+        // `@` before a `/`, as in `abfss://container@account/...`, is not one).
         #[cfg(feature = "delta")]
         let table = spec
-            .contains('@')
+            .rsplit_once('@')
+            .is_some_and(|(_, at)| !at.contains('/'))
             .then(|| crate::delta::parse_spec(spec))
             .flatten();
         #[cfg(feature = "delta")]

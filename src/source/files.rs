@@ -89,6 +89,12 @@ fn expand_local(spec: &str) -> Result<Vec<PathBuf>> {
     } else if spec.contains(['*', '?', '[']) {
         let paths =
             glob::glob(spec).map_err(|e| HubnormError::Usage(format!("bad glob '{spec}': {e}")))?;
+        // The glob's literal folder and the pattern below it.
+        let first_wildcard = spec.find(['*', '?', '[']).unwrap_or(spec.len());
+        let (literal, below) = match spec[..first_wildcard].rfind('/') {
+            Some(slash) => (&spec[..slash], &spec[slash + 1..]),
+            None => ("", spec),
+        };
         // The Delta table holding each folder a match lies in, looked up once.
         let mut tables: HashMap<PathBuf, Option<PathBuf>> = HashMap::new();
         for entry in paths {
@@ -96,8 +102,8 @@ fn expand_local(spec: &str) -> Result<Vec<PathBuf>> {
                 let path = e.path().to_path_buf();
                 HubnormError::io(path, e.into())
             })?;
-            let name = p.file_name().unwrap_or_default().to_string_lossy();
-            if p.is_file() && !is_unasked_marker(spec, &name) {
+            let parts = p.strip_prefix(literal).unwrap_or(&p).iter();
+            if p.is_file() && !is_unasked_hidden(below, parts.map(|part| part.to_string_lossy())) {
                 let folder = p.parent().unwrap_or(Path::new("")).to_path_buf();
                 let table = tables
                     .entry(folder)
@@ -155,13 +161,21 @@ fn collect_parquet_files(spec: &str, dir: &Path, out: &mut Vec<PathBuf>) -> Resu
     Ok(())
 }
 
-/// Whether a file named `name` that the glob `pattern` matched is a marker
-/// or hidden file (`_SUCCESS`, `.part-0.crc`) the pattern did not ask for
-/// by name: skipped, as a folder's listing skips them (and as Spark's
-/// readers do), unless the pattern's last part starts with `_` or `.`.
-pub(crate) fn is_unasked_marker(pattern: &str, name: &str) -> bool {
-    let asked = pattern.rsplit('/').next().unwrap_or(pattern);
-    name.starts_with(['_', '.']) && !asked.starts_with(['_', '.'])
+/// Whether a glob's match is, or lies in, a marker or hidden entry the glob
+/// did not ask for (`_SUCCESS`, `.part-0.crc`, Spark's `_temporary/`):
+/// skipped, as a folder's listing skips them (and as Spark's readers do).
+/// `below` are the match's parts below the glob's literal folder, `pattern`
+/// the glob from there; a pattern part that starts with `_` or `.` (or a
+/// class such as `[_.]`) asks for such names.
+pub(crate) fn is_unasked_hidden<S: AsRef<str>>(
+    pattern: &str,
+    below: impl IntoIterator<Item = S>,
+) -> bool {
+    let hidden = |part: &str| part.starts_with(['_', '.']);
+    let asks = pattern
+        .split('/')
+        .any(|part| hidden(part) || part.strip_prefix('[').is_some_and(hidden));
+    !asks && below.into_iter().any(|part| hidden(part.as_ref()))
 }
 
 /// The error for a folder or glob (`spec`) whose files lie in the Delta
@@ -216,8 +230,37 @@ fn local_delta_table_holding(dir: &Path) -> Option<PathBuf> {
     } else {
         dir
     };
-    let real = std::fs::canonicalize(dir).ok()?;
+    // Where the real path cannot be had (a folder above it this user may
+    // not search), its parents as written.
+    let real = std::fs::canonicalize(dir)
+        .or_else(|_| std::path::absolute(dir))
+        .ok()?;
     real.ancestors()
         .find(|folder| is_local_delta_table(folder))
         .map(Path::to_path_buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_unasked_hidden;
+
+    #[test]
+    fn globs_skip_hidden_entries_they_do_not_ask_for() {
+        for (pattern, below, skipped) in [
+            ("*", &["_SUCCESS"][..], true),
+            ("*", &[".part-0.parquet.crc"], true),
+            ("*.parquet", &["part-0.parquet"], false),
+            ("**/*.parquet", &["_temporary", "0", "part-0.parquet"], true),
+            ("*/*.parquet", &["year=2026", "part-1.parquet"], false),
+            ("_*", &["_SUCCESS"], false),
+            ("[_.]*", &[".hidden.parquet"], false),
+            ("x/_temporary/*", &["x", "_temporary", "p.parquet"], false),
+        ] {
+            assert_eq!(
+                is_unasked_hidden(pattern, below.iter().copied()),
+                skipped,
+                "{pattern} {below:?}"
+            );
+        }
+    }
 }

@@ -324,13 +324,14 @@ impl ObjectUrl {
             require_literal_separator: true,
             require_literal_leading_dot: false,
         };
+        let below_literal = &key[literal.rfind('/').map_or(0, |slash| slash + 1)..];
         let objects = lister.list_all()?;
         let chosen: Vec<&object_store::ObjectMeta> = objects
             .iter()
             .filter(|o| {
-                let name = o.location.filename().unwrap_or_default();
+                let below = o.location.prefix_match(&lister.key).into_iter().flatten();
                 pattern.matches_with(o.location.as_ref(), options)
-                    && !crate::source::is_unasked_marker(key, name)
+                    && !crate::source::is_unasked_hidden(below_literal, below)
             })
             .collect();
         let files = self.checked_files(&lister.key, &objects, &chosen)?;
@@ -374,9 +375,13 @@ impl ObjectUrl {
                     ..self.clone()
                 };
                 // A folder this user may not list (a bucket shared by
-                // prefix) holds no table of theirs: not a refusal.
-                if log.has_children().unwrap_or(false) {
-                    tables.push(folder);
+                // prefix: access denied) holds no table of theirs; any
+                // other failure is one.
+                match log.has_children() {
+                    Ok(true) => tables.push(folder),
+                    Ok(false) => {}
+                    Err(HubnormError::Storage { exit_code: 2, .. }) => {}
+                    Err(e) => return Err(e),
                 }
             }
             for table in &tables {
