@@ -35,9 +35,11 @@ is converted by pyarrow once, a one-shot stream (a ``RecordBatchReader``)
 is drained and its batches held in memory for the call (the passes read
 their inputs more than once), and a results table given to :func:`report`
 or :func:`hubness` is written to a scratch Parquet file (the engine reads
-results files as files). Paths are streamed out of core, in place. An error
-in an in-memory table names it ``memory://ROLE-N`` (e.g.
-``memory://gallery-3``) with the row in that table.
+results files as files), as is a polars ``LazyFrame`` (sunk by polars, in the
+system's temporary folder: ``TMPDIR``). Paths are streamed out of core, in
+place. An error in an in-memory table names it ``memory://ROLE-N`` (e.g.
+``memory://gallery-3``) with the row in that table; one in a LazyFrame's
+rows names its scratch file.
 
 Errors raise :class:`InputError` (with ``.file``, ``.row``, ``.column``),
 :class:`UsageError` or :class:`MemoryLimitError`, all :class:`HubnormError`.
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -135,6 +138,7 @@ class _Inputs:
     def __init__(self) -> None:
         self._held: list[Any] = []
         self._scratch: str | None = None
+        self._files = 0
 
     def __enter__(self) -> "_Inputs":
         return self
@@ -155,9 +159,12 @@ class _Inputs:
         if _is_lazy_frame(table):
             # Run by polars' streaming engine into a scratch file, which the
             # passes then read out of core: the query's result never has to
-            # fit in memory, as it would if it were collected.
+            # be held in memory, as it would if it were collected.
             path = self._scratch_file(role)
-            table.sink_parquet(path)
+            try:
+                table.sink_parquet(path)
+            except Exception as e:
+                raise UsageError(f"{role}: the polars LazyFrame failed: {e}") from e
             return path
         if as_file:
             path = self._scratch_file(role)
@@ -169,10 +176,14 @@ class _Inputs:
 
 
     def _scratch_file(self, role: str) -> str:
-        """A Parquet path for ``role`` in this call's scratch folder."""
+        """A new Parquet path for ``role`` in this call's scratch folder
+        (numbered, and the role reduced to a safe name: in ``sql`` it is a
+        table name the user chose)."""
         if self._scratch is None:
             self._scratch = tempfile.mkdtemp(prefix="hubnorm-inputs-")
-        return os.path.join(self._scratch, f"{role}.parquet")
+        self._files += 1
+        name = re.sub(r"[^A-Za-z0-9_-]", "_", role)
+        return os.path.join(self._scratch, f"{self._files}-{name}.parquet")
 
 
 def _is_lazy_frame(table: Any) -> bool:
@@ -265,10 +276,11 @@ def _as_arrow(table: Any, role: str) -> Any:
         return embeddings(table)
     if type(table).__module__.startswith("pandas"):
         # A frame's rows are numpy objects (an embedding column of arrays):
-        # pyarrow converts them once, here. A named index that no column
-        # shadows is data (ids kept as the index), so it becomes a column.
-        name = getattr(table.index, "name", None)
-        keep_index = name is not None and name not in table.columns
+        # pyarrow converts them once, here. A named index (or MultiIndex)
+        # that no column shadows is data (ids kept as the index), so its
+        # levels become columns.
+        names = list(getattr(table.index, "names", [None]))
+        keep_index = all(n is not None and n not in table.columns for n in names)
         return pa.Table.from_pandas(table, preserve_index=keep_index)
     if hasattr(table, "__arrow_c_stream__"):
         return table

@@ -108,6 +108,7 @@ def in_memory_forms(path: str):
     categorical["id"] = categorical["id"].astype("category")
     yield "pandas, categorical ids", categorical
     yield "pandas, ids as the index", table.to_pandas().set_index("id")
+    yield "pandas, ids in a MultiIndex", table.to_pandas().set_index(["id", "text"])
     polars = pytest.importorskip("polars")
     yield "polars", polars.from_arrow(table)
     yield "polars LazyFrame", polars.from_arrow(table).lazy().filter(polars.col("id").is_not_null())
@@ -221,6 +222,10 @@ def test_a_lazy_frame_is_streamed_to_a_scratch_file_removed_after_the_call(sampl
     expected = results_rows(hubnorm.run(q, g, b, **kwargs).results)
     lazy = polars.scan_parquet(g)
     assert results_rows(hubnorm.run(q, lazy, b, **kwargs).results).equals(expected)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("hubnorm-inputs-")]
+    # A query polars cannot run: the package's error, naming the argument.
+    with pytest.raises(hubnorm.UsageError, match="gallery: the polars LazyFrame failed"):
+        hubnorm.run(q, lazy.select(polars.col("no_such_column")), b, **kwargs)
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("hubnorm-inputs-")]
 
 
