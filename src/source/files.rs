@@ -171,7 +171,7 @@ pub(crate) fn is_unasked_hidden<S: AsRef<str>>(
     pattern: &str,
     below: impl IntoIterator<Item = S>,
 ) -> bool {
-    let hidden = |part: &str| part.starts_with(['_', '.']);
+    let hidden = |part: &str| part.starts_with(['_', '.']) && part != "." && part != "..";
     let asks = pattern
         .split('/')
         .any(|part| hidden(part) || part.strip_prefix('[').is_some_and(hidden));
@@ -255,6 +255,7 @@ mod tests {
             ("_*", &["_SUCCESS"], false),
             ("[_.]*", &[".hidden.parquet"], false),
             ("x/_temporary/*", &["x", "_temporary", "p.parquet"], false),
+            ("*.parquet", &["..", "data", "p.parquet"], false),
         ] {
             assert_eq!(
                 is_unasked_hidden(pattern, below.iter().copied()),
