@@ -33,6 +33,7 @@ pub use files::{expand_spec, resolve_spec, ResolvedSpec};
 #[cfg(feature = "cloud")]
 pub(crate) use files::{
     is_unasked_hidden, refuse_empty_file, refuse_files_of_delta_table, DELTA_LOG_DIR,
+    SKIPPED_HIDDEN,
 };
 pub use parts::{PartRecord, TablePart};
 

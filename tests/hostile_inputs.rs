@@ -546,6 +546,22 @@ fn empty_inputs_and_bad_ids() {
         },
         input("empty", None, None, "directory holds no .parquet files"),
     );
+    case(
+        "a glob that matches only a marker",
+        |d| std::fs::write(d.join("_SUCCESS"), b"").unwrap(),
+        |d| {
+            let mut args = default_run(d);
+            let i = args.iter().position(|a| a == "--bank").unwrap();
+            args[i + 1] = format!("{}/*SUCCESS", d.display());
+            args
+        },
+        input(
+            "*SUCCESS",
+            None,
+            None,
+            "no file matches this glob (names starting with `_` or `.` are skipped",
+        ),
+    );
     for (name, spec) in [
         ("a part of 0 bytes in a folder", ""),
         ("a part of 0 bytes matched by a glob", "/*.parquet"),

@@ -120,7 +120,7 @@ fn expand_local(spec: &str) -> Result<Vec<PathBuf>> {
                 spec,
                 None,
                 None,
-                "no file matches this glob",
+                format!("no file matches this glob{SKIPPED_HIDDEN}"),
             ));
         }
     } else {
@@ -160,6 +160,10 @@ fn collect_parquet_files(spec: &str, dir: &Path, out: &mut Vec<PathBuf>) -> Resu
     }
     Ok(())
 }
+
+/// Said when a glob matched nothing to read: its hidden matches were skipped.
+pub(crate) const SKIPPED_HIDDEN: &str =
+    " (names starting with `_` or `.` are skipped unless the glob names them, e.g. `_*`)";
 
 /// Whether a glob's match is, or lies in, a marker or hidden entry the glob
 /// did not ask for (`_SUCCESS`, `.part-0.crc`, Spark's `_temporary/`):

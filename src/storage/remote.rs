@@ -340,7 +340,10 @@ impl ObjectUrl {
                 self.to_string(),
                 None,
                 None,
-                "no object matches this glob",
+                format!(
+                    "no object matches this glob{}",
+                    crate::source::SKIPPED_HIDDEN
+                ),
             ));
         }
         Ok(files)
