@@ -39,7 +39,8 @@ results files as files), as is a polars ``LazyFrame`` (sunk by polars, in the
 system's temporary folder: ``TMPDIR``). Paths are streamed out of core, in
 place. An error in an in-memory table names it ``memory://ROLE-N`` (e.g.
 ``memory://gallery-3``) with the row in that table; one in a LazyFrame's
-rows names its scratch file.
+rows names it ``lazyframe://ROLE`` (e.g. ``lazyframe://gallery``) with the
+row in its result.
 
 Errors raise :class:`InputError` (with ``.file``, ``.row``, ``.column``),
 :class:`UsageError` or :class:`MemoryLimitError`, all :class:`HubnormError`.
@@ -139,14 +140,18 @@ class _Inputs:
         self._held: list[Any] = []
         self._scratch: str | None = None
         self._files = 0
+        # Scratch file -> the name the user knows its rows by.
+        self._names: dict[str, str] = {}
 
     def __enter__(self) -> "_Inputs":
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, error: BaseException | None, trace: object) -> None:
         self._held.clear()
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
+        if isinstance(error, HubnormError):
+            _rename_files(error, self._names)
 
     def path(self, table: Any, role: str, *, as_file: bool = False) -> str | None:
         """The path the engine reads ``table`` by. ``as_file``: the engine
@@ -165,10 +170,12 @@ class _Inputs:
                 table.sink_parquet(path)
             except Exception as e:
                 raise UsageError(f"{role}: the polars LazyFrame failed: {e}") from e
+            self._names[path] = f"lazyframe://{role}"
             return path
         if as_file:
             path = self._scratch_file(role)
             _write_table(_as_arrow(table, role), path)
+            self._names[path] = f"memory://{role}"
             return path
         held = _hubnorm.InMemoryTable(_as_arrow(table, role), role)
         self._held.append(held)
@@ -184,6 +191,16 @@ class _Inputs:
         self._files += 1
         name = re.sub(r"[^A-Za-z0-9_-]", "_", role)
         return os.path.join(self._scratch, f"{self._files}-{name}.parquet")
+
+
+def _rename_files(error: HubnormError, names: dict[str, str]) -> None:
+    """``error`` naming each scratch file of ``names`` by its name instead
+    (its rows are those of the table it was written from, in order)."""
+    for path, name in names.items():
+        error.args = tuple(a.replace(path, name) if isinstance(a, str) else a
+                           for a in error.args)
+        if getattr(error, "file", None) == path:
+            error.file = name
 
 
 def _is_lazy_frame(table: Any) -> bool:

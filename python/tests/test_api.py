@@ -227,6 +227,18 @@ def test_a_lazy_frame_is_streamed_to_a_scratch_file_removed_after_the_call(sampl
     with pytest.raises(hubnorm.UsageError, match="gallery: the polars LazyFrame failed"):
         hubnorm.run(q, lazy.select(polars.col("no_such_column")), b, **kwargs)
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("hubnorm-inputs-")]
+    # A bad row in its result: named by the argument and the row in the
+    # result, not by the scratch file.
+    table = pq.read_table(g)
+    rows = table.column("embedding").to_pylist()
+    rows[7] = rows[7][:10]
+    bad = table.set_column(table.schema.get_field_index("embedding"), "embedding",
+                           pa.array(rows, pa.list_(pa.float32())))
+    with pytest.raises(hubnorm.InputError) as raised:
+        hubnorm.run(q, polars.from_arrow(bad).lazy(), b, **kwargs)
+    error = raised.value
+    assert (error.file, error.row, error.column) == ("lazyframe://gallery", 7, "embedding"), error
+    assert "lazyframe://gallery" in str(error) and "hubnorm-inputs-" not in str(error), error
 
 
 def test_a_one_shot_stream_serves_every_pass(samples):
