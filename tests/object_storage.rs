@@ -1509,6 +1509,25 @@ fn http_inputs_are_read_by_ranges() {
         );
     }
     assert!(!out.join("whole.parquet").exists());
+
+    // A folder or a glob needs a listing, which a plain web server does
+    // not give (405 to WebDAV's PROPFIND): refused (exit 2) with what to do.
+    let url = |p: &str| format!("http://127.0.0.1:{port}/{p}");
+    for gallery in [url("gallery/"), url("gallery/*.parquet")] {
+        let refused = hubnorm(["search", "--queries", &url("queries.parquet")])
+            .args(["--gallery", &gallery, "--skip-missing"])
+            .args(["--out", &out.join("listed.parquet").display().to_string()])
+            .output();
+        assert_eq!(refused.code(), Some(2), "{gallery}: {}", refused.stderr());
+        assert!(
+            refused.stderr().contains(
+                "the HTTP server does not list folders (it answers WebDAV's PROPFIND with 405 Method Not Allowed)"
+            ),
+            "{gallery}: {}",
+            refused.stderr()
+        );
+        assert!(!out.join("listed.parquet").exists());
+    }
 }
 
 /// Delta tables in an object store (feature `delta`): tables deltalake

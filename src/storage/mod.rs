@@ -100,6 +100,20 @@ pub(crate) fn range_refusal_hint(message: &str) -> Option<&'static str> {
     )
 }
 
+/// The HTTP status with which a store's `message` says its server refused
+/// to list a folder (WebDAV's `PROPFIND`, which object_store's HTTP store
+/// lists with, answered "405 Method Not Allowed" or "501 Not Implemented",
+/// as plain web servers answer it), or `None`.
+#[cfg(feature = "cloud")]
+pub(crate) fn refused_listing_status(message: &str) -> Option<&'static str> {
+    if !message.contains("Error performing PROPFIND") {
+        return None;
+    }
+    ["405 Method Not Allowed", "501 Not Implemented"]
+        .into_iter()
+        .find(|status| message.contains(status))
+}
+
 /// `url` with an alias scheme replaced by the one it stands for (`s3a://`
 /// by `s3://`; `azure://`, `adl://`, `abfs://` and `abfss://` by `az://`,
 /// as `object_store` reads them alike), so two URLs of one object compare

@@ -544,6 +544,18 @@ pub(crate) fn storage_error(url: &str, what: &str, e: object_store::Error) -> Hu
             exit_code: 2,
         };
     }
+    if let Some(status) = super::refused_listing_status(&message) {
+        // The server's error page is left out: it says no more than this.
+        return HubnormError::Storage {
+            url: url.to_owned(),
+            message: format!(
+                "{what} failed: the HTTP server does not list folders (it answers WebDAV's \
+                 PROPFIND with {status}); name the files (http://HOST/DIR/FILE.parquet), or \
+                 serve the folder from a WebDAV server or an object store"
+            ),
+            exit_code: 2,
+        };
+    }
     if let Some(hint) = super::range_refusal_hint(&message) {
         return HubnormError::Storage {
             url: url.to_owned(),

@@ -488,6 +488,12 @@ fn serve_files(dir: &Path, ranges: bool) -> u16 {
         let request = String::from_utf8_lossy(&request).into_owned();
         let mut words = request.split_whitespace();
         let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or("/"));
+        // A plain web server: no WebDAV, so no folder listings.
+        if !matches!(method, "GET" | "HEAD") {
+            return stream.write_all(
+                b"HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, HEAD\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            );
+        }
         let file = dir.join(path.trim_start_matches('/'));
         let Ok(data) = std::fs::read(&file) else {
             return stream.write_all(
