@@ -882,8 +882,12 @@ fn cluster_reads_object_storage_and_names_what_an_executor_cannot() {
 /// nobody listens on fails the query with exit code 1 and names it, and an
 /// executor waits for it (stopping on SIGTERM with exit code 0 meanwhile).
 /// An executor's memory limit too small for its slots is refused.
+/// Addresses that do not lead to a scheduler: malformed (exit code 2), no
+/// server there (exit code 1), another server there, which a client and an
+/// executor name at once (exit code 2) instead of failing at the first
+/// query or polling it without end.
 #[test]
-fn unreachable_or_malformed_scheduler_addresses_are_errors() {
+fn unreachable_malformed_or_wrong_scheduler_addresses_are_errors() {
     let dir = tempfile::tempdir().unwrap();
     let malformed = sql(dir.path(), Some("http://127.0.0.1:1"), &["SELECT 1"]);
     assert_eq!(malformed.code(), Some(2), "{}", malformed.stderr());
@@ -911,6 +915,68 @@ fn unreachable_or_malformed_scheduler_addresses_are_errors() {
         "{}",
         unreachable.stderr()
     );
+
+    // Another server on the port: an HTTP/1 server, and an executor's
+    // Arrow Flight port (gRPC without the scheduler's service).
+    let http = not_grpc_server();
+    let cluster = Cluster::start(dir.path(), &dir.path().join("logs"), &vec![], &[vec![]]);
+    let flight = cluster.executor_flight_port(0);
+    for (port, says) in [
+        (http, "the server there does not speak gRPC"),
+        (
+            flight,
+            "the server there speaks gRPC but not the scheduler's service",
+        ),
+    ] {
+        let address = format!("127.0.0.1:{port}");
+        let client = sql(dir.path(), Some(&format!("df://{address}")), &["SELECT 1"]);
+        let executor = common::hubnorm(["cluster", "executor", "--bind", "127.0.0.1:0"])
+            .args([
+                "--threads",
+                "1",
+                "--memory-limit",
+                "64MiB",
+                "--scheduler",
+                &address,
+            ])
+            .output_within(std::time::Duration::from_secs(60));
+        for (who, output) in [("client", client), ("executor", executor)] {
+            assert_eq!(output.code(), Some(2), "{who}: {}", output.stderr());
+            let expected = format!("df://{address} is not a Ballista scheduler: {says}");
+            assert!(
+                output.stderr().contains(&expected),
+                "{who}: {}",
+                output.stderr()
+            );
+            // Refused before Ballista's executor started polling.
+            assert!(
+                !output.stderr().contains("poll work loop failed"),
+                "{who}: {}",
+                output.stderr()
+            );
+        }
+    }
+    // A port that accepts connections and closes them unanswered (a proxy
+    // with nothing behind it): not reachable (exit code 1), not refused.
+    let closer = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closing = closer.local_addr().unwrap().port();
+    std::thread::spawn(move || for _ in closer.incoming() {});
+    let client = sql(
+        dir.path(),
+        Some(&format!("df://127.0.0.1:{closing}")),
+        &["SELECT 1"],
+    );
+    assert_eq!(client.code(), Some(1), "{}", client.stderr());
+    assert!(
+        client.stderr().contains(&format!(
+            "cannot reach the scheduler at df://127.0.0.1:{closing}"
+        )),
+        "{}",
+        client.stderr()
+    );
+    for (role, status, log) in cluster.stop() {
+        assert!(status.success(), "the {role} ended with {status}:\n{log}");
+    }
 
     // An executor's memory pool: 0 (Ballista's "unbounded") and a few
     // bytes per slot are refused before it starts.
@@ -968,6 +1034,27 @@ fn unreachable_or_malformed_scheduler_addresses_are_errors() {
         "{status}: {}",
         std::fs::read_to_string(&log).unwrap()
     );
+}
+
+/// The port of a server on 127.0.0.1 that answers every connection with
+/// an HTTP/1.1 error, for as long as the test runs.
+fn not_grpc_server() -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut request = [0u8; 1024];
+            let _ = stream.read(&mut request);
+            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+            // Closed as HTTP servers close: what the client sent after is
+            // read first (unread bytes would make the close a reset).
+            let _ = stream.shutdown(std::net::Shutdown::Write);
+            let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+            let _ = std::io::copy(&mut stream, &mut std::io::sink());
+        }
+    });
+    port
 }
 
 /// Waits (at most a minute) until `condition` holds, polling every 20 ms.
@@ -1139,6 +1226,7 @@ fn lost_executors_are_replaced_and_a_lost_scheduler_fails_cleanly() {
         received(&cluster) > before
     });
     cluster.kill_scheduler();
+    let lost_at = std::time::Instant::now();
     let output = client.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
@@ -1152,6 +1240,25 @@ fn lost_executors_are_replaced_and_a_lost_scheduler_fails_cleanly() {
         .filter(|name| name.contains("after_scheduler"))
         .collect();
     assert!(left.is_empty(), "partial output left: {left:?}");
+
+    // The executor left without its scheduler says so once and keeps
+    // polling; Ballista's warning at each failed poll (20 a second, 60 in
+    // these 3 s) is shown once a minute.
+    wait_until("executor 0 to notice the scheduler's loss", || {
+        cluster
+            .executor_log(0)
+            .contains("lost touch with the scheduler")
+    });
+    std::thread::sleep(std::time::Duration::from_secs(3).saturating_sub(lost_at.elapsed()));
+    let log = cluster.executor_log(0);
+    assert!(log.contains("registered with the scheduler at"), "{log}");
+    assert_eq!(log.matches("lost touch").count(), 1, "{log}");
+    // One per distinct failure (a poll cut short, then refused connections).
+    let shown = log.matches("poll work loop failed").count();
+    assert!(
+        (1..=3).contains(&shown),
+        "{shown} failed polls shown:\n{log}"
+    );
 }
 
 /// An executor's memory follows its `--memory-limit`, not the input size:

@@ -109,22 +109,24 @@ pub fn run_executor(
         let stop = super::stop_signal()?;
         tokio::pin!(stop);
         tokio::select! {
-            reached = super::reach(&options.scheduler, CONNECT_PATIENCE) => reached?,
+            reached = super::contact::reach(&options.scheduler, CONNECT_PATIENCE) => reached?,
             signal = &mut stop => {
                 log::info!("{signal}: the executor stops before it registered");
                 return Ok(());
             }
         }
+        tokio::spawn(super::contact::watch(options.scheduler.clone(), health.clone()));
         let executor = start_executor_process(Arc::new(config));
         tokio::pin!(executor);
         tokio::select! {
             ended = &mut executor => ended.map_err(|e| ballista_error("executor", e)),
             signal = &mut stop => {
                 // Ballista heard the signal too, once it was registered: it
-                // tells the scheduler and drains its tasks. Before that (still
-                // connecting) there is nothing to wait for.
+                // tells the scheduler and drains its tasks. Out of touch with
+                // the scheduler (still connecting, or lost it) there is no
+                // one to tell.
                 if !health.is_ready() {
-                    log::info!("{signal}: the executor stops before it registered");
+                    log::info!("{signal}: the executor stops; it is not in touch with its scheduler");
                     return Ok(());
                 }
                 log::info!("{signal}: the executor leaves the cluster");

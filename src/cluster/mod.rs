@@ -22,7 +22,9 @@
 //! design and what is not done yet: docs/cluster.md.
 
 pub mod codec;
+mod contact;
 pub mod executor;
+mod logging;
 pub mod passes;
 pub mod scheduler;
 
@@ -30,7 +32,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ballista::prelude::{SessionConfigExt, SessionContextExt};
 use ballista_core::config::TaskSchedulingPolicy;
@@ -47,6 +49,7 @@ use crate::error::{HubnormError, Result};
 use crate::sql::{self, Placement, SqlOptions, StoreRegistry};
 
 pub use executor::{run_executor, ExecutorOptions, ExecutorStart};
+pub use logging::log_to_stderr;
 pub use scheduler::{run_scheduler, SchedulerOptions};
 
 /// The port a scheduler listens on unless told otherwise.
@@ -222,10 +225,12 @@ fn client_config(options: &SqlOptions) -> SessionConfig {
 }
 
 /// A SQL session whose queries run on the cluster of `scheduler`, with every
-/// hubnorm function (placed as [`Placement::Cluster`] says). Fails (exit code 1) when the scheduler does
-/// not accept connections; Ballista itself connects at the first query.
+/// hubnorm function (placed as [`Placement::Cluster`] says). Fails when
+/// the scheduler does not accept connections (exit code 1) or the server
+/// there is not a Ballista scheduler (exit code 2); Ballista itself
+/// connects at the first query.
 pub async fn session(scheduler: &SchedulerAddress, options: &SqlOptions) -> Result<SessionContext> {
-    reach(scheduler, Duration::ZERO).await?;
+    contact::reach(scheduler, Duration::ZERO).await?;
     let state = SessionStateBuilder::new()
         .with_default_features()
         .with_config(client_config(options))
@@ -292,33 +297,6 @@ fn stop_signal() -> Result<impl std::future::Future<Output = &'static str>> {
         }
     })
 }
-
-/// Waits until the scheduler at `scheduler` accepts a TCP connection,
-/// trying every half second for `patience` (at least once).
-async fn reach(scheduler: &SchedulerAddress, patience: Duration) -> Result<()> {
-    let address = format!("{}:{}", scheduler.host(), scheduler.port());
-    let start = Instant::now();
-    loop {
-        let error =
-            match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&address))
-                .await
-            {
-                Ok(Ok(_)) => return Ok(()),
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => format!("no answer within {CONNECT_TIMEOUT:?}"),
-            };
-        if start.elapsed() >= patience {
-            return Err(HubnormError::Cluster(format!(
-                "cannot reach the scheduler at {scheduler}: {error}"
-            )));
-        }
-        log::warn!("cannot reach the scheduler at {scheduler} yet ({error}); retrying");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// How long one attempt to reach a scheduler may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A Ballista error as a hubnorm error.
 fn ballista_error(context: &str, e: ballista_core::error::BallistaError) -> HubnormError {

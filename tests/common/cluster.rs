@@ -231,6 +231,18 @@ impl Cluster {
         self.executors[i].log_text()
     }
 
+    /// The Arrow Flight port of executor `i`, from its start-up line.
+    pub fn executor_flight_port(&self, i: usize) -> u16 {
+        const LINE: &str = "serving Arrow Flight on 127.0.0.1:";
+        let log = self.executors[i].log_text();
+        let rest = log
+            .split(LINE)
+            .nth(1)
+            .unwrap_or_else(|| panic!("no start-up line in the log of executor {i}:\n{log}"));
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().unwrap()
+    }
+
     /// Kills executor `i` with SIGKILL (no notice to the scheduler).
     pub fn kill_executor(&mut self, i: usize) {
         self.executors[i].child.kill().unwrap();

@@ -86,6 +86,40 @@ impl TestCommand {
         }
     }
 
+    /// [`TestCommand::output`] of a command that may not end by itself
+    /// (a server): killed, and the test failed with its stderr, after `limit`.
+    pub fn output_within(&mut self, limit: Duration) -> TestOutput {
+        let mut child = self.spawn();
+        // Read while it runs, so that a full pipe cannot stall it.
+        let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
+            std::thread::spawn(move || {
+                let mut bytes = Vec::new();
+                let _ = pipe.read_to_end(&mut bytes);
+                bytes
+            })
+        };
+        let stdout = drain(Box::new(child.stdout.take().unwrap()));
+        let stderr = drain(Box::new(child.stderr.take().unwrap()));
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if start.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                let stderr = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
+                panic!("hubnorm still ran after {limit:?}; its stderr:\n{stderr}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        TestOutput {
+            status,
+            stdout: stdout.join().unwrap(),
+            stderr: stderr.join().unwrap(),
+        }
+    }
+
     /// Starts it with stdout and stderr piped, for a test that waits on,
     /// signals or kills the child itself.
     pub fn spawn(&mut self) -> Child {

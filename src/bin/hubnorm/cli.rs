@@ -64,10 +64,10 @@ pub struct ClusterArgs {
     pub role: ClusterRole,
 }
 
-/// The processes of a cluster. Both log to stderr (RUST_LOG=warn|info|debug,
-/// default info) and stop on SIGINT or SIGTERM with exit code 0. Ballista
-/// has no authentication: keep their ports reachable only from a trusted
-/// network.
+/// The processes of a cluster. Both log to stderr (RUST_LOG=warn|info|debug
+/// or directives such as warn,hubnorm=info; default info) and stop on
+/// SIGINT or SIGTERM with exit code 0. Ballista has no authentication: keep
+/// their ports reachable only from a trusted network.
 #[derive(Debug, Subcommand)]
 pub enum ClusterRole {
     /// The scheduler: plans the queries clients send (`hubnorm sql --cluster

@@ -8,13 +8,15 @@ use crate::cli::ClusterArgs;
 #[cfg(feature = "cluster")]
 pub fn cluster(args: ClusterArgs) -> Result<()> {
     use hubnorm::cluster::{
-        exposure_warning, run_executor, run_scheduler, ExecutorOptions, SchedulerAddress,
-        SchedulerOptions,
+        exposure_warning, log_to_stderr, run_executor, run_scheduler, ExecutorOptions,
+        SchedulerAddress, SchedulerOptions,
     };
 
     use crate::cli::ClusterRole;
 
-    log_to_stderr();
+    for warning in log_to_stderr() {
+        eprintln!("warning: {warning}");
+    }
     match args.role {
         ClusterRole::Scheduler(args) => {
             if let Some(warning) = exposure_warning("scheduler", args.bind) {
@@ -62,51 +64,4 @@ pub fn cluster(_: ClusterArgs) -> Result<()> {
         "this hubnorm was built without the `cluster` feature (cargo build --release --features cluster)"
             .into(),
     ))
-}
-
-/// Sends the records of Ballista (and of everything else that logs through
-/// the `log` crate) to stderr, one line each with the time, the level and
-/// the module: at `RUST_LOG`'s level (off, error, warn, info, debug or
-/// trace), info when unset.
-#[cfg(feature = "cluster")]
-fn log_to_stderr() {
-    let level = match std::env::var("RUST_LOG") {
-        Ok(text) if !text.trim().is_empty() => text.trim().parse().unwrap_or_else(|_| {
-            eprintln!("warning: RUST_LOG={text} is not a level (off, error, warn, info, debug, trace); logging at info");
-            log::LevelFilter::Info
-        }),
-        _ => log::LevelFilter::Info,
-    };
-    if log::set_boxed_logger(Box::new(StderrLog { level })).is_ok() {
-        log::set_max_level(level);
-    }
-}
-
-#[cfg(feature = "cluster")]
-struct StderrLog {
-    level: log::LevelFilter,
-}
-
-#[cfg(feature = "cluster")]
-impl log::Log for StderrLog {
-    fn enabled(&self, metadata: &log::Metadata) -> bool {
-        metadata.level() <= self.level
-    }
-
-    fn log(&self, record: &log::Record) {
-        if self.enabled(record.metadata()) {
-            use std::io::Write;
-            // A closed stderr must not stop a server: the line is lost.
-            let _ = writeln!(
-                std::io::stderr().lock(),
-                "{} {:<5} {}: {}",
-                humantime::format_rfc3339_millis(std::time::SystemTime::now()),
-                record.level(),
-                record.target(),
-                record.args()
-            );
-        }
-    }
-
-    fn flush(&self) {}
 }
