@@ -28,7 +28,10 @@ pub fn log_to_stderr() -> Vec<String> {
     let spec = std::env::var("RUST_LOG").unwrap_or_default();
     let mut warnings = Vec::new();
     let filter = match filter_for(&spec) {
-        Ok(filter) => filter,
+        Ok(filter) => {
+            warnings.extend(modules_only_warning(&spec));
+            filter
+        }
         Err(why) => {
             warnings.push(format!(
                 "RUST_LOG={spec}: {why}; logging at info (RUST_LOG takes a level such as warn, or directives such as info,ballista_executor=warn)"
@@ -36,7 +39,6 @@ pub fn log_to_stderr() -> Vec<String> {
             filter_for("info").expect("`info` is a valid RUST_LOG")
         }
     };
-    warnings.extend(modules_only_warning(&spec));
     let level = filter.filter();
     if log::set_boxed_logger(Box::new(StderrLog::new(filter))).is_ok() {
         log::set_max_level(level);
