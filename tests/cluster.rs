@@ -1004,7 +1004,9 @@ fn unreachable_malformed_or_wrong_scheduler_addresses_are_errors() {
         );
     }
 
-    // An executor waits for its scheduler, and SIGTERM stops it meanwhile.
+    // An executor waits for its scheduler, and SIGTERM stops it meanwhile;
+    // its --work-dir is its own while it runs.
+    let work_dir = dir.path().join("work");
     let log = dir.path().join("executor.log");
     let file = std::fs::File::create(&log).unwrap();
     let mut executor = std::process::Command::new(env!("CARGO_BIN_EXE_hubnorm"))
@@ -1017,6 +1019,8 @@ fn unreachable_malformed_or_wrong_scheduler_addresses_are_errors() {
             "1",
         ])
         .args(["--scheduler", &format!("127.0.0.1:{port}")])
+        .arg("--work-dir")
+        .arg(&work_dir)
         .stdin(std::process::Stdio::null())
         .stdout(file.try_clone().unwrap())
         .stderr(file)
@@ -1027,6 +1031,22 @@ fn unreachable_malformed_or_wrong_scheduler_addresses_are_errors() {
             .unwrap()
             .contains("cannot reach the scheduler")
     });
+    let second = common::hubnorm(["cluster", "executor", "--bind", "127.0.0.1:0"])
+        .args([
+            "--threads",
+            "1",
+            "--scheduler",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .arg("--work-dir")
+        .arg(&work_dir)
+        .output_within(std::time::Duration::from_secs(60));
+    assert_eq!(second.code(), Some(2), "{}", second.stderr());
+    assert!(
+        second.stderr().contains("another executor is using it"),
+        "{}",
+        second.stderr()
+    );
     common::signal(&executor, "TERM");
     let status = executor.wait().unwrap();
     assert!(
@@ -1134,13 +1154,17 @@ fn lost_executors_are_replaced_and_a_lost_scheduler_fails_cleanly() {
     };
     run(None, "local").output().assert_success();
 
+    // The executors' work directories go to a temporary folder of the test's.
+    let temp = dir.path().join("tmp");
+    std::fs::create_dir_all(&temp).unwrap();
+    let executor_env = vec![("TMPDIR".to_owned(), temp.display().to_string())];
     let mut cluster = Cluster::start_with(
         &data,
         &dir.path().join("logs"),
         &["--executor-timeout", "3"],
         "512MiB",
         &vec![],
-        &[vec![], vec![]],
+        &[executor_env.clone(), executor_env.clone()],
     );
     let url = cluster.url();
     // Killed once it runs tasks of pass 2 (the run's second job).
@@ -1155,6 +1179,7 @@ fn lost_executors_are_replaced_and_a_lost_scheduler_fails_cleanly() {
         jobs.len() >= 2
     });
     cluster.kill_executor(1);
+    let killed_work_dir = cluster.executor_work_dir(1);
     let output = client.wait_with_output().unwrap();
     assert!(
         output.status.success(),
@@ -1162,6 +1187,30 @@ fn lost_executors_are_replaced_and_a_lost_scheduler_fails_cleanly() {
         String::from_utf8_lossy(&output.stderr),
         cluster.logs()
     );
+    // The killed executor left its work directory; the next executor
+    // started with the same temporary folder removes it (its lock is free,
+    // and older than a starting executor's), not the running one's.
+    assert!(killed_work_dir.is_dir(), "{}", killed_work_dir.display());
+    let running_work_dir = cluster.executor_work_dir(0);
+    let two_minutes_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
+    for work_dir in [&killed_work_dir, &running_work_dir] {
+        let lock = std::fs::File::options()
+            .write(true)
+            .open(work_dir.join(".executor.lock"))
+            .unwrap();
+        lock.set_modified(two_minutes_ago).unwrap();
+    }
+    let mut next = hubnorm(["cluster", "executor", "--bind", "127.0.0.1:0"])
+        .args(["--threads", "1", "--scheduler", "127.0.0.1:1"])
+        .env("TMPDIR", &temp)
+        .spawn();
+    wait_until(
+        "the next executor to remove the killed one's work directory",
+        || !killed_work_dir.exists(),
+    );
+    common::signal(&next, "TERM");
+    next.wait().unwrap();
+    assert!(running_work_dir.is_dir(), "{}", running_work_dir.display());
     let bytes = |name: &str| std::fs::read(data.join(name)).unwrap();
     for name in ["gallery_stats.parquet", "results.parquet", "summary.json"] {
         assert!(

@@ -6,6 +6,7 @@
 //! between them, writes their shuffle and result partitions as Arrow IPC
 //! under its work directory, and serves those over Arrow Flight on its port.
 
+use std::fs::{File, TryLockError};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -212,10 +213,25 @@ fn resolve_port(bind: SocketAddr) -> Result<SocketAddr> {
 
 /// The executor's work directory: the one given (created if missing, kept),
 /// or a fresh one under the system's temporary directory, removed on drop.
+/// Either way it holds a lock file, locked while the executor runs: the
+/// kernel releases it when the process ends, however it ends, so a later
+/// executor can tell the folders of killed ones and remove them.
 struct WorkDir {
     path: PathBuf,
     remove: bool,
+    _lock: File,
 }
+
+/// The prefix of a fresh work directory's name (then the process id and
+/// the Flight port).
+const FRESH_PREFIX: &str = "hubnorm-executor-";
+
+/// The lock file in a work directory.
+const LOCK_FILE: &str = ".executor.lock";
+
+/// How old a lock file must be before an unlocked one counts as left by a
+/// killed executor (a starting one creates the file, then locks it).
+const LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl WorkDir {
     fn open(given: Option<&Path>, port: u16) -> Result<WorkDir> {
@@ -224,14 +240,66 @@ impl WorkDir {
                 std::path::absolute(dir).map_err(|e| HubnormError::io(dir, e))?,
                 false,
             ),
-            None => (
-                std::env::temp_dir()
-                    .join(format!("hubnorm-executor-{}-{port}", std::process::id())),
-                true,
-            ),
+            None => {
+                remove_abandoned_work_dirs(&std::env::temp_dir());
+                let name = format!("{FRESH_PREFIX}{}-{port}", std::process::id());
+                (std::env::temp_dir().join(name), true)
+            }
         };
         std::fs::create_dir_all(&path).map_err(|e| HubnormError::io(&path, e))?;
-        Ok(WorkDir { path, remove })
+        let lock_path = path.join(LOCK_FILE);
+        let lock = File::create(&lock_path).map_err(|e| HubnormError::io(&lock_path, e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                return Err(HubnormError::Usage(format!(
+                    "--work-dir {}: another executor is using it; give each executor its own",
+                    path.display()
+                )))
+            }
+            Err(TryLockError::Error(e)) => return Err(HubnormError::io(&lock_path, e)),
+        }
+        Ok(WorkDir {
+            path,
+            remove,
+            _lock: lock,
+        })
+    }
+}
+
+/// Removes the fresh work directories under `temp` that executors left
+/// when they were killed (SIGKILL, out of memory): those whose lock file
+/// nobody holds. Best effort: what cannot be read or removed is left.
+fn remove_abandoned_work_dirs(temp: &Path) {
+    let Ok(entries) = std::fs::read_dir(temp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let fresh = entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(FRESH_PREFIX);
+        if !fresh || !dir.is_dir() {
+            continue;
+        }
+        let Ok(lock) = File::open(dir.join(LOCK_FILE)) else {
+            continue;
+        };
+        let settled = lock
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|at| at.elapsed().is_ok_and(|age| age >= LOCK_GRACE));
+        if settled && lock.try_lock().is_ok() {
+            drop(lock);
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => log::info!(
+                    "removed {}, the work directory of an executor that was killed",
+                    dir.display()
+                ),
+                Err(e) => log::warn!("could not remove {}: {e}", dir.display()),
+            }
+        }
     }
 }
 

@@ -243,6 +243,17 @@ impl Cluster {
         digits.parse().unwrap()
     }
 
+    /// The work directory of executor `i`, from its start-up line.
+    pub fn executor_work_dir(&self, i: usize) -> PathBuf {
+        let log = self.executors[i].log_text();
+        let path = log
+            .split("work directory ")
+            .nth(1)
+            .and_then(|rest| rest.split(';').next())
+            .unwrap_or_else(|| panic!("no start-up line in the log of executor {i}:\n{log}"));
+        PathBuf::from(path)
+    }
+
     /// Kills executor `i` with SIGKILL (no notice to the scheduler).
     pub fn kill_executor(&mut self, i: usize) {
         self.executors[i].child.kill().unwrap();
