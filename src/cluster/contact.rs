@@ -75,7 +75,7 @@ async fn confirm(scheduler: &SchedulerAddress) -> Result<Option<String>> {
         timeout_seconds: 2 * ANSWER_TIMEOUT.as_secs(),
         ..GrpcClientConfig::default()
     };
-    let url = format!("http://{}:{}", scheduler.host(), scheduler.port());
+    let url = scheduler.grpc_url();
     let question = GetJobStatusParams {
         job_id: "hubnorm-probe".to_owned(),
     };
@@ -177,31 +177,25 @@ fn describe(status: &tonic::Status) -> String {
 /// [`super::logging`]).
 pub(super) async fn watch(scheduler: SchedulerAddress, health: ExecutorHealth) {
     let mut in_touch = false;
-    let mut registered = false;
-    let mut lost_at = Instant::now();
+    // When touch was lost; `None` until the executor first registers.
+    let mut lost_at: Option<Instant> = None;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
-        match (in_touch, health.is_ready()) {
-            (false, true) if !registered => {
-                log::info!("registered with the scheduler at {scheduler}");
-                registered = true;
-                in_touch = true;
-            }
-            (false, true) => {
-                log::info!(
-                    "in touch with the scheduler at {scheduler} again after {} s",
-                    lost_at.elapsed().as_secs()
-                );
-                in_touch = true;
-            }
-            (true, false) => {
+        let ready = health.is_ready();
+        match (in_touch, ready, lost_at) {
+            (false, true, None) => log::info!("registered with the scheduler at {scheduler}"),
+            (false, true, Some(at)) => log::info!(
+                "in touch with the scheduler at {scheduler} again after {} s",
+                at.elapsed().as_secs()
+            ),
+            (true, false, _) => {
                 log::warn!("lost touch with the scheduler at {scheduler}; polling it again");
-                lost_at = Instant::now();
-                in_touch = false;
+                lost_at = Some(Instant::now());
             }
             _ => {}
         }
+        in_touch = ready;
     }
 }
 

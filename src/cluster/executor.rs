@@ -241,9 +241,10 @@ impl WorkDir {
                 false,
             ),
             None => {
-                remove_abandoned_work_dirs(&std::env::temp_dir());
+                let temp = std::env::temp_dir();
+                remove_abandoned_work_dirs(&temp);
                 let name = format!("{FRESH_PREFIX}{}-{port}", std::process::id());
-                (std::env::temp_dir().join(name), true)
+                (temp.join(name), true)
             }
         };
         std::fs::create_dir_all(&path).map_err(|e| HubnormError::io(&path, e))?;

@@ -94,6 +94,11 @@ impl SchedulerAddress {
     pub fn port(&self) -> u16 {
         self.port
     }
+
+    /// The URL of its gRPC service, for a client of Ballista's scheduler API.
+    pub(crate) fn grpc_url(&self) -> String {
+        format!("http://{}:{}", self.host, self.port)
+    }
 }
 
 impl From<SocketAddr> for SchedulerAddress {

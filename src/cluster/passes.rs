@@ -95,8 +95,9 @@ pub(crate) async fn cancel(
 ) {
     let request = async {
         let job_id = job_id(plan, stream).await?;
-        let url = format!("http://{}:{}", scheduler.host(), scheduler.port());
-        let mut client = SchedulerGrpcClient::connect(url).await.ok()?;
+        let mut client = SchedulerGrpcClient::connect(scheduler.grpc_url())
+            .await
+            .ok()?;
         client.cancel_job(CancelJobParams { job_id }).await.ok()
     };
     if tokio::time::timeout(CANCEL_TIMEOUT, request)
