@@ -267,12 +267,9 @@ fn commit_actions(table: &DeltaTable, root: &str, version: u64) -> Result<Option
 }
 
 /// The version of the table at `root` committed with the resume tag `tag`
-/// (by a job that was stopped and is now resumed), if any. Searches the
-/// commits from the newest back to those older than the tag (with ten
-/// minutes' room for other writers' clocks; the tag begins with its time
-/// in Unix milliseconds, see `checkpoint::new_resume_tag`).
+/// (by a job that was stopped and is now resumed), if any. The tag begins
+/// with its time in Unix milliseconds (see `checkpoint::new_resume_tag`).
 fn committed_with(root: &str, tag: &str) -> Result<Option<u64>> {
-    const CLOCK_SKEW_MS: i64 = 10 * 60 * 1000;
     if !is_table(root) {
         return Ok(None);
     }
@@ -281,6 +278,29 @@ fn committed_with(root: &str, tag: &str) -> Result<Option<u64>> {
         .next()
         .and_then(|t| t.parse::<i64>().ok())
         .unwrap_or(0);
+    recent_commit(root, since, |actions| {
+        actions.iter().any(|a| match a {
+            Action::CommitInfo(info) => {
+                info.info.get(RESUME_TAG_KEY).and_then(|v| v.as_str()) == Some(tag)
+            }
+            _ => false,
+        })
+    })
+}
+
+/// The newest version of the table at `root` whose actions satisfy
+/// `wanted`, among the commits from the newest back to those made before
+/// `since_ms` (Unix milliseconds, with ten minutes' room for other
+/// writers' clocks).
+fn recent_commit(
+    root: &str,
+    since_ms: i64,
+    wanted: impl Fn(&[Action]) -> bool,
+) -> Result<Option<u64>> {
+    const CLOCK_SKEW_MS: i64 = 10 * 60 * 1000;
+    if !has_commits(root)? {
+        return Ok(None);
+    }
     let table = load(&DeltaSpec {
         root: root.to_owned(),
         at: At::Latest,
@@ -290,16 +310,14 @@ fn committed_with(root: &str, tag: &str) -> Result<Option<u64>> {
         let Some(actions) = commit_actions(&table, root, version)? else {
             break;
         };
-        let Some(info) = actions.into_iter().find_map(|a| match a {
-            Action::CommitInfo(info) => Some(info),
-            _ => None,
-        }) else {
-            continue;
-        };
-        if info.info.get(RESUME_TAG_KEY).and_then(|v| v.as_str()) == Some(tag) {
+        if wanted(&actions) {
             return Ok(Some(version));
         }
-        if info.timestamp.is_some_and(|t| t < since - CLOCK_SKEW_MS) {
+        let made = actions.iter().find_map(|a| match a {
+            Action::CommitInfo(info) => info.timestamp,
+            _ => None,
+        });
+        if made.is_some_and(|t| t < since_ms - CLOCK_SKEW_MS) {
             break;
         }
     }
@@ -343,6 +361,13 @@ fn load(spec: &DeltaSpec) -> Result<DeltaTable> {
         check_committed_by(&table, &spec.root, text, time.timestamp_millis())?;
     }
     Ok(table)
+}
+
+/// Whether the log of the table at `root` holds a commit.
+fn has_commits(root: &str) -> Result<bool> {
+    let table = builder(root)?.build().map_err(|e| error(root, e))?;
+    crate::storage::block_on_io(async move { table.verify_deltatable_existence().await })?
+        .map_err(|e| error(root, e))
 }
 
 /// The latest version of the table at `root`, if it can be read.
@@ -600,7 +625,7 @@ pub fn commit_file(finished: &Path, table: &Path, output: &DeltaOutput) -> Resul
         crate::storage::Location::Remote(url) => crate::storage::upload(finished, &url)?,
     }
     let add = Add {
-        path: name,
+        path: name.clone(),
         partition_values: HashMap::new(),
         size: size as i64,
         modification_time: now_ms(),
@@ -608,17 +633,38 @@ pub fn commit_file(finished: &Path, table: &Path, output: &DeltaOutput) -> Resul
         stats: Some(format!("{{\"numRecords\":{rows}}}")),
         ..Default::default()
     };
+    let started = now_ms();
     let committed = crate::sink::injected_fault("delta-commit", table)
-        .and_then(|()| commit_add(&root, add, &schema, output));
-    if committed.is_err() {
-        // Never referenced by the log: remove it (a leftover would be invisible).
-        let _ = crate::storage::remove_file(&data_path);
-        if let Some(dir) = made_dir {
-            remove_uncommitted_log(dir);
-            let _ = std::fs::remove_dir(dir);
+        .and_then(|()| commit_add(&root, add, &schema, output))
+        .and_then(|version| {
+            crate::sink::injected_fault("delta-after-commit", table).map(|()| version)
+        });
+    let Err(failure) = committed else {
+        return committed;
+    };
+    // A commit can fail after its log entry landed (in the steps that follow
+    // it: the new snapshot, a checkpoint): the file is then the table's.
+    match recent_commit(&root, started, |actions| adds_file(actions, &name)) {
+        Ok(Some(version)) => Ok(version),
+        Ok(None) => {
+            // Never referenced by the log: remove it (a leftover would be invisible).
+            let _ = crate::storage::remove_file(&data_path);
+            if let Some(dir) = made_dir {
+                remove_uncommitted_log(dir);
+                let _ = std::fs::remove_dir(dir);
+            }
+            Err(failure)
         }
+        // Unknown whether the log names it: the file stays.
+        Err(_) => Err(failure),
     }
-    committed
+}
+
+/// Whether `actions` add the data file `name`.
+fn adds_file(actions: &[Action], name: &str) -> bool {
+    actions
+        .iter()
+        .any(|a| matches!(a, Action::Add(add) if add.path == name))
 }
 
 /// Removes the `_delta_log/` that a failed first commit began in the local
@@ -672,23 +718,35 @@ fn commit_add(root: &str, add: Add, schema: &SchemaRef, output: &DeltaOutput) ->
             .with_actions([Action::Add(add)])
             .with_save_mode(SaveMode::ErrorIfExists)
             .with_commit_properties(
+                // No retry: a retried creation would land as the next
+                // version of a table another writer created meanwhile.
                 deltalake_core::kernel::transaction::CommitProperties::default()
-                    .with_metadata(app_metadata),
+                    .with_metadata(app_metadata)
+                    .with_max_retries(0),
             );
-        let created =
-            crate::storage::block_on_io(create.into_future())?.map_err(|e| write_error(root, e))?;
+        let created = crate::storage::block_on_io(create.into_future())?.map_err(|e| {
+            if has_commits(root).unwrap_or(false) {
+                HubnormError::Usage(format!(
+                    "{root} was made a Delta table by another writer while this one was writing; nothing was added to it (pass --append or --overwrite to write into it; in a SQL COPY, the option 'mode' 'append' or 'overwrite')"
+                ))
+            } else {
+                write_error(root, e)
+            }
+        })?;
         return Ok(created.version().unwrap_or(0) as u64);
     }
     let state = table.snapshot().map_err(|e| error(root, e))?;
+    refuse_unkept_layout(root, state.metadata())?;
     let mut actions = Vec::new();
     let same_schema = state.schema().as_ref() == &delta_schema;
+    let appendable = fits_columns(&delta_schema, state.schema().as_ref());
     match mode {
         DeltaMode::Create => {
             return Err(HubnormError::Usage(format!(
                 "{root} is already a Delta table (pass --overwrite or --append; in a SQL COPY, the option 'mode' 'overwrite' or 'append')"
             )))
         }
-        DeltaMode::Append if !same_schema => {
+        DeltaMode::Append if !appendable => {
             return Err(HubnormError::Usage(format!(
                 "{root}: these rows' columns differ from the Delta table's, so they cannot be appended (pass --overwrite to replace the table's rows and columns)"
             )))
@@ -738,6 +796,92 @@ fn commit_add(root: &str, add: Add, schema: &SchemaRef, output: &DeltaOutput) ->
     };
     let version = crate::storage::block_on_io(commit)?.map_err(|e| write_error(root, e))?;
     Ok(version as u64)
+}
+
+/// Refuses to write into a table whose layout hubnorm's one-file commits
+/// would not keep: partitioned (the rows would lose their partition
+/// values), with mapped column names (the file's columns would not be the
+/// table's), or with constraints, generated or identity columns (which
+/// hubnorm does not enforce). Such a table's own writer must add the rows.
+fn refuse_unkept_layout(root: &str, metadata: &deltalake_core::kernel::Metadata) -> Result<()> {
+    let mut reasons = Vec::new();
+    let partitions = metadata.partition_columns();
+    if !partitions.is_empty() {
+        reasons.push(format!("it is partitioned by {}", partitions.join(", ")));
+    }
+    let config = metadata.configuration();
+    if let Some(mode) = config
+        .get("delta.columnMapping.mode")
+        .filter(|m| !m.eq_ignore_ascii_case("none"))
+    {
+        reasons.push(format!(
+            "its columns are mapped (delta.columnMapping.mode = {mode})"
+        ));
+    }
+    let mut constraints: Vec<&str> = config
+        .keys()
+        .filter_map(|k| k.strip_prefix("delta.constraints."))
+        .collect();
+    constraints.sort_unstable();
+    if !constraints.is_empty() {
+        reasons.push(format!(
+            "it has CHECK constraints ({})",
+            constraints.join(", ")
+        ));
+    }
+    if let Ok(schema) = metadata.parse_schema() {
+        let computed: Vec<&str> = schema
+            .fields()
+            .filter(|f| {
+                f.metadata()
+                    .keys()
+                    .any(|k| k == "delta.generationExpression" || k.starts_with("delta.identity."))
+            })
+            .map(|f| f.name().as_str())
+            .collect();
+        if !computed.is_empty() {
+            reasons.push(format!(
+                "its columns {} are generated or identity columns",
+                computed.join(", ")
+            ));
+        }
+    }
+    if reasons.is_empty() {
+        return Ok(());
+    }
+    Err(HubnormError::Usage(format!(
+        "{root}: hubnorm writes plain Delta tables and cannot write into this one: {}; write the rows to a new table, or add them with the table's own writer",
+        reasons.join("; ")
+    )))
+}
+
+/// Whether rows of schema `rows` can be appended to a table of schema
+/// `table`: the same columns in the same order, of the same types, none
+/// that may be null where the table's may not (non-null rows go into
+/// columns that allow nulls, as every Delta writer lets them).
+fn fits_columns(rows: &StructType, table: &StructType) -> bool {
+    use deltalake_core::kernel::DataType as T;
+    fn fits_type(rows: &T, table: &T) -> bool {
+        match (rows, table) {
+            (T::Array(r), T::Array(t)) => {
+                (t.contains_null() || !r.contains_null())
+                    && fits_type(r.element_type(), t.element_type())
+            }
+            (T::Map(r), T::Map(t)) => {
+                (t.value_contains_null() || !r.value_contains_null())
+                    && fits_type(r.key_type(), t.key_type())
+                    && fits_type(r.value_type(), t.value_type())
+            }
+            (T::Struct(r), T::Struct(t)) => fits_columns(r, t),
+            _ => rows == table,
+        }
+    }
+    rows.fields().len() == table.fields().len()
+        && rows.fields().zip(table.fields()).all(|(r, t)| {
+            r.name() == t.name()
+                && (t.is_nullable() || !r.is_nullable())
+                && fits_type(r.data_type(), t.data_type())
+        })
 }
 
 /// The Arrow schema and row count of a finished Parquet file.

@@ -413,6 +413,24 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
             stored.display()
         )));
     }
+    // The gallery side of `mp` and `dn` is the gallery bank when one was
+    // given, else the gallery: an update must use the same.
+    let recorded_gallery_bank = metadata.contains_key("hubnorm.gallery_bank.parts");
+    match (recorded_gallery_bank, job.gallery_bank.is_some()) {
+        (true, false) => {
+            return Err(HubnormError::Usage(format!(
+                "{} was computed with a gallery bank; pass the same --gallery-bank to --update",
+                stored.display()
+            )))
+        }
+        (false, true) => {
+            return Err(HubnormError::Usage(format!(
+                "{} was computed without a gallery bank; drop --gallery-bank, or recompute it without --update",
+                stored.display()
+            )))
+        }
+        _ => {}
+    }
     with_threads(job.options.threads, || {
         let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
         let banks = open_banks(

@@ -433,6 +433,60 @@ fn export_and_update_commands_on_the_samples() {
     .output();
     assert_eq!(out.code(), Some(2));
     assert!(out.stderr().contains("stored file's methods"));
+
+    // mp's gallery side is the gallery bank when one was given: an update
+    // reads the same one, or is refused.
+    let update = |stats: &str, gallery_bank: Option<&str>| {
+        let mut args = vec![
+            "stats".to_owned(),
+            "--gallery".into(),
+            s("gallery.parquet"),
+            "--bank".into(),
+            s("bank.parquet"),
+            "--out".into(),
+            stats.into(),
+        ];
+        if let Some(gb) = gallery_bank {
+            args.extend(["--gallery-bank".into(), gb.into()]);
+        }
+        args.push("--update".into());
+        hubnorm(&args).output()
+    };
+    let gallery_bank = s("gallery_bank.parquet");
+    let with_bank = dir.path().join("with_bank.parquet").display().to_string();
+    hubnorm([
+        "stats",
+        "--gallery",
+        &s("gallery.parquet"),
+        "--bank",
+        &s("bank.parquet"),
+        "--gallery-bank",
+        &gallery_bank,
+        "--methods",
+        "mp",
+        "--quiet",
+        "--out",
+        &with_bank,
+    ])
+    .output()
+    .assert_success();
+    let before = std::fs::read(&with_bank).unwrap();
+    for (stats, given, refusal) in [
+        (&with_bank, None, "was computed with a gallery bank"),
+        (
+            &stats_s,
+            Some(gallery_bank.as_str()),
+            "was computed without a gallery bank",
+        ),
+    ] {
+        let out = update(stats, given);
+        assert_eq!(out.code(), Some(2), "{}", out.stderr());
+        assert!(out.stderr().contains(refusal), "{}", out.stderr());
+    }
+    assert_eq!(std::fs::read(&with_bank).unwrap(), before);
+    let out = update(&with_bank, Some(&gallery_bank));
+    out.assert_success();
+    assert!(out.stdout().contains("up to date"), "{}", out.stdout());
 }
 
 /// Delta Lake tables (feature `delta`), made, changed and read back by a
@@ -1034,6 +1088,19 @@ mod delta {
             assert_eq!(result_rows(&after), once, "{fault}");
             assert_eq!(data_files(), files_before, "{fault}");
         }
+        if cfg!(feature = "failpoints") {
+            // A commit whose log entry landed before a later step failed
+            // keeps its file: the version it added stands.
+            let out = hubnorm_with_faults(
+                &search_args(&path(&results)),
+                "delta-after-commit=return(eio)",
+            );
+            out.assert_success();
+            let after = client(&py, &["read", &path(&results)]);
+            assert_eq!(after["version"], 3);
+            assert_eq!(result_rows(&after).len(), 2 * once.len());
+            assert_eq!(data_files(), files_before + 1);
+        }
 
         // stats, export, sql and compare.
         let stats = d.join("stats_delta");
@@ -1283,6 +1350,105 @@ mod delta {
     }
 
     /// README's Iceberg recipe: pyiceberg's `add_files` registers a run's
+    /// hubnorm writes into another client's Delta table only where its
+    /// one-file commits keep the table as that client made it: a
+    /// partitioned table and one with a CHECK constraint are refused (exit
+    /// 2, no new version); non-null rows go into nullable columns; of
+    /// writers racing to create one table, exactly one does.
+    #[test]
+    fn writes_into_other_clients_tables_keep_their_layout() {
+        let Some(py) = python("writes_into_other_clients_tables_keep_their_layout") else {
+            return;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        valid_case(d);
+        let gallery = path(&d.join("gallery.parquet"));
+        let copy = |table: &str, query: &str, mode: &str| {
+            hubnorm([
+                "sql",
+                "--table",
+                &format!("g={gallery}"),
+                &format!("COPY ({query}) TO '{table}' STORED AS DELTA OPTIONS ('mode' '{mode}')"),
+            ])
+            .current_dir(d)
+            .output()
+        };
+
+        let parted = path(&d.join("parted"));
+        client(&py, &["write", &parted, &gallery, "--partition-by", "half"]);
+        let checked = path(&d.join("checked"));
+        client(&py, &["write", &checked, &gallery]);
+        client(&py, &["constrain", &checked, "named", "id <> ''"]);
+        for (table, query, why) in [
+            (
+                &parted,
+                "SELECT *, 'even' AS half FROM g",
+                "it is partitioned by half",
+            ),
+            (
+                &checked,
+                "SELECT id, embedding FROM g",
+                "it has CHECK constraints (named)",
+            ),
+        ] {
+            let before = client(&py, &["info", table]);
+            for mode in ["append", "overwrite"] {
+                let out = copy(table, query, mode);
+                assert_eq!(out.code(), Some(2), "{table} {mode}: {}", out.stderr());
+                assert!(out.stderr().contains(why), "{}", out.stderr());
+                assert_eq!(client(&py, &["info", table]), before, "{table} {mode}");
+            }
+        }
+
+        let ids = d.join("ids.parquet");
+        hubnorm([
+            "sql",
+            "--table",
+            &format!("g={gallery}"),
+            "SELECT id FROM g",
+            "--format",
+            "parquet",
+            "--out",
+            &path(&ids),
+        ])
+        .output()
+        .assert_success();
+        let nullable = path(&d.join("nullable"));
+        client(&py, &["write", &nullable, &path(&ids)]);
+        copy(&nullable, "SELECT 'extra' AS id", "append").assert_success();
+        let read = client(&py, &["read", &nullable]);
+        assert_eq!(read["version"], 1);
+        assert_eq!(read["rows"].as_array().unwrap().len(), 41);
+
+        for round in 0..4 {
+            let table = format!("raced{round}");
+            let writers: Vec<_> = (1..=6)
+                .map(|n| {
+                    hubnorm([
+                        "sql",
+                        "--table",
+                        &format!("g={gallery}"),
+                        &format!("COPY (SELECT id FROM g LIMIT {n}) TO '{table}' STORED AS DELTA"),
+                    ])
+                    .current_dir(d)
+                    .spawn()
+                })
+                .collect();
+            let created = writers
+                .into_iter()
+                .map(|w| w.wait_with_output().unwrap())
+                .filter(|out| out.status.success())
+                .count();
+            let info = client(&py, &["info", &path(&d.join(&table))]);
+            assert_eq!(
+                (created, &info["version"]),
+                (1, &serde_json::json!(0)),
+                "{info}"
+            );
+        }
+    }
+
     /// Parquet outputs in an Iceberg catalog (SQLite, in a folder), and
     /// reading the Iceberg table gives the results' rows.
     #[test]
