@@ -1036,6 +1036,41 @@ fn outputs_inside_input_tables_are_refused() {
         assert_eq!(std::fs::read(&part).unwrap(), before, "{args:?}");
     }
 
+    // The tables a table function reads, directly or through a view.
+    let bank = samples().join("bank.parquet").display().to_string();
+    let stats_of = format!("hubnorm_stats('{}', '{bank}', 'is')", part.display());
+    let view = format!("CREATE VIEW v AS SELECT * FROM {stats_of}");
+    let over_part = format!(
+        "COPY (SELECT * FROM v) TO '{}' OPTIONS ('mode' 'overwrite')",
+        part.display()
+    );
+    for args in [
+        vec![format!(
+            "COPY (SELECT * FROM hubnorm_stats('{}', '{bank}', 'is')) TO '{inside}'",
+            parts.display()
+        )],
+        vec![format!("{view}; {over_part}")],
+        vec![
+            "--format".into(),
+            "parquet".into(),
+            "--overwrite".into(),
+            "--out".into(),
+            part.display().to_string(),
+            format!("{view}; SELECT count(*) FROM v"),
+        ],
+    ] {
+        let out = hubnorm(["sql"]).args(&args).output();
+        assert_eq!(out.code(), Some(2), "{args:?}: {}", out.stderr());
+        assert!(
+            out.stderr()
+                .contains("is inside the hubnorm_stats() gallery input"),
+            "{args:?}: {}",
+            out.stderr()
+        );
+        assert_eq!(std::fs::read(&part).unwrap(), before, "{args:?}");
+        assert!(!Path::new(&inside).exists(), "{args:?}");
+    }
+
     #[cfg(feature = "delta")]
     {
         let table = dir.path().join("ids");

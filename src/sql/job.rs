@@ -11,10 +11,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
+use datafusion::catalog::view::ViewTable;
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{
     ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
 };
+use datafusion::datasource::source_as_provider;
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::DFParser;
 use futures::StreamExt;
@@ -303,8 +307,12 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
     for (name, path) in &tables {
         register_parquet(&ctx, name, path).await?;
     }
+    let table_inputs: Vec<(String, String)> = tables
+        .iter()
+        .map(|(name, spec)| (format!("table {name}"), spec.clone()))
+        .collect();
     if let Some(out) = &job.out {
-        refuse_output_in_tables(out, &tables, false)?;
+        refuse_output_in_inputs(out, &table_inputs, false)?;
     }
 
     let source = job.source.as_deref();
@@ -317,15 +325,21 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
         // `COPY ... TO`: its query's rows go to hubnorm's own writers (atomic,
         // an existing target refused, URLs checked), the count to the output.
         let (statement, copy) = copy_of(statement, source)?;
-        if let Some(copy) = &copy {
-            refuse_output_in_tables(&copy.target, &tables, copy.format == CopyFormat::Delta)?;
-        }
         // A fresh state per statement: views made by earlier ones are visible.
         let plan = ctx
             .state()
             .statement_to_plan(statement)
             .await
             .map_err(|e| sql_error(e, source))?;
+        // The tables the statement's table functions read are inputs too.
+        let mut inputs = table_inputs.clone();
+        inputs.extend(function_inputs(&plan));
+        if let Some(copy) = &copy {
+            refuse_output_in_inputs(&copy.target, &inputs, copy.format == CopyFormat::Delta)?;
+        }
+        if let (Some(out), true) = (&job.out, i == last) {
+            refuse_output_in_inputs(out, &inputs, false)?;
+        }
         let frame = ctx
             .execute_logical_plan(plan)
             .await
@@ -396,23 +410,51 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
     Ok(outcome)
 }
 
-/// Refuses an output at `out` inside one of the registered `tables`, as
-/// every command refuses one inside an input: a later query would read it
-/// as part of that table, and `--overwrite` would replace the user's data.
-/// A Delta target may be a Delta table it reads (`COPY (SELECT ... FROM t)
+/// Refuses an output at `out` inside one of the `inputs` ((role, path)
+/// pairs: the registered tables, the tables of table functions), as every
+/// command refuses one inside an input: a later query would read it as
+/// part of that table, and `--overwrite` would replace the user's data. A
+/// Delta target may be a Delta table it reads (`COPY (SELECT ... FROM t)
 /// TO 't' STORED AS DELTA`): the query reads one version, the copy commits
 /// the next.
-fn refuse_output_in_tables(out: &Path, tables: &NamedTables, delta_target: bool) -> Result<()> {
-    let roles: Vec<(String, &str)> = tables
+fn refuse_output_in_inputs(
+    out: &Path,
+    inputs: &[(String, String)],
+    delta_target: bool,
+) -> Result<()> {
+    let inputs: Vec<(&str, &str)> = inputs
         .iter()
         .filter(|(_, spec)| !(delta_target && reads_delta_table(spec, out)))
-        .map(|(name, spec)| (format!("table {name}"), spec.as_str()))
-        .collect();
-    let inputs: Vec<(&str, &str)> = roles
-        .iter()
-        .map(|(role, spec)| (role.as_str(), *spec))
+        .map(|(role, spec)| (role.as_str(), spec.as_str()))
         .collect();
     crate::sink::refuse_output_in_inputs(out, &inputs)
+}
+
+/// The tables that the table functions in `plan` (`hubnorm_stats`,
+/// `hubnorm_search`), and in the views it reads, read: (`FUNCTION ROLE`,
+/// path) pairs.
+fn function_inputs(plan: &LogicalPlan) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    // The closure never fails.
+    let _ =
+        plan.apply_with_subqueries(|node| {
+            if let LogicalPlan::TableScan(scan) = node {
+                if let Ok(provider) = source_as_provider(&scan.source) {
+                    if let Some(pass) = provider.downcast_ref::<super::pass::PassTable>() {
+                        let function = scan.table_name.table();
+                        found.extend(
+                            pass.spec().inputs.tables().into_iter().map(|(role, path)| {
+                                (format!("{function} {role}"), path.to_owned())
+                            }),
+                        );
+                    } else if let Some(view) = provider.downcast_ref::<ViewTable>() {
+                        found.extend(function_inputs(view.logical_plan()));
+                    }
+                }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        });
+    found
 }
 
 /// Whether `spec` reads (a version of) the Delta table at `table`.

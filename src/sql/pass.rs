@@ -133,6 +133,42 @@ pub enum PassInputs {
     },
 }
 
+impl PassInputs {
+    /// The tables the pass reads, by role (`gallery`, `bank`, ...).
+    pub fn tables(&self) -> Vec<(&'static str, &str)> {
+        let mut tables = Vec::new();
+        match self {
+            PassInputs::Stats {
+                gallery,
+                bank,
+                gallery_bank,
+                ..
+            }
+            | PassInputs::SinkhornRound {
+                gallery,
+                bank,
+                gallery_bank,
+                ..
+            } => {
+                tables.push(("gallery", gallery.as_str()));
+                tables.push(("bank", bank.as_str()));
+                tables.extend(gallery_bank.as_deref().map(|g| ("gallery bank", g)));
+            }
+            PassInputs::Search {
+                queries,
+                gallery,
+                stats,
+                ..
+            } => {
+                tables.push(("queries", queries.as_str()));
+                tables.push(("gallery", gallery.as_str()));
+                tables.extend(stats.as_deref().map(|s| ("stats", s)));
+            }
+        }
+        tables
+    }
+}
+
 /// Everything a process needs to run a pass's partitions: what travels
 /// inside a cluster's plans (see `cluster::codec`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
