@@ -111,6 +111,11 @@ pub struct ReadOptions {
     pub embedding_column: String,
     /// Name of the optional ground-truth column on the query table.
     pub target_column: String,
+    /// Whether the user named `target_column` (`--target-column`): query
+    /// tables without it are then refused, not read as carrying no ground
+    /// truth (a typo would otherwise give an evaluation without figures).
+    #[serde(default)]
+    pub target_column_named: bool,
     /// L2-normalise every row on read (cosine similarity). When false, raw dot products are used.
     pub normalize: bool,
     /// Rows per Parquet record batch.
@@ -126,6 +131,7 @@ impl Default for ReadOptions {
             id_column: "id".to_owned(),
             embedding_column: "embedding".to_owned(),
             target_column: "target_id".to_owned(),
+            target_column_named: false,
             normalize: true,
             batch_rows: 4096,
             skip_missing_targets: false,

@@ -705,10 +705,10 @@ fn locate_columns(
             ),
         ));
     }
-    let target = if want_targets {
-        schema.index_of(&options.target_column).ok()
-    } else {
-        None
+    let target = match want_targets {
+        true if options.target_column_named => Some(find(&options.target_column)?),
+        true => schema.index_of(&options.target_column).ok(),
+        false => None,
     };
     if let Some(t) = target {
         let ok = match schema.field(t).data_type() {

@@ -276,6 +276,31 @@ fn missing_column() {
     );
 }
 
+/// A ground-truth column named with `--target-column` must be there: a
+/// typo would otherwise give an evaluation without its figures. Unnamed,
+/// the default `target_id` is read only when present.
+#[test]
+fn a_named_target_column_that_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    valid_case(dir.path());
+    let run = run_case(dir.path(), &["--target-column", "target"]);
+    let stderr = run.stderr();
+    assert_eq!(run.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("queries.parquet") && stderr.contains("column 'target'"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("missing column (the file has: "),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("out").exists());
+
+    run_case(dir.path(), &["--target-column", "target_id"]).assert_success();
+    let summary = std::fs::read_to_string(dir.path().join("out/summary.json")).unwrap();
+    assert!(summary.contains("queries_with_target"), "{summary}");
+}
+
 #[test]
 fn unsigned_id_beyond_int64() {
     let dir = tempfile::tempdir().unwrap();

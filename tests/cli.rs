@@ -251,3 +251,56 @@ fn method_flags_gallery_bank_and_bank_sample() {
     assert_eq!(get("hubnorm.bank.rows").as_deref(), Some("300"));
     assert_eq!(get("hubnorm.bank_sample.seed").as_deref(), Some("7"));
 }
+
+/// A `file://` URL names the local path: `run` (checkpointed, as by
+/// default) and `stats` write there the files a plain path gets, and
+/// nothing lands under a `file:` folder of the working directory.
+#[test]
+fn file_urls_are_local_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let s = |n: &str| samples().join(n).display().to_string();
+    let inputs = |command: &str| {
+        let mut args = vec![command.to_owned()];
+        if command == "run" {
+            args.extend(["--queries".into(), s("queries.parquet")]);
+        }
+        args.extend([
+            "--gallery".into(),
+            s("gallery.parquet"),
+            "--bank".into(),
+            s("bank.parquet"),
+            "--methods".into(),
+            "is,nnn".into(),
+            "--quiet".into(),
+            "--out".into(),
+        ]);
+        args
+    };
+    for (command, name) in [("run", "run"), ("stats", "stats.parquet")] {
+        let plain = d.join(format!("plain-{name}"));
+        let url = d.join(format!("url-{name}"));
+        let mut args = inputs(command);
+        args.push(plain.display().to_string());
+        hubnorm(&args).current_dir(d).output().assert_success();
+        let mut args = inputs(command);
+        args.push(format!("file://{}", url.display()));
+        hubnorm(&args).current_dir(d).output().assert_success();
+        // The same files (their metadata records the paths, so not bytes).
+        let names = |path: &std::path::Path| -> Vec<String> {
+            if path.is_file() {
+                return vec![String::new()];
+            }
+            let mut names: Vec<_> = std::fs::read_dir(path)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        assert!(plain.exists() && url.exists(), "{command}");
+        assert_eq!(names(&plain), names(&url), "{command}");
+        assert!(!d.join("file:").exists(), "{command} wrote under ./file:");
+        assert!(!url.with_extension("parquet.checkpoint").exists());
+    }
+}

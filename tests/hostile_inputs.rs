@@ -707,6 +707,20 @@ fn bad_options() {
         with(&["--method", "nnn", "--nnn-k", "31"]),
         usage("--nnn-k 31 is larger than the bank (30 rows)"),
     );
+    // Not a multiply overflow deep in pass 1, nor a memory estimate of
+    // terabytes.
+    case(
+        "DIS k_A larger than the gallery",
+        none,
+        with(&["--method", "dis", "--activation-k", "100000000000000000000"]),
+        usage("--activation-k 100000000000000000000 is larger than the gallery (40 rows)"),
+    );
+    case(
+        "a checkpoint interval beyond any duration",
+        none,
+        with(&["--method", "is", "--checkpoint-interval", "1e300"]),
+        usage("--checkpoint-interval 1e300 is too large a number of seconds"),
+    );
 }
 
 #[test]

@@ -931,6 +931,33 @@ fn faults_name_the_url_and_leave_nothing_behind() {
         "{}",
         output.stderr()
     );
+    // Nor when the URL does not parse, or a storage option is mistyped.
+    for (out, option) in [
+        (
+            "s3://AKIAUSER:hubnorm-secret-pw-4c1e@lake:99999/x.parquet",
+            "retry_timeout=5s",
+        ),
+        (
+            "s3://AKIAUSER:hubnorm-secret-pw-4c1e@[lake/x.parquet?sig=hubnorm-secret-sig-77",
+            "retry_timeout=5s",
+        ),
+        (
+            "s3://lake/out/x.parquet",
+            "aws_secret_access_key:hubnorm-secret-mistyped-91d2",
+        ),
+    ] {
+        let mut args = run_args("s3://lake/emb/queries.parquet", "s3://lake/emb/gallery/");
+        *args.last_mut().unwrap() = out;
+        args.extend(["--storage-option", option]);
+        let output = run_with(&server, &args);
+        let stderr = output.stderr();
+        assert_eq!(output.code(), Some(2), "{stderr}");
+        assert!(!stderr.contains("hubnorm-secret"), "{stderr}");
+        assert!(
+            stderr.contains("<redacted>") || stderr.contains("aws_secret_access_key..."),
+            "{stderr}"
+        );
+    }
     // http(s) is read-only.
     let output = run_with(
         &server,

@@ -416,6 +416,22 @@ fn resumed_stats_equal_an_uninterrupted_run() {
         !checkpoint.exists(),
         "the checkpoint outlived a finished run"
     );
+
+    // A checkpoint folder without its manifest (its writing failed, or its
+    // removal was cut short) holds nothing: a fresh run and a resume both
+    // start afresh, rather than being refused for good.
+    for extra in [&[][..], &["--resume"][..]] {
+        std::fs::create_dir(&checkpoint).unwrap();
+        std::fs::write(checkpoint.join("rows-stray.parquet"), b"partial").unwrap();
+        let mut args = stats_args(dir.path(), &out, extra);
+        args.push("--overwrite".into());
+        hubnorm(&args).output().assert_success();
+        assert_eq!(
+            std::fs::read(&out).unwrap(),
+            std::fs::read(&reference).unwrap()
+        );
+        assert!(!checkpoint.exists(), "{extra:?}");
+    }
 }
 
 #[test]
@@ -602,6 +618,18 @@ fn resumed_runs_equal_an_uninterrupted_run() {
         let output = hubnorm(resumable_args("run", dir.path(), &out, &["--overwrite"])).output();
         assert_eq!(output.code(), Some(2), "{}", output.stderr());
         assert!(output.stderr().contains("--resume"));
+    }
+    if resumable() {
+        // Another --precision would count another screen in the summary.
+        let mut other = resume.to_vec();
+        other.extend(["--precision", "auto"]);
+        let output = hubnorm(resumable_args("run", dir.path(), &out, &other)).output();
+        assert_eq!(output.code(), Some(2), "{}", output.stderr());
+        assert!(
+            output.stderr().contains("precision differs"),
+            "{}",
+            output.stderr()
+        );
     }
     if resumable() {
         // A resume may replace the outputs the stopped run had renamed.

@@ -163,6 +163,11 @@ impl Checkpoint {
             resume_tag: None,
             pass1_screen: ScreenCounts::default(),
         };
+        // A folder without its manifest was being made (the manifest comes
+        // before any rows) or removed (it goes first): nothing in it counts.
+        if crate::storage::is_dir(&dir)? && !crate::storage::exists(&dir.join(MANIFEST))? {
+            crate::storage::remove_dir_all(&dir)?;
+        }
         if crate::storage::is_dir(&dir)? {
             if !options.resume {
                 return Err(HubnormError::Usage(format!(
@@ -397,10 +402,13 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// Deletes the checkpoint (the stats file is complete).
+    /// Deletes the checkpoint (the stats file is complete): its manifest
+    /// first, so that a removal cut short leaves a folder a later run
+    /// knows to be garbage.
     pub fn remove(self) -> Result<()> {
         let dir = self.dir.clone();
         drop(self);
+        crate::storage::remove_file(&dir.join(MANIFEST))?;
         crate::storage::remove_dir_all(&dir)
     }
 

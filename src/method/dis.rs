@@ -6,10 +6,10 @@ use arrow::array::ArrayRef;
 
 use super::is::{BETA, LSE_COLUMNS};
 use super::{
-    BankNeeds, ChunkContext, Domain, Export, LateContext, Method, MethodSpec, Parameter,
-    PlanContext, StatColumn,
+    BankNeeds, ChunkContext, Domain, Export, InputSizes, LateContext, Method, MethodSpec,
+    Parameter, PlanContext, StatColumn,
 };
-use crate::error::Result;
+use crate::error::{HubnormError, Result};
 use crate::query::{MethodRule, QueryTerm, Selection};
 
 /// k_A of `dis` and `dual-dis`.
@@ -21,6 +21,24 @@ pub const ACTIVATION_K: Parameter = Parameter::new(
 )
 .flag("activation-k")
 .grid(&[1.0, 2.0, 5.0, 10.0]);
+
+/// Refuses a k_A larger than the gallery: a bank item's top-k_A is among
+/// the gallery items (and the activation states grow with k_A).
+pub(crate) fn check_activation_k_within_gallery(
+    spec: &MethodSpec,
+    sizes: &InputSizes,
+) -> Result<()> {
+    // As given: a count beyond usize would print saturated.
+    let ka = spec.get("ka");
+    if ka > sizes.gallery_rows as f64 {
+        return Err(HubnormError::Usage(format!(
+            "--activation-k {ka} is larger than the gallery ({} rows); method {} activates the gallery items in each bank item's top-k_A",
+            sizes.gallery_rows,
+            spec.kind()
+        )));
+    }
+    Ok(())
+}
 
 /// Dynamic inverted softmax.
 pub struct DynamicInvertedSoftmax;
@@ -50,6 +68,9 @@ impl Method for DynamicInvertedSoftmax {
     }
     fn late_columns(&self, spec: &MethodSpec, late: &LateContext<'_>) -> Vec<ArrayRef> {
         vec![late.bank_activation(spec.count("ka"))]
+    }
+    fn check_inputs(&self, spec: &MethodSpec, sizes: &InputSizes) -> Result<()> {
+        check_activation_k_within_gallery(spec, sizes)
     }
     fn needs_raw(&self, _spec: &MethodSpec) -> bool {
         true

@@ -8,10 +8,10 @@
 
 use arrow::array::ArrayRef;
 
-use super::dis::ACTIVATION_K;
+use super::dis::{check_activation_k_within_gallery, ACTIVATION_K};
 use super::{
-    BankNeeds, ChunkContext, Domain, Export, GalleryBankUse, LateContext, Method, MethodSpec,
-    Parameter, PlanContext, StatColumn,
+    BankNeeds, ChunkContext, Domain, Export, GalleryBankUse, InputSizes, LateContext, Method,
+    MethodSpec, Parameter, PlanContext, StatColumn,
 };
 use crate::error::Result;
 use crate::query::{MethodRule, QueryTerm, Selection};
@@ -130,6 +130,9 @@ impl Method for DualDynamicInvertedSoftmax {
         request_both(spec, needs);
         needs.bank_activation(spec.count("ka"));
         needs.gallery_bank_activation(spec.count("ka"));
+    }
+    fn check_inputs(&self, spec: &MethodSpec, sizes: &InputSizes) -> Result<()> {
+        check_activation_k_within_gallery(spec, sizes)
     }
     fn columns(&self, _spec: &MethodSpec) -> Vec<StatColumn> {
         let mut columns = vec![

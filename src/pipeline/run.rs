@@ -192,12 +192,17 @@ pub(crate) fn run_uncommitted(
         metadata.push((RUN_KEY.into(), run_id.clone()));
         // A cluster's run is not checkpointed (refused with --resume above).
         let checkpoint = match &job.cluster {
-            None => RunCheckpoint::open(
-                &job.out_dir,
-                command,
-                run_pairs.into_iter().collect(),
-                &job.checkpoint,
-            )?,
+            None => {
+                // The precision changes the summary's screen counts, not
+                // the run's results: in the manifest, not the run's id.
+                let mut manifest: std::collections::BTreeMap<String, String> =
+                    run_pairs.into_iter().collect();
+                manifest.insert(
+                    "hubnorm.precision".into(),
+                    format!("{:?}", job.options.precision),
+                );
+                RunCheckpoint::open(&job.out_dir, command, manifest, &job.checkpoint)?
+            }
             Some(_) => None,
         };
         let mut pass1 = checkpoint

@@ -157,7 +157,8 @@ fn stats_inputs(job: &StatsJob) -> Vec<(&str, &str)> {
 
 /// What a checkpoint must match to be resumed: the stats file's metadata
 /// (input parts with sizes and modification times, normalisation, bank
-/// sample), the methods, and the options that change the statistics.
+/// sample), the methods, and the options that change the statistics or
+/// what the file records (the precision).
 fn checkpoint_manifest(
     metadata: &[(String, String)],
     methods: &[MethodSpec],
@@ -172,6 +173,12 @@ fn checkpoint_manifest(
     manifest.insert(
         "hubnorm.sinkhorn_tolerance".into(),
         format!("{:?}", options.sinkhorn_tolerance),
+    );
+    // The same rows either way, but a resume would record one precision
+    // and report one screen for rows computed under two.
+    manifest.insert(
+        "hubnorm.precision".into(),
+        format!("{:?}", options.precision),
     );
     let read = &options.read;
     manifest.insert(

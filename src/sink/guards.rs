@@ -11,7 +11,7 @@ use crate::error::{HubnormError, Result};
 
 /// Refuses an output file at `path` that exists (unless `overwrite`), or
 /// that cannot be one: a read-only URL, or one that names no object.
-pub(crate) fn refuse_existing(path: &Path, overwrite: bool) -> Result<()> {
+pub fn refuse_existing(path: &Path, overwrite: bool) -> Result<()> {
     if let crate::storage::Location::Remote(url) = crate::storage::locate(path)? {
         url.check_writable()?;
         url.check_names_object()?;
@@ -265,6 +265,7 @@ impl PreparedOutputDir {
         if crate::storage::is_remote(dir) {
             return Ok(PreparedOutputDir { made: Vec::new() });
         }
+        let dir = &crate::storage::local_or_url(dir)?;
         let made = missing_dirs(dir);
         crate::storage::create_local_dir_all(dir)?;
         let prepared = PreparedOutputDir { made };

@@ -25,8 +25,8 @@ use crate::error::{HubnormError, Result};
 mod guards;
 #[cfg(feature = "delta")]
 pub(crate) use guards::same_place;
-pub use guards::OutputLock;
-pub(crate) use guards::{refuse_existing, refuse_output_in_inputs, PreparedOutputDir};
+pub use guards::{refuse_existing, OutputLock};
+pub(crate) use guards::{refuse_output_in_inputs, PreparedOutputDir};
 
 /// How a `--format delta` output meets a Delta table already at its path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,11 +338,11 @@ impl AtomicFile {
 
     /// Commits under another final name (in the same folder or bucket).
     pub fn commit_as(mut self, destination: &Path) -> Result<PathBuf> {
-        self.remote = match crate::storage::locate(destination)? {
-            crate::storage::Location::Remote(url) => Some(url),
-            crate::storage::Location::Local(_) => None,
+        (self.destination, self.remote) = match crate::storage::locate(destination)? {
+            crate::storage::Location::Remote(url) => (destination.to_path_buf(), Some(url)),
+            // A file:// URL is renamed to as its path.
+            crate::storage::Location::Local(path) => (path, None),
         };
-        self.destination = destination.to_path_buf();
         self.commit()
     }
 

@@ -152,10 +152,22 @@ pub fn parse_option(text: &str) -> Result<(String, String)> {
         Some((key, value)) if !key.trim().is_empty() => {
             Ok((key.trim().to_ascii_lowercase(), value.to_owned()))
         }
-        _ => Err(HubnormError::Usage(format!(
-            "--storage-option {}: expected KEY=VALUE",
-            redact(text)
-        ))),
+        // Only the key is shown: the rest may be a secret mistyped
+        // (`aws_secret_access_key:...`).
+        _ => {
+            let key: String = text
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '.')
+                .collect();
+            let shown = if key.len() == text.len() {
+                key
+            } else {
+                format!("{key}...")
+            };
+            Err(HubnormError::Usage(format!(
+                "--storage-option {shown}: expected KEY=VALUE"
+            )))
+        }
     }
 }
 

@@ -40,11 +40,32 @@ impl std::fmt::Display for ObjectUrl {
     }
 }
 
+/// The text of a URL that did not parse, with what may be secret cut out
+/// by its place: the user information before `@` and the query string.
+fn without_credentials(text: &str) -> String {
+    let (text, query) = match text.split_once('?') {
+        Some((before, _)) => (before, "?<redacted>"),
+        None => (text, ""),
+    };
+    let Some((scheme, rest)) = text.split_once("://") else {
+        return format!("{text}{query}");
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((_, host)) => format!("{scheme}://<redacted>@{host}{path}{query}"),
+        None => format!("{text}{query}"),
+    }
+}
+
 impl ObjectUrl {
     /// Parses an object-store URL (see [`super`] for the schemes).
     pub fn parse(text: &str) -> Result<ObjectUrl> {
         let url = Url::parse(text).map_err(|e| {
-            HubnormError::Usage(format!("{}: not a valid URL ({e})", super::redact(text)))
+            HubnormError::Usage(format!(
+                "{}: not a valid URL ({e})",
+                super::redact(&without_credentials(text))
+            ))
         })?;
         if url.password().is_some() || url.query().is_some() || url.fragment().is_some() {
             let mut shown = url.clone();
@@ -716,7 +737,7 @@ pub(crate) fn configure(options: &[(String, String)]) -> Result<()> {
 fn parse_duration(text: &str) -> Option<Duration> {
     let text = text.trim();
     if let Ok(seconds) = text.parse::<f64>() {
-        return (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds));
+        return Duration::try_from_secs_f64(seconds).ok();
     }
     humantime::parse_duration(text).ok()
 }

@@ -125,9 +125,11 @@ pub struct CommonArgs {
     /// Name of the embedding column (FixedSizeList, List or LargeList of Float16/32/64).
     #[arg(long, default_value = "embedding")]
     pub embedding_column: String,
-    /// Name of the ground-truth column of the queries (a gallery id or a list of them).
-    #[arg(long, default_value = "target_id")]
-    pub target_column: String,
+    /// Name of the ground-truth column of the queries (a gallery id or a
+    /// list of them) [default: target_id, read when present]. A column named
+    /// here must be there.
+    #[arg(long, value_name = "TARGET_COLUMN")]
+    pub target_column: Option<String>,
     /// Keep raw dot products instead of L2-normalising every row (cosine).
     #[arg(long)]
     pub no_normalize: bool,
@@ -664,7 +666,11 @@ impl CommonArgs {
             read: ReadOptions {
                 id_column: self.id_column.clone(),
                 embedding_column: self.embedding_column.clone(),
-                target_column: self.target_column.clone(),
+                target_column: self
+                    .target_column
+                    .clone()
+                    .unwrap_or_else(|| ReadOptions::default().target_column),
+                target_column_named: self.target_column.is_some(),
                 normalize: !self.no_normalize,
                 ..ReadOptions::default()
             },
@@ -777,8 +783,13 @@ fn checkpoint_options(
             "--checkpoint-interval must be a number of seconds ≥ 0, not {seconds}"
         )));
     }
+    let interval = std::time::Duration::try_from_secs_f64(seconds).map_err(|_| {
+        hubnorm::HubnormError::Usage(format!(
+            "--checkpoint-interval {seconds:e} is too large a number of seconds"
+        ))
+    })?;
     Ok(hubnorm::checkpoint::CheckpointOptions {
-        interval: save.then(|| std::time::Duration::from_secs_f64(seconds)),
+        interval: save.then_some(interval),
         resume,
     })
 }
