@@ -251,12 +251,21 @@ def _table_format(format: str, append: bool, out: str | os.PathLike | None) -> t
     return format, append
 
 
+def _is_url(path: str) -> bool:
+    """Whether ``path`` names an object in a store (``s3://``, ``gs://``,
+    ...), which only the engine reads with hubnorm's store settings."""
+    scheme, separator, _ = path.partition("://")
+    return bool(separator) and scheme != "file" and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*",
+                                                                   scheme) is not None
+
+
 def _read_output(path: str, format: str) -> pa.Table:
-    """An output table as written: a Parquet file, or a Delta table's
-    latest version (read by the engine, which follows the table's log, with
-    its string views made plain strings as in the Parquet files; Delta's
-    own types stay: signed integers, variable lists)."""
-    if format != "delta":
+    """An output table as written: a local Parquet file, or an object's or a
+    Delta table's latest version (read by the engine, which follows the
+    table's log and the store's settings, with its string views made plain
+    strings as in the Parquet files; Delta's own types stay: signed
+    integers, variable lists)."""
+    if format != "delta" and not _is_url(path):
         return pq.read_table(path)
     table = sql("SELECT * FROM output", {"output": path})
     plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
@@ -286,9 +295,36 @@ def _run_args(inputs: _Inputs, queries: Any, gallery: Any, bank: Any, gallery_ba
     }
 
 
+def _drained(reader: pa.RecordBatchReader, role: str) -> pa.Table:
+    """The batches of a one-shot reader (the engine holds them anyway, as it
+    reads its inputs several times), each checked against the schema the
+    reader declares: the engine would read a batch of other types as the
+    declared ones (``from_batches`` does not check them). What the reader's
+    source raises (KeyboardInterrupt included) comes through as it is."""
+    schema = reader.schema
+    batches, row = [], 0
+    for number, batch in enumerate(reader):
+        if batch.schema.names != schema.names or batch.schema.types != schema.types:
+            declared = dict(zip(schema.names, schema.types))
+            column = next((f.name for f in batch.schema if declared.get(f.name) != f.type),
+                          next((n for n in schema.names if n not in batch.schema.names), ""))
+            got = ", ".join(f"{f.name}: {f.type}" for f in batch.schema)
+            want = ", ".join(f"{f.name}: {f.type}" for f in schema)
+            file = f"the in-memory {role}"
+            raise InputError(
+                f"bad input at {file}, row {row}, column '{column}': record batch {number} "
+                f"holds ({got}) where the reader declares ({want})",
+                file=file, row=row, column=column)
+        batches.append(batch)
+        row += batch.num_rows
+    return pa.Table.from_batches(batches, schema=schema)
+
+
 def _as_arrow(table: Any, role: str) -> Any:
     """``table`` as something with ``__arrow_c_stream__`` (which the engine
     imports without copying), converting only what has no Arrow layout."""
+    if isinstance(table, pa.RecordBatchReader):
+        return _drained(table, role)
     if type(table).__module__.startswith("numpy"):
         return embeddings(table)
     if type(table).__module__.startswith("pandas"):
@@ -674,6 +710,7 @@ def compare(
             params,
             _count("hubness_k", hubness_k, 1),
             None if html is None else os.fspath(html),
+            overwrite,
             _options(memory_limit, threads, normalize, tolerance, bank_sample, seed, precision,
                      skip_missing),
             _progress(progress),
@@ -817,7 +854,7 @@ def tune(
             _options(memory_limit, threads, normalize, tolerance, seed=seed, precision=precision),
             _progress(progress),
         )
-    return pq.read_table(os.path.join(os.fspath(out), "tune.parquet")), json.loads(tuned)
+    return _read_output(os.path.join(os.fspath(out), "tune.parquet"), "parquet"), json.loads(tuned)
 
 
 def sql(

@@ -71,7 +71,8 @@ def search(queries: str, gallery: str, stats: Path | None, methods: Sequence[str
     """The summary JSON."""
 
 def compare(args: RunArgs, params: Mapping[str, float], hubness_k: int, html: Path | None,
-            options: Options, on_progress: Progress) -> tuple[str, list[str]]:
+            overwrite_html: bool, options: Options,
+            on_progress: Progress) -> tuple[str, list[str]]:
     """The summary JSON and the methods left out, with why."""
 
 def report(results: Path, gallery: str, queries: str | None, stats: Path | None, k: int,

@@ -393,7 +393,12 @@ fn checkpoint_options(
                 format!("checkpoint_interval must be a number of seconds ≥ 0, not {seconds}"),
             ));
         }
-        Some(seconds) => Some(Duration::from_secs_f64(seconds)),
+        Some(seconds) => Some(Duration::try_from_secs_f64(seconds).map_err(|_| {
+            usage(
+                py,
+                format!("checkpoint_interval {seconds:e} is too large a number of seconds"),
+            )
+        })?),
         None => resume.then_some(CheckpointOptions::DEFAULT_INTERVAL),
     };
     Ok(CheckpointOptions { interval, resume })
@@ -461,8 +466,8 @@ fn run(
 ) -> PyResult<String> {
     let (job, _tables) = args.job(py, params, &options)?;
     run_job(py, on_progress, |progress| pipeline::run(&job, progress))?;
-    std::fs::read_to_string(job.out_dir.join("summary.json"))
-        .map_err(|e| PyOSError::new_err(format!("{}: {e}", job.out_dir.display())))
+    hubnorm::storage::read_to_string(&job.out_dir.join("summary.json"))
+        .map_err(|e| to_python(py, e))
 }
 
 /// `hubnorm stats`: pass 1 into `out`; returns the path written.
@@ -552,18 +557,25 @@ fn search(
 /// when empty) into `out_dir` with the comparison files; returns the
 /// summary as JSON and the methods left out, with why.
 #[pyfunction]
-#[pyo3(signature = (args, params, hubness_k, html, options, on_progress))]
+#[pyo3(signature = (args, params, hubness_k, html, overwrite_html, options, on_progress))]
+#[allow(clippy::too_many_arguments)]
 fn compare(
     py: Python<'_>,
     args: RunArgs,
     params: &Bound<'_, PyDict>,
     hubness_k: usize,
     html: Option<PathBuf>,
+    overwrite_html: bool,
     options: Options,
     on_progress: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(String, Vec<String>)> {
     if hubness_k == 0 {
         return Err(usage(py, "hubness_k must be at least 1".into()));
+    }
+    // The run's outputs may go to a scratch folder that needs no
+    // permission to overwrite; the page goes where the user said.
+    if let Some(page) = &html {
+        hubnorm::sink::refuse_existing(page, overwrite_html).map_err(|e| to_python(py, e))?;
     }
     let (mut run, _tables) = args.job(py, params, &options)?;
     run.options.report.hubness_k = hubness_k;
@@ -726,8 +738,8 @@ fn tune(
     run_job(py, on_progress, |progress| {
         hubnorm::tune::tune(&job, progress)
     })?;
-    let tuned = std::fs::read_to_string(out_dir.join("tuned.json"))
-        .map_err(|e| PyOSError::new_err(format!("{}: {e}", out_dir.display())))?;
+    let tuned = hubnorm::storage::read_to_string(&out_dir.join("tuned.json"))
+        .map_err(|e| to_python(py, e))?;
     with_keywords(&tuned).map_err(|e| PyRuntimeError::new_err(format!("tuned.json: {e}")))
 }
 

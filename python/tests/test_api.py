@@ -252,6 +252,53 @@ def test_a_one_shot_stream_serves_every_pass(samples):
     assert results_rows(hubnorm.run(q, stream, b, **kwargs).results).equals(expected)
 
 
+def test_object_store_outputs_come_back_as_the_local_ones(samples, s3, tmp_path):
+    """Outputs written to an object store are read back from there (with
+    hubnorm's store settings), as the same rows a local output holds."""
+    q, g, b = (sample(samples, n) for n in ("queries", "gallery", "bank"))
+    kwargs = dict(methods="is,nnn", k=5, progress=False)
+    local = hubnorm.run(q, g, b, out=tmp_path / "run", **kwargs)
+    remote = hubnorm.run(q, g, b, out=f"{s3}/run", **kwargs)
+    assert results_rows(remote.results).equals(results_rows(local.results))
+    assert remote.summary["methods"] == local.summary["methods"]
+    stats = hubnorm.stats(g, b, methods="is", out=f"{s3}/stats.parquet", progress=False)
+    assert stats.num_rows == 600
+    tuned_table, tuned = hubnorm.tune(g, b, validation=q, methods="is", out=f"{s3}/tuned",
+                                      progress=False)
+    assert tuned_table.num_rows > 0 and "is" in json.dumps(tuned)
+
+
+def test_a_stream_batch_unlike_its_declared_schema_is_refused(samples):
+    """pyarrow's from_batches does not check its batches against the schema
+    it declares; read as the declared types, a float64 batch would be taken
+    for float32 values (or a large_string one crash the process). Such a
+    batch is refused, and what the stream's source raises comes through."""
+    q, g, b = (sample(samples, n) for n in ("queries", "gallery", "bank"))
+    table = pq.read_table(g)
+    first, second = table.slice(0, 100), table.slice(100)
+    wider = pa.list_(pa.float64())
+    for other in (
+        second.set_column(2, "embedding", second.column("embedding").cast(wider)),
+        second.set_column(0, "id", second.column("id").cast(pa.large_string())),
+    ):
+        batches = first.to_batches() + other.to_batches()
+        stream = pa.RecordBatchReader.from_batches(table.schema, iter(batches))
+        with pytest.raises(hubnorm.InputError) as raised:
+            hubnorm.run(q, stream, b, methods="is", k=5, progress=False)
+        changed = next(f.name for f in other.schema if f.type != table.schema.field(f.name).type)
+        assert (raised.value.file, raised.value.row, raised.value.column) == (
+            "the in-memory gallery", 100, changed)
+        assert "record batch 1" in str(raised.value)
+
+    def interrupted():
+        yield from first.to_batches()
+        raise KeyboardInterrupt("stopped by the user")
+
+    with pytest.raises(KeyboardInterrupt):
+        stream = pa.RecordBatchReader.from_batches(table.schema, interrupted())
+        hubnorm.run(q, stream, b, methods="is", k=5, progress=False)
+
+
 def test_errors_carry_the_cli_facts(samples, tmp_path):
     # A ragged embedding: file, row and column of the bad value.
     table = pq.read_table(sample(samples, "gallery"))
@@ -484,6 +531,15 @@ def test_compare_report_and_export_write_the_cli_files(cli, samples, tmp_path):
     everything = hubnorm.compare(q, g, b, k=5, progress=False)
     assert "dual-is" in " ".join(everything.left_out), everything.left_out
     assert len(everything.summary["methods"]) > 8
+    # The page goes where the user said: an existing file there is kept
+    # unless overwrite=True, even when the run's files go to a scratch folder.
+    page = tmp_path / "page.html"
+    page.write_text("the user's page")
+    with pytest.raises(hubnorm.UsageError, match="already exists"):
+        hubnorm.compare(q, g, b, methods="is", k=5, html=page, progress=False)
+    assert page.read_text() == "the user's page"
+    hubnorm.compare(q, g, b, methods="is", k=5, html=page, overwrite=True, progress=False)
+    assert page.read_text().startswith("<!DOCTYPE html>")
 
     cli("report", "--results", str(tmp_path / "cli_compare" / "results.parquet"), "--gallery", g,
         "--queries", q, "--k", "5", "--out", str(tmp_path / "cli_report"))
