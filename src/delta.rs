@@ -119,10 +119,20 @@ fn chrono_like(text: &str) -> bool {
 /// The Parquet files of the version of the table `spec` asks for, sorted by
 /// path. Refuses tables whose rows are not just their files' rows.
 pub fn files(spec: &DeltaSpec) -> Result<DeltaFiles> {
-    checked_files(&load(spec)?, spec)
+    let found = checked_files(&load(spec)?, spec)?;
+    if found.files.is_empty() {
+        return Err(HubnormError::input(
+            shown(spec, found.version),
+            None,
+            None,
+            "the Delta table holds no file at this version",
+        ));
+    }
+    Ok(found)
 }
 
-/// [`files`] of a loaded table.
+/// The files of a loaded table (none for an emptied table, which SQL reads
+/// as zero rows), checked as [`files`] says.
 fn checked_files(table: &DeltaTable, spec: &DeltaSpec) -> Result<DeltaFiles> {
     let state = table.snapshot().map_err(|e| error(&spec.root, e))?;
     let version = state.version();
@@ -154,14 +164,6 @@ fn checked_files(table: &DeltaTable, spec: &DeltaSpec) -> Result<DeltaFiles> {
             ));
         }
         files.push(file_path(table, &file.object_store_path()));
-    }
-    if files.is_empty() {
-        return Err(HubnormError::input(
-            &shown,
-            None,
-            None,
-            "the Delta table holds no file at this version",
-        ));
     }
     files.sort();
     Ok(DeltaFiles { files, version })

@@ -1420,6 +1420,35 @@ mod delta {
         let read = client(&py, &["read", &nullable]);
         assert_eq!(read["version"], 1);
         assert_eq!(read["rows"].as_array().unwrap().len(), 41);
+        // Emptied by a DELETE: zero rows in SQL, no embedding input.
+        client(&py, &["delete", &nullable, "id IS NOT NULL"]);
+        let counted = hubnorm([
+            "sql",
+            "--format",
+            "csv",
+            "--table",
+            &format!("t={nullable}"),
+            "SELECT count(*) AS n FROM t",
+        ])
+        .output();
+        counted.assert_success();
+        assert_eq!(counted.stdout(), "n\n0\n");
+        let stats = hubnorm([
+            "stats",
+            "--gallery",
+            &nullable,
+            "--bank",
+            &gallery,
+            "--out",
+            &path(&d.join("never.parquet")),
+        ])
+        .output();
+        assert_eq!(stats.code(), Some(2), "{}", stats.stderr());
+        assert!(
+            stats.stderr().contains("holds no file"),
+            "{}",
+            stats.stderr()
+        );
 
         for round in 0..4 {
             let table = format!("raced{round}");
