@@ -4,11 +4,13 @@
 //! temporary files are removed, nothing is renamed into place, and a
 //! statistics checkpoint stays for `--resume`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::error::{HubnormError, Result};
 
 static REQUESTED: AtomicBool = AtomicBool::new(false);
+/// How many [`finishing`] scopes are open.
+static FINISHING: AtomicUsize = AtomicUsize::new(0);
 
 /// Asks the running work to stop at its next block. Returns whether a stop
 /// had already been requested (a second Ctrl-C: the caller may exit at once).
@@ -30,6 +32,33 @@ pub fn check() -> Result<()> {
     } else {
         Ok(())
     }
+}
+
+/// Runs `work`, the saving or clearing up of stopped work (its finished
+/// blocks into the checkpoint, an empty checkpoint or a scratch file
+/// removed), with a requested stop not cutting its object-store requests
+/// short ([`check_requests`]): they end as any request does, by their
+/// retries and timeouts. Local writes are not stopped anyway.
+pub fn finishing<T>(work: impl FnOnce() -> T) -> T {
+    struct Open;
+    impl Drop for Open {
+        fn drop(&mut self) {
+            FINISHING.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    FINISHING.fetch_add(1, Ordering::SeqCst);
+    let _open = Open;
+    work()
+}
+
+/// [`check`] for a request to an object store: `Err(Interrupted)` once a
+/// stop has been requested, unless the request belongs to [`finishing`]
+/// work.
+pub fn check_requests() -> Result<()> {
+    if FINISHING.load(Ordering::SeqCst) > 0 {
+        return Ok(());
+    }
+    check()
 }
 
 /// Clears a stop request once the stopped work has unwound, so that the

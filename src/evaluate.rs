@@ -13,7 +13,9 @@ use crate::error::{HubnormError, Result};
 use crate::ids::{id_at, IdIndex, IdValue};
 use crate::inputs::{input_sizes, open_table};
 use crate::options::{MethodKind, MethodSpec, PassOptions};
-use crate::pipeline::{commit_all, run_uncommitted, MethodOutcome, RunJob, RunSummary};
+use crate::pipeline::{
+    commit_all, run_uncommitted, MethodOutcome, RunJob, RunSummary, RUN_OUTPUTS,
+};
 use crate::progress::Progress;
 use crate::query::targets::resolve_targets;
 use crate::report::compare::{Comparison, MethodFigures};
@@ -132,7 +134,12 @@ pub fn figures_of(outcomes: &[MethodOutcome], options: &PassOptions) -> Vec<Meth
 /// `gallery_report.parquet` and, when asked, the HTML page. Nothing takes
 /// its final name unless everything was written.
 pub fn compare(job: &CompareJob, progress: &dyn Progress) -> Result<CompareOutcome> {
-    let _lock = crate::sink::OutputLock::acquire(&job.run.out_dir)?;
+    let outputs: Vec<&str> = RUN_OUTPUTS
+        .iter()
+        .chain(&COMPARE_OUTPUTS)
+        .copied()
+        .collect();
+    let _locks = crate::sink::OutputLock::acquire_folder(&job.run.out_dir, &outputs)?;
     let mut run_job = job.run.clone();
     let mut left_out = Vec::new();
     if run_job.methods.is_empty() {
@@ -341,7 +348,7 @@ pub fn report(job: &ReportJob, _progress: &dyn Progress) -> Result<ReportOutcome
     if job.k == 0 {
         return Err(HubnormError::Usage("--k must be at least 1".into()));
     }
-    let _lock = crate::sink::OutputLock::acquire(&job.out_dir)?;
+    let _locks = crate::sink::OutputLock::acquire_folder(&job.out_dir, &REPORT_OUTPUTS)?;
     for name in REPORT_OUTPUTS {
         refuse_existing(&job.out_dir.join(name), job.overwrite)?;
     }

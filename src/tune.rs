@@ -347,7 +347,7 @@ fn default_methods(has_gallery_bank: bool) -> Vec<MethodKind> {
 /// config `hubnorm run --config` reads), and the page with the tuning curves
 /// when asked.
 pub fn tune(job: &TuneJob, progress: &dyn Progress) -> Result<TuneOutcome> {
-    let _lock = crate::sink::OutputLock::acquire(&job.out_dir)?;
+    let _locks = crate::sink::OutputLock::acquire_folder(&job.out_dir, &TUNE_OUTPUTS)?;
     for name in TUNE_OUTPUTS {
         refuse_existing(&job.out_dir.join(name), job.overwrite)?;
     }

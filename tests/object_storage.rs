@@ -1377,6 +1377,74 @@ fn a_checkpoint_on_s3_resumes_to_the_same_bytes() {
         "the checkpoint outlived the run: {:?}",
         server.keys(BUCKET)
     );
+
+    // Ctrl-C halfway, with no save due (an hour's interval): the stop does
+    // not cut the requests that keep the finished chunks (or, with none
+    // finished, remove the checkpoint); a checkpoint of a manifest alone
+    // would refuse every later run without --resume. (Methods without
+    // activation sets, whose chunks are saved at a stop.)
+    let stop_job = |out: &str, extra: &[&str]| {
+        let mut args = vec![
+            "stats",
+            "--gallery",
+            "s3://lake/in/gallery.parquet",
+            "--bank",
+            "s3://lake/in/bank.parquet",
+            "--methods",
+            "is,nnn",
+            "--memory-limit",
+            "32M",
+            "--threads",
+            "1",
+            "--out",
+            out,
+        ];
+        args.extend(extra);
+        hubnorm_on(&server, &args)
+    };
+    let started = Instant::now();
+    stop_job("s3://lake/out/whole.parquet", &["--no-checkpoint"])
+        .output()
+        .assert_success();
+    let whole = started.elapsed();
+    let prefix = "out/stopped.parquet.checkpoint/";
+    let mut child = stop_job(
+        "s3://lake/out/stopped.parquet",
+        &["--checkpoint-interval", "3600"],
+    )
+    .spawn();
+    let manifest = format!("{prefix}manifest.json");
+    wait_for("the checkpoint's manifest", &mut child, || {
+        server.get(BUCKET, &manifest).is_some()
+    });
+    std::thread::sleep(whole * 4 / 5);
+    signal(&child, "INT");
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    let left: Vec<String> = server
+        .keys(BUCKET)
+        .into_iter()
+        .filter(|k| k.starts_with(prefix))
+        .collect();
+    eprintln!(
+        "after Ctrl-C at {:?} of {whole:?}: {left:?}\n{stderr}",
+        whole * 4 / 5
+    );
+    assert!(
+        left.is_empty()
+            || left
+                .iter()
+                .any(|k| k.starts_with(&format!("{prefix}rows-"))),
+        "a checkpoint without its saved chunks: {left:?}"
+    );
+    stop_job("s3://lake/out/stopped.parquet", &["--resume"])
+        .output()
+        .assert_success();
+    assert_eq!(
+        server.get(BUCKET, "out/stopped.parquet").unwrap(),
+        server.get(BUCKET, "out/whole.parquet").unwrap(),
+    );
 }
 
 /// `run --resume` with its outputs (and so its checkpoint) in a bucket:

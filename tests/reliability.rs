@@ -738,6 +738,52 @@ fn a_resumed_compare_equals_an_uninterrupted_one() {
     assert!(!out.join("run.checkpoint").exists());
 }
 
+/// A file that appears under an output's name while the job runs (another
+/// program wrote it; no lock covers it) is kept: without `--overwrite` the
+/// commit is refused (exit 2) and the job's file is dropped. The commit is
+/// held back for a few seconds with a failpoint, in which the test writes
+/// the file.
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_file_that_appears_at_the_output_during_the_job_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    small_case(dir.path());
+    let p = |n: &str| dir.path().join(n).display().to_string();
+    let out = dir.path().join("stats.parquet");
+    let child = hubnorm([
+        "stats",
+        "--gallery",
+        &p("gallery.parquet"),
+        "--bank",
+        &p("bank.parquet"),
+        "--methods",
+        "is",
+        "--quiet",
+        "--out",
+        &p("stats.parquet"),
+    ])
+    .env("FAILPOINTS", "sink-commit=sleep(3000)")
+    .spawn();
+    let temporary = dir
+        .path()
+        .join(format!(".stats.parquet.tmp-{}", child.id()));
+    let start = Instant::now();
+    while !temporary.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no temporary file"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::fs::write(&out, b"the user's file").unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("appeared while this job ran"), "{stderr}");
+    assert_eq!(std::fs::read(&out).unwrap(), b"the user's file");
+    assert!(!temporary.exists());
+}
+
 /// Two processes given the same output at once: the second is refused at
 /// start (exit code 2) naming the first, which finishes undisturbed; the
 /// same for `run` directories and for `stats --update` of a file that
@@ -813,6 +859,24 @@ fn a_second_writer_of_the_same_output_is_refused_while_the_first_runs() {
     check_refused(&refused, pid, &out);
     assert!(status.success());
     assert!(out.join("results.parquet").exists());
+
+    // One of its files written alone, and the folder by another name (a
+    // symbolic link): the same writer, refused too.
+    let rerun = run_args(dir.path(), &out, "5");
+    let its_stats = out.join("gallery_stats.parquet");
+    let into = stats_args(dir.path(), &its_stats, &["--overwrite"]);
+    let (refused, pid, status) = side_by_side(&rerun, &into, &its_stats);
+    check_refused(&refused, pid, &its_stats);
+    assert!(status.success());
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&out, &link).unwrap();
+    let through_link = run_args(dir.path(), &link, "5");
+    let (refused, pid, status) = side_by_side(&rerun, &through_link, &out);
+    check_refused(&refused, pid, &link);
+    assert!(status.success());
+    assert!(!its_stats
+        .with_file_name(".gallery_stats.parquet.hubnorm-lock")
+        .exists());
 
     // A lock left by a killed process is taken over.
     let mut killed = std::process::Command::new(bin)

@@ -408,7 +408,7 @@ pub fn stream_stats(
     });
     let output = match (output, checkpoint.as_deref_mut()) {
         (Err(HubnormError::Interrupted(message)), Some(checkpoint)) => {
-            checkpoint.save_on_interrupt()?;
+            crate::cancel::finishing(|| checkpoint.save_on_interrupt())?;
             return Err(HubnormError::Interrupted(message));
         }
         (output, checkpoint) => {

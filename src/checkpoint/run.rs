@@ -112,7 +112,7 @@ impl RunCheckpoint {
         if !saved || err.exit_code() == 2 {
             // The failure is what to report, not a checkpoint that cannot
             // be removed.
-            let _ = self.remove();
+            let _ = crate::cancel::finishing(|| self.remove());
             return err;
         }
         match err {

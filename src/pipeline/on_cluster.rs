@@ -195,10 +195,12 @@ struct ScratchFile(PathBuf);
 
 impl Drop for ScratchFile {
     fn drop(&mut self) {
-        if crate::storage::exists(&self.0).unwrap_or(false) {
-            // Nothing to report: a leftover scratch file is only clutter.
-            let _ = crate::storage::remove_file(&self.0);
-        }
+        // Nothing to report: a leftover scratch file is only clutter.
+        crate::cancel::finishing(|| {
+            if crate::storage::exists(&self.0).unwrap_or(false) {
+                let _ = crate::storage::remove_file(&self.0);
+            }
+        });
     }
 }
 

@@ -54,7 +54,7 @@ pub(crate) fn check_bank_choice(job: &RunJob) -> Result<()> {
 /// `hubnorm run`: pass 1, pass 2 and the summary, into `job.out_dir`.
 /// Nothing appears under the final names unless every output is complete.
 pub fn run(job: &RunJob, progress: &dyn Progress) -> Result<RunSummary> {
-    let _lock = OutputLock::acquire(&job.out_dir)?;
+    let _locks = OutputLock::acquire_folder(&job.out_dir, &RUN_OUTPUTS)?;
     let products = run_uncommitted(job, "run", &[], progress)?;
     let summary = products.summary.clone();
     products.commit(Vec::new())?;
@@ -81,8 +81,10 @@ impl RunProducts {
     /// checkpoint.
     pub fn commit(self, more: Vec<AtomicFile>) -> Result<()> {
         commit_all(self.files.into_iter().chain(more).collect())?;
+        // The outputs are in place: a stop now would only strand the
+        // checkpoint (and say that nothing was written).
         match self.checkpoint {
-            Some(checkpoint) => checkpoint.remove(),
+            Some(checkpoint) => crate::cancel::finishing(|| checkpoint.remove()),
             None => Ok(()),
         }
     }

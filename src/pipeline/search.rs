@@ -126,7 +126,7 @@ pub(super) fn write_results_checkpointed(
         match searched {
             Err(HubnormError::Interrupted(message)) => {
                 // Every recorded block is whole: keep them.
-                checkpoint.save_queries_now()?;
+                crate::cancel::finishing(|| checkpoint.save_queries_now())?;
                 return Err(HubnormError::Interrupted(message));
             }
             Err(err) => return Err(err),

@@ -85,7 +85,7 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome
                     // The failure is what to report: a checkpoint that cannot
                     // be removed (a store that is gone) only asks the next
                     // run for --resume.
-                    let _ = checkpoint.remove();
+                    let _ = crate::cancel::finishing(|| checkpoint.remove());
                 }
                 return Err(match err {
                     HubnormError::Interrupted(message) if saved > 0 => {
@@ -100,7 +100,9 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome
         };
         let path = file.commit()?;
         if let Some(checkpoint) = checkpoint {
-            checkpoint.remove()?;
+            // The output is in place: a stop now would only strand the
+            // checkpoint (and say that nothing was written).
+            crate::cancel::finishing(|| checkpoint.remove())?;
         }
         Ok(StatsOutcome {
             path,

@@ -17,7 +17,15 @@ pub fn refuse_existing(path: &Path, overwrite: bool) -> Result<()> {
         url.check_names_object()?;
     }
     // A file output where a folder is (a Delta table written by --format
-    // delta, or any folder): refused now, not after the work.
+    // delta, or any folder), or named as one: refused now, not after the work.
+    let folder_name = path.to_string_lossy().ends_with('/');
+    if super::delta_output_of(path).is_none() && folder_name && !crate::storage::is_dir(path)? {
+        return Err(HubnormError::Usage(format!(
+            "{} ends in '/', naming a folder, where the output is a Parquet file: give the file's name (e.g. {}out.parquet)",
+            path.display(),
+            path.display()
+        )));
+    }
     if super::delta_output_of(path).is_none() && crate::storage::is_dir(path)? {
         return Err(HubnormError::Usage(format!(
             "{} is a folder (a Delta table, with --format delta?), where the output is a Parquet file",
@@ -149,15 +157,22 @@ impl OutputLock {
             return Ok(OutputLock { held: None });
         }
         let output = crate::storage::local_or_url(output)?;
-        let name = output
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "output".into());
         let dir = output
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
         crate::storage::create_local_dir_all(dir)?;
+        // One lock per place, however it is named: symbolic links and `..`
+        // resolved (a link to an output folder locks the folder).
+        let place = std::fs::canonicalize(&output).or_else(|_| {
+            std::fs::canonicalize(dir).map(|d| d.join(output.file_name().unwrap_or_default()))
+        });
+        let place = place.unwrap_or_else(|_| output.clone());
+        let name = place
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "output".into());
+        let dir = place.parent().unwrap_or(dir);
         let path = dir.join(format!(".{name}.hubnorm-lock"));
         loop {
             let file = std::fs::OpenOptions::new()
@@ -204,6 +219,54 @@ impl OutputLock {
                     held: Some((path, file)),
                 });
             }
+        }
+    }
+}
+
+/// The locks of an output folder and of each of the files a job writes in
+/// it: a job writing one of those files alone (`stats --out DIR/FILE`)
+/// takes that file's lock, and so meets the folder's writer. Made by
+/// [`OutputLock::acquire_folder`].
+#[derive(Debug)]
+pub struct FolderLock {
+    files: Vec<OutputLock>,
+    /// The folder, when taking the locks made it (removed again if still
+    /// empty when the locks go).
+    made: Option<PathBuf>,
+    folder: OutputLock,
+}
+
+impl OutputLock {
+    /// The locks of the output folder `dir` and of its files `names`
+    /// (none for a folder in an object store, which has no locks).
+    pub fn acquire_folder(dir: &Path, names: &[&str]) -> Result<FolderLock> {
+        let mut lock = FolderLock {
+            files: Vec::new(),
+            made: None,
+            folder: OutputLock::acquire(dir)?,
+        };
+        if lock.folder.held.is_none() {
+            return Ok(lock);
+        }
+        let local = crate::storage::local_or_url(dir)?;
+        if !local.exists() {
+            crate::storage::create_local_dir_all(&local)?;
+            lock.made = Some(local.clone());
+        }
+        for name in names {
+            lock.files.push(OutputLock::acquire(&local.join(name))?);
+        }
+        Ok(lock)
+    }
+}
+
+impl Drop for FolderLock {
+    fn drop(&mut self) {
+        // The files' locks (and lock files) first, then the folder when it
+        // is empty, then (as a field) the folder's lock.
+        self.files.clear();
+        if let Some(dir) = &self.made {
+            let _ = std::fs::remove_dir(dir);
         }
     }
 }

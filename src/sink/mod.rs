@@ -25,7 +25,7 @@ use crate::error::{HubnormError, Result};
 mod guards;
 #[cfg(feature = "delta")]
 pub(crate) use guards::same_place;
-pub use guards::{refuse_existing, OutputLock};
+pub use guards::{refuse_existing, FolderLock, OutputLock};
 pub(crate) use guards::{refuse_output_in_inputs, PreparedOutputDir};
 
 /// How a `--format delta` output meets a Delta table already at its path.
@@ -215,6 +215,9 @@ pub struct AtomicFile {
     remote: Option<crate::storage::ObjectUrl>,
     /// Committed as a new version of the Delta table at the destination.
     delta: Option<DeltaTarget>,
+    /// Whether the destination may be replaced: without, a file that
+    /// appears there while the job runs is kept and the commit refused.
+    overwrite: bool,
     committed: bool,
 }
 
@@ -286,6 +289,7 @@ impl AtomicFile {
                 destination,
                 remote,
                 delta: None,
+                overwrite,
                 committed: false,
             },
             file,
@@ -319,8 +323,18 @@ impl AtomicFile {
             .and_then(|f| f.sync_all())
             .map_err(|e| HubnormError::io(&self.temporary, e))?;
         injected_fault("sink-commit", &self.destination)?;
-        std::fs::rename(&self.temporary, &self.destination)
-            .map_err(|e| HubnormError::io(&self.destination, e))?;
+        let renamed = if self.overwrite {
+            rename_no_replace(&self.temporary, &self.destination)
+        } else {
+            std::fs::rename(&self.temporary, &self.destination)
+        };
+        renamed.map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => HubnormError::Usage(format!(
+                "{} appeared while this job ran (another process wrote it?) and is kept; pass --overwrite to replace it",
+                self.destination.display()
+            )),
+            _ => HubnormError::io(&self.destination, e),
+        })?;
         self.committed = true;
         // Make the rename itself durable (best effort: not every platform
         // can open a directory).
@@ -416,6 +430,51 @@ pub fn commit_together(files: Vec<AtomicFile>) -> Result<()> {
         }
     }
     result
+}
+
+/// Renames `from` to `to` unless `to` exists (then an `AlreadyExists`
+/// error): atomically with `renameat2(RENAME_NOREPLACE)` on Linux, else
+/// (or where the filesystem lacks it) with a hard link, else by checking
+/// first.
+fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c_path = |p: &Path| {
+            std::ffi::CString::new(p.as_os_str().as_bytes())
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+        };
+        let (from_c, to_c) = (c_path(from)?, c_path(to)?);
+        // SAFETY: both paths are NUL-terminated strings that outlive the call.
+        let done = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                from_c.as_ptr(),
+                libc::AT_FDCWD,
+                to_c.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        };
+        if done == 0 {
+            return Ok(());
+        }
+        let error = std::io::Error::last_os_error();
+        if !matches!(
+            error.raw_os_error(),
+            Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+        ) {
+            return Err(error);
+        }
+    }
+    match std::fs::hard_link(from, to) {
+        Ok(()) => {
+            let _ = std::fs::remove_file(from);
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(e),
+        Err(_) if to.exists() => Err(std::io::ErrorKind::AlreadyExists.into()),
+        Err(_) => std::fs::rename(from, to),
+    }
 }
 
 /// The name that keeps `destination`'s previous file while outputs are

@@ -484,7 +484,7 @@ async fn upload(
     let mut in_flight = futures::stream::FuturesUnordered::new();
     let outcome: Result<()> = async {
         loop {
-            crate::cancel::check()?;
+            crate::cancel::check_requests()?;
             let mut part = vec![0u8; UPLOAD_PART_BYTES];
             let n = read_full(&mut file, &mut part).map_err(io)?;
             if n == 0 {
@@ -875,7 +875,7 @@ pub(crate) async fn unless_stopped<F: Future>(future: F) -> Result<F::Output> {
     loop {
         tokio::select! {
             output = &mut future => return Ok(output),
-            _ = poll.tick() => crate::cancel::check()?,
+            _ = poll.tick() => crate::cancel::check_requests()?,
         }
     }
 }
