@@ -163,17 +163,24 @@ pub(crate) fn read_columns(
     let mut out = Vec::with_capacity(names.len());
     for (name, kind) in names {
         let col = schema.index_of(name).map_err(|_| {
+            // Each stored statistic with the flags that choose it.
             let available: Vec<String> = stats_file_methods(path)
                 .unwrap_or_default()
                 .iter()
-                .map(|m| m.column_prefix())
+                .map(|m| {
+                    let mut flags = format!("--method {}", m.kind());
+                    for p in m.method().parameters() {
+                        flags.push_str(&format!(" --{} {}", p.flag, m.get(p.name) - p.flag_offset));
+                    }
+                    format!("{} ({flags})", m.column_prefix())
+                })
                 .collect();
             HubnormError::input(
                 path,
                 None,
                 Some(name),
                 format!(
-                    "the stats file has no statistic for this method and parameters (it has: {}); run `hubnorm stats` with this method",
+                    "the stats file has no statistic for this method and parameters (it has: {}); choose one with its flags, or run `hubnorm stats` with this method and parameters",
                     available.join(", ")
                 ),
             )

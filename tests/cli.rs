@@ -304,3 +304,138 @@ fn file_urls_are_local_paths() {
         assert!(!url.with_extension("parquet.checkpoint").exists());
     }
 }
+
+/// A search asking for a statistic the stats file lacks names the ones it
+/// holds with the flags that choose them.
+#[test]
+fn a_missing_statistic_names_the_flags_of_those_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = |n: &str| samples().join(n).display().to_string();
+    let (queries, gallery) = (s("queries.parquet"), s("gallery.parquet"));
+    let stats = dir.path().join("stats.parquet").display().to_string();
+    hubnorm([
+        "stats",
+        "--gallery",
+        &s("gallery.parquet"),
+        "--bank",
+        &s("bank.parquet"),
+        "--method",
+        "is",
+        "--beta",
+        "30",
+        "--quiet",
+        "--out",
+        &stats,
+    ])
+    .output()
+    .assert_success();
+    let search = |extra: &[&str]| {
+        let results = dir.path().join("results.parquet").display().to_string();
+        let mut args = vec![
+            "search",
+            "--queries",
+            &queries,
+            "--gallery",
+            &gallery,
+            "--stats",
+            &stats,
+            "--method",
+            "is",
+            "--quiet",
+            "--overwrite",
+            "--out",
+            &results,
+        ];
+        args.extend_from_slice(extra);
+        hubnorm(&args).output()
+    };
+    let refused = search(&["--beta", "20"]);
+    assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
+    assert!(
+        refused
+            .stderr()
+            .contains("it has: is_beta30 (--method is --beta 30)"),
+        "{}",
+        refused.stderr()
+    );
+    search(&["--beta", "30"]).assert_success();
+}
+
+/// A parameter flag that none of the named methods has is refused, naming
+/// the methods that have it; one that some named method has is taken.
+#[test]
+fn a_flag_of_a_method_not_named_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = |n: &str| samples().join(n).display().to_string();
+    let (gallery, bank) = (s("gallery.parquet"), s("bank.parquet"));
+    let stats = |extra: &[&str]| {
+        let out = dir.path().join("stats.parquet").display().to_string();
+        let mut args = vec![
+            "stats",
+            "--gallery",
+            &gallery,
+            "--bank",
+            &bank,
+            "--quiet",
+            "--overwrite",
+            "--out",
+            &out,
+        ];
+        args.extend_from_slice(extra);
+        hubnorm(&args).output()
+    };
+    let refused = stats(&["--method", "is", "--nnn-k", "5"]);
+    assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
+    assert!(
+        refused
+            .stderr()
+            .contains("--nnn-k is a parameter of nnn, none of which is among the methods (is)"),
+        "{}",
+        refused.stderr()
+    );
+    stats(&["--methods", "is,nnn", "--nnn-k", "5"]).assert_success();
+}
+
+/// Common slips get a usage error (exit 2) that says what to write: a file
+/// output named as a folder, and a run given neither a bank nor
+/// `--transductive`.
+#[test]
+fn common_slips_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = |n: &str| samples().join(n).display().to_string();
+    let folder = format!("{}/", dir.path().join("newdir").display());
+    let slash = hubnorm([
+        "stats",
+        "--gallery",
+        &s("gallery.parquet"),
+        "--bank",
+        &s("bank.parquet"),
+        "--out",
+        &folder,
+    ])
+    .output();
+    assert_eq!(slash.code(), Some(2), "{}", slash.stderr());
+    assert!(
+        slash.stderr().contains("ends in '/', naming a folder"),
+        "{}",
+        slash.stderr()
+    );
+    assert!(!dir.path().join("newdir").exists());
+
+    let bankless = hubnorm([
+        "run",
+        "--queries",
+        &s("queries.parquet"),
+        "--gallery",
+        &s("gallery.parquet"),
+        "--out",
+        &dir.path().join("run").display().to_string(),
+    ])
+    .output();
+    assert_eq!(bankless.code(), Some(2), "{}", bankless.stderr());
+    assert!(
+        bankless.stderr().contains("<--bank <BANK>|--transductive>"),
+        "{}",
+        bankless.stderr()
+    );
+}

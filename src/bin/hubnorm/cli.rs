@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 use hubnorm::options::{
     BankSample, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, Precision,
     ReadOptions,
@@ -303,6 +303,8 @@ impl BankArgs {
 }
 
 #[derive(Debug, Args)]
+// One bank source: a bank, or the queries themselves (--transductive).
+#[command(group(ArgGroup::new("bank_source").required(true).args(["bank", "transductive"])))]
 pub struct RunArgs {
     /// Test queries: a Parquet file, a directory of parts, or a glob.
     #[arg(long)]
@@ -311,12 +313,12 @@ pub struct RunArgs {
     #[arg(long)]
     pub gallery: String,
     /// Query bank (training-split queries, never the test queries).
-    #[arg(long, required_unless_present = "transductive")]
+    #[arg(long)]
     pub bank: Option<String>,
     /// Use the test queries themselves as the bank (is, sn, dsl, sinkhorn-pp). This PEEKS AT THE
     /// TEST SET: legitimate only for offline re-ranking of a query set known in
     /// advance (e.g. a query log), never for evaluating a deployable system.
-    #[arg(long, conflicts_with = "bank")]
+    #[arg(long)]
     pub transductive: bool,
     #[command(flatten)]
     pub banks: BankArgs,
@@ -730,12 +732,39 @@ impl MethodArgs {
             return hubnorm::stats_file::config_file_methods(path);
         }
         let params = self.params();
-        Ok(self
-            .kinds(default)?
+        let kinds = self.kinds(default)?;
+        if self.method.is_some() || !self.methods.is_empty() {
+            refuse_unused_flags(&params, &kinds)?;
+        }
+        Ok(kinds
             .into_iter()
             .map(|k| MethodSpec::from_kind(k, &params))
             .collect())
     }
+}
+
+/// Refuses a parameter flag that none of the methods named has: it would
+/// be ignored without a word (`--method is --nnn-k 5`).
+fn refuse_unused_flags(params: &MethodParams, kinds: &[MethodKind]) -> hubnorm::Result<()> {
+    for p in MethodParams::flags() {
+        let has = |m: &dyn hubnorm::method::Method| m.parameters().iter().any(|q| q.flag == p.flag);
+        if params.get(p.flag).is_none() || kinds.iter().any(|k| has(k.method())) {
+            continue;
+        }
+        let users: Vec<&str> = hubnorm::method::REGISTRY
+            .iter()
+            .filter(|m| has(**m))
+            .map(|m| m.name())
+            .collect();
+        let named: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+        return Err(hubnorm::HubnormError::Usage(format!(
+            "--{} is a parameter of {}, none of which is among the methods ({}); add the method or drop the flag",
+            p.flag,
+            users.join(", "),
+            named.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 // ------------------------------------------------ arguments -> library jobs
