@@ -5,17 +5,28 @@
 //! statistics checkpoint stays for `--resume`.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::error::{HubnormError, Result};
 
 static REQUESTED: AtomicBool = AtomicBool::new(false);
+/// When the stop was requested.
+static REQUESTED_AT: Mutex<Option<Instant>> = Mutex::new(None);
 /// How many [`finishing`] scopes are open.
 static FINISHING: AtomicUsize = AtomicUsize::new(0);
+/// How long after a stop [`finishing`] work may still wait on an object
+/// store (its requests' own timeouts are minutes).
+const FINISHING_GRACE: Duration = Duration::from_secs(20);
 
 /// Asks the running work to stop at its next block. Returns whether a stop
 /// had already been requested (a second Ctrl-C: the caller may exit at once).
 pub fn request() -> bool {
-    REQUESTED.swap(true, Ordering::SeqCst)
+    let before = REQUESTED.swap(true, Ordering::SeqCst);
+    if !before {
+        *REQUESTED_AT.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+    before
 }
 
 /// Whether a stop has been requested.
@@ -37,8 +48,8 @@ pub fn check() -> Result<()> {
 /// Runs `work`, the saving or clearing up of stopped work (its finished
 /// blocks into the checkpoint, an empty checkpoint or a scratch file
 /// removed), with a requested stop not cutting its object-store requests
-/// short ([`check_requests`]): they end as any request does, by their
-/// retries and timeouts. Local writes are not stopped anyway.
+/// short ([`check_requests`]) for [`FINISHING_GRACE`] after the stop.
+/// Local writes are not stopped anyway.
 pub fn finishing<T>(work: impl FnOnce() -> T) -> T {
     struct Open;
     impl Drop for Open {
@@ -53,10 +64,13 @@ pub fn finishing<T>(work: impl FnOnce() -> T) -> T {
 
 /// [`check`] for a request to an object store: `Err(Interrupted)` once a
 /// stop has been requested, unless the request belongs to [`finishing`]
-/// work.
+/// work and the stop is less than [`FINISHING_GRACE`] old.
 pub fn check_requests() -> Result<()> {
     if FINISHING.load(Ordering::SeqCst) > 0 {
-        return Ok(());
+        let at = *REQUESTED_AT.lock().unwrap_or_else(|e| e.into_inner());
+        if at.is_none_or(|at| at.elapsed() < FINISHING_GRACE) {
+            return Ok(());
+        }
     }
     check()
 }
@@ -64,5 +78,6 @@ pub fn check_requests() -> Result<()> {
 /// Clears a stop request once the stopped work has unwound, so that the
 /// same process can run more work (the Python package, after Ctrl-C).
 pub fn reset() {
+    *REQUESTED_AT.lock().unwrap_or_else(|e| e.into_inner()) = None;
     REQUESTED.store(false, Ordering::SeqCst);
 }

@@ -577,6 +577,16 @@ pub fn check_output(path: &Path, output: &DeltaOutput) -> Result<bool> {
                 path.display()
             )));
         }
+        if !resumed {
+            // Before the work, not only at its commit.
+            let root = text.trim_end_matches('/');
+            let table = load(&DeltaSpec {
+                root: root.to_owned(),
+                at: At::Latest,
+            })?;
+            let state = table.snapshot().map_err(|e| error(root, e))?;
+            refuse_unkept_layout(root, state.metadata())?;
+        }
         return Ok(resumed);
     }
     // An empty folder is no one's data (a failed first commit removes the

@@ -1349,7 +1349,6 @@ mod delta {
         assert_eq!(std::fs::read(&stored).unwrap(), before);
     }
 
-    /// README's Iceberg recipe: pyiceberg's `add_files` registers a run's
     /// hubnorm writes into another client's Delta table only where its
     /// one-file commits keep the table as that client made it: a
     /// partitioned table and one with a CHECK constraint are refused (exit
@@ -1478,6 +1477,7 @@ mod delta {
         }
     }
 
+    /// README's Iceberg recipe: pyiceberg's `add_files` registers a run's
     /// Parquet outputs in an Iceberg catalog (SQLite, in a folder), and
     /// reading the Iceberg table gives the results' rows.
     #[test]

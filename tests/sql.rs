@@ -1138,6 +1138,28 @@ fn outputs_inside_input_tables_are_refused() {
             out.stderr()
         );
         assert!(!table.join("y.parquet").exists());
+
+        // A Delta gallery that a table function reads is never the target
+        // of a new version: its rows would become statistics.
+        let gallery = dir.path().join("gallery_delta");
+        let made = format!(
+            "COPY (SELECT * FROM g) TO '{}' STORED AS DELTA",
+            gallery.display()
+        );
+        hubnorm(["sql", "--table", &file_table, &made])
+            .output()
+            .assert_success();
+        let over = format!(
+            "COPY (SELECT * FROM hubnorm_stats('{0}', '{bank}', 'is')) TO '{0}' STORED AS DELTA OPTIONS ('mode' 'overwrite')",
+            gallery.display()
+        );
+        let out = hubnorm(["sql", &over]).output();
+        assert_eq!(out.code(), Some(2), "{}", out.stderr());
+        assert!(
+            out.stderr().contains("is inside the hubnorm_stats() gallery input"),
+            "{}",
+            out.stderr()
+        );
     }
 }
 

@@ -199,10 +199,13 @@ pub(crate) fn run_uncommitted(
                 // the run's results: in the manifest, not the run's id.
                 let mut manifest: std::collections::BTreeMap<String, String> =
                     run_pairs.into_iter().collect();
-                manifest.insert(
-                    "hubnorm.precision".into(),
-                    format!("{:?}", job.options.precision),
-                );
+                // Absent at the default, as in checkpoints of earlier builds.
+                if job.options.precision != crate::options::Precision::default() {
+                    manifest.insert(
+                        "hubnorm.precision".into(),
+                        format!("{:?}", job.options.precision),
+                    );
+                }
                 RunCheckpoint::open(&job.out_dir, command, manifest, &job.checkpoint)?
             }
             Some(_) => None,

@@ -178,10 +178,13 @@ fn checkpoint_manifest(
     );
     // The same rows either way, but a resume would record one precision
     // and report one screen for rows computed under two.
-    manifest.insert(
-        "hubnorm.precision".into(),
-        format!("{:?}", options.precision),
-    );
+    // Absent at the default, as in checkpoints of earlier builds.
+    if options.precision != crate::options::Precision::default() {
+        manifest.insert(
+            "hubnorm.precision".into(),
+            format!("{:?}", options.precision),
+        );
+    }
     let read = &options.read;
     manifest.insert(
         "hubnorm.columns".into(),

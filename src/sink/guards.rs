@@ -151,8 +151,17 @@ pub struct OutputLock {
 }
 
 impl OutputLock {
-    /// Takes the lock of `output`, or fails with the holder's description.
+    /// Takes the lock of the output file `output`, or fails with the
+    /// holder's description.
     pub fn acquire(output: &Path) -> Result<OutputLock> {
+        OutputLock::acquire_at(output, false)
+    }
+
+    /// [`OutputLock::acquire`] for `output`, resolved as a place: its
+    /// folder's symbolic links and `..`, and, for a folder output
+    /// (`whole`), the path itself (a link to a run folder is that folder;
+    /// a link to a file is replaced, not its target).
+    fn acquire_at(output: &Path, whole: bool) -> Result<OutputLock> {
         if let crate::storage::Location::Remote(_) = crate::storage::locate(output)? {
             return Ok(OutputLock { held: None });
         }
@@ -162,12 +171,18 @@ impl OutputLock {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
         crate::storage::create_local_dir_all(dir)?;
-        // One lock per place, however it is named: symbolic links and `..`
-        // resolved (a link to an output folder locks the folder).
-        let place = std::fs::canonicalize(&output).or_else(|_| {
-            std::fs::canonicalize(dir).map(|d| d.join(output.file_name().unwrap_or_default()))
-        });
-        let place = place.unwrap_or_else(|_| output.clone());
+        // One lock per place, however it is named.
+        let resolved = if whole {
+            std::fs::canonicalize(&output)
+        } else {
+            Err(std::io::ErrorKind::NotFound.into())
+        };
+        let place = resolved
+            .or_else(|_| {
+                let name = output.file_name().unwrap_or_default();
+                std::fs::canonicalize(dir).map(|d| d.join(name))
+            })
+            .unwrap_or_else(|_| output.clone());
         let name = place
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -243,7 +258,7 @@ impl OutputLock {
         let mut lock = FolderLock {
             files: Vec::new(),
             made: None,
-            folder: OutputLock::acquire(dir)?,
+            folder: OutputLock::acquire_at(dir, true)?,
         };
         if lock.folder.held.is_none() {
             return Ok(lock);

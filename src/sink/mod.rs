@@ -324,9 +324,9 @@ impl AtomicFile {
             .map_err(|e| HubnormError::io(&self.temporary, e))?;
         injected_fault("sink-commit", &self.destination)?;
         let renamed = if self.overwrite {
-            rename_no_replace(&self.temporary, &self.destination)
-        } else {
             std::fs::rename(&self.temporary, &self.destination)
+        } else {
+            rename_no_replace(&self.temporary, &self.destination)
         };
         renamed.map_err(|e| match e.kind() {
             std::io::ErrorKind::AlreadyExists => HubnormError::Usage(format!(

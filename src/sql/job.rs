@@ -312,7 +312,7 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
         .map(|(name, spec)| (format!("table {name}"), spec.clone()))
         .collect();
     if let Some(out) = &job.out {
-        refuse_output_in_inputs(out, &table_inputs, false)?;
+        refuse_output_in_inputs(out, &table_inputs, &[], false)?;
     }
 
     let source = job.source.as_deref();
@@ -332,13 +332,13 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
             .await
             .map_err(|e| sql_error(e, source))?;
         // The tables the statement's table functions read are inputs too.
-        let mut inputs = table_inputs.clone();
-        inputs.extend(function_inputs(&plan));
+        let functions = function_inputs(&plan);
         if let Some(copy) = &copy {
-            refuse_output_in_inputs(&copy.target, &inputs, copy.format == CopyFormat::Delta)?;
+            let delta = copy.format == CopyFormat::Delta;
+            refuse_output_in_inputs(&copy.target, &table_inputs, &functions, delta)?;
         }
         if let (Some(out), true) = (&job.out, i == last) {
-            refuse_output_in_inputs(out, &inputs, false)?;
+            refuse_output_in_inputs(out, &table_inputs, &functions, false)?;
         }
         let frame = ctx
             .execute_logical_plan(plan)
@@ -410,21 +410,24 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
     Ok(outcome)
 }
 
-/// Refuses an output at `out` inside one of the `inputs` ((role, path)
-/// pairs: the registered tables, the tables of table functions), as every
-/// command refuses one inside an input: a later query would read it as
-/// part of that table, and `--overwrite` would replace the user's data. A
-/// Delta target may be a Delta table it reads (`COPY (SELECT ... FROM t)
-/// TO 't' STORED AS DELTA`): the query reads one version, the copy commits
-/// the next.
+/// Refuses an output at `out` inside one of the registered `tables` or
+/// the tables of table `functions` ((role, path) pairs), as every command
+/// refuses one inside an input: a later query would read it as part of
+/// that table, and `--overwrite` would replace the user's data. A Delta
+/// target may be a registered Delta table the query reads (`COPY (SELECT
+/// ... FROM t) TO 't' STORED AS DELTA`: the query reads one version, the
+/// copy commits the next), not a table function's input (its rows are
+/// statistics or results, not the table's).
 fn refuse_output_in_inputs(
     out: &Path,
-    inputs: &[(String, String)],
+    tables: &[(String, String)],
+    functions: &[(String, String)],
     delta_target: bool,
 ) -> Result<()> {
-    let inputs: Vec<(&str, &str)> = inputs
+    let inputs: Vec<(&str, &str)> = tables
         .iter()
         .filter(|(_, spec)| !(delta_target && reads_delta_table(spec, out)))
+        .chain(functions)
         .map(|(role, spec)| (role.as_str(), spec.as_str()))
         .collect();
     crate::sink::refuse_output_in_inputs(out, &inputs)

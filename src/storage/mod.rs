@@ -152,22 +152,11 @@ pub fn parse_option(text: &str) -> Result<(String, String)> {
         Some((key, value)) if !key.trim().is_empty() => {
             Ok((key.trim().to_ascii_lowercase(), value.to_owned()))
         }
-        // Only the key is shown: the rest may be a secret mistyped
-        // (`aws_secret_access_key:...`).
-        _ => {
-            let key: String = text
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '.')
-                .collect();
-            let shown = if key.len() == text.len() {
-                key
-            } else {
-                format!("{key}...")
-            };
-            Err(HubnormError::Usage(format!(
-                "--storage-option {shown}: expected KEY=VALUE"
-            )))
-        }
+        // Nothing of it is shown: it may be a secret mistyped
+        // (`aws_secret_access_key:...`, or the value alone).
+        _ => Err(HubnormError::Usage(
+            "--storage-option takes KEY=VALUE (e.g. aws_endpoint=http://127.0.0.1:9000); one given has no '=' (not shown: it may hold a secret)".into(),
+        )),
     }
 }
 

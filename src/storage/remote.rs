@@ -50,6 +50,12 @@ fn without_credentials(text: &str) -> String {
     let Some((scheme, rest)) = text.split_once("://") else {
         return format!("{text}{query}");
     };
+    // `user:password@`: the password may hold a `/` typed unescaped.
+    if let Some((user_info, after)) = rest.split_once('@') {
+        if user_info.contains(':') {
+            return format!("{scheme}://<redacted>@{after}{query}");
+        }
+    }
     let authority_end = rest.find('/').unwrap_or(rest.len());
     let (authority, path) = rest.split_at(authority_end);
     match authority.rsplit_once('@') {
