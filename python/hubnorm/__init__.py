@@ -53,6 +53,7 @@ running in other threads of the process stop too (each raises
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -295,6 +296,27 @@ def _run_args(inputs: _Inputs, queries: Any, gallery: Any, bank: Any, gallery_ba
     }
 
 
+def _usage_errors(job: Any) -> Any:
+    """``job`` with an argument the extension cannot take as its type (a
+    ``None`` table, a list of numbers as methods) raised as the package's
+    :class:`UsageError`, naming the argument, rather than pyo3's
+    ``TypeError`` about its own structs. Other TypeErrors (one raised by a
+    progress callback, say) pass through."""
+    @functools.wraps(job)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return job(*args, **kwargs)
+        except TypeError as error:
+            text = str(error)
+            found = (re.search(r"failed to extract field \w+\.(\w+)", text)
+                     or re.search(r"argument '(\w+)'", text))
+            if found is None:
+                raise
+            name, cause = found.group(1), text.rsplit(": ", 1)[-1]
+            raise UsageError(f"{name}: not a value of the expected type ({cause})") from error
+    return checked
+
+
 def _drained(reader: pa.RecordBatchReader, role: str) -> pa.Table:
     """The batches of a one-shot reader (the engine holds them anyway, as it
     reads its inputs several times), each checked against the schema the
@@ -470,6 +492,7 @@ def _names(methods: str | Iterable[str], *, allow_none: bool = False) -> list[st
     return names
 
 
+@_usage_errors
 def run(
     queries: Any,
     gallery: Any,
@@ -554,6 +577,7 @@ def run(
     return Run(directory, json.loads(summary), temporary, format=format)
 
 
+@_usage_errors
 def stats(
     gallery: Any,
     bank: Any,
@@ -601,6 +625,7 @@ def stats(
     return _read_output(path, format)
 
 
+@_usage_errors
 def search(
     queries: Any,
     gallery: Any,
@@ -665,6 +690,7 @@ class Comparison(Run):
         return self._table("report.parquet")
 
 
+@_usage_errors
 def compare(
     queries: Any,
     gallery: Any,
@@ -719,6 +745,7 @@ def compare(
                       left_out, None if html is None else os.fspath(html), format=format)
 
 
+@_usage_errors
 def report(
     results: Any,
     gallery: Any,
@@ -761,6 +788,7 @@ def report(
     return _read_output(os.path.join(os.fspath(out), "report.parquet"), format)
 
 
+@_usage_errors
 def export(
     gallery: Any,
     stats: str | os.PathLike,
@@ -803,6 +831,7 @@ def export(
 QUERY_SUFFIX = -1.0
 
 
+@_usage_errors
 def tune(
     gallery: Any,
     bank: Any,
@@ -857,6 +886,7 @@ def tune(
     return _read_output(os.path.join(os.fspath(out), "tune.parquet"), "parquet"), json.loads(tuned)
 
 
+@_usage_errors
 def sql(
     query: str,
     tables: Mapping[str, Any] | None = None,
@@ -879,6 +909,7 @@ def sql(
                             _options(memory_limit, threads, True), None)
 
 
+@_usage_errors
 def hubness(results: Any, gallery: Any, *, k: int = 10) -> dict[str, dict[str, float]]:
     """Hubness of top-k lists: per method (``"results"`` when the table has
     no ``method`` column), the k-occurrence measures at ``k`` (skewness,

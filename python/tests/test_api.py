@@ -735,6 +735,14 @@ def test_arguments_are_checked_in_the_packages_words(samples, tmp_path):
         hubnorm.run(q, g, b, k=5000, progress=False)
     with pytest.raises(hubnorm.UsageError, match=r"nnn_k=5000 .*bank"):
         hubnorm.run(q, g, b, methods="nnn", nnn_k=5000, progress=False)
+    # A type the engine cannot take: UsageError naming the keyword, not
+    # pyo3's TypeError about its structs.
+    for bad in ({"gallery": None}, {"precision": None}):
+        (name, value), = bad.items()
+        args = {"queries": q, "gallery": g, "bank": b, **bad}
+        with pytest.raises(hubnorm.UsageError, match=f"^{name}: not a value of the expected type"):
+            hubnorm.run(args.pop("queries"), args.pop("gallery"), args.pop("bank"),
+                        progress=False, **args)
     # A memory limit in bytes is a limit like "1MiB".
     with pytest.raises(hubnorm.MemoryLimitError, match="memory_limit=1.0 MiB is below"):
         hubnorm.run(q, g, b, memory_limit=1 << 20, progress=False)
