@@ -1156,7 +1156,8 @@ fn outputs_inside_input_tables_are_refused() {
         let out = hubnorm(["sql", &over]).output();
         assert_eq!(out.code(), Some(2), "{}", out.stderr());
         assert!(
-            out.stderr().contains("is inside the hubnorm_stats() gallery input"),
+            out.stderr()
+                .contains("is inside the hubnorm_stats() gallery input"),
             "{}",
             out.stderr()
         );

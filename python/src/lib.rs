@@ -303,7 +303,12 @@ fn method_specs(
     params: &Bound<'_, PyDict>,
 ) -> PyResult<Vec<MethodSpec>> {
     let params = method_params(params)?;
-    Ok(method_kinds(py, &names)?
+    let kinds = method_kinds(py, &names)?;
+    // No names: every method the inputs allow (compare).
+    if !kinds.is_empty() {
+        params.refuse_unused(&kinds).map_err(|e| to_python(py, e))?;
+    }
+    Ok(kinds
         .into_iter()
         .map(|kind| MethodSpec::from_kind(kind, &params))
         .collect())

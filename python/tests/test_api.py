@@ -735,6 +735,10 @@ def test_arguments_are_checked_in_the_packages_words(samples, tmp_path):
         hubnorm.run(q, g, b, k=5000, progress=False)
     with pytest.raises(hubnorm.UsageError, match=r"nnn_k=5000 .*bank"):
         hubnorm.run(q, g, b, methods="nnn", nnn_k=5000, progress=False)
+    # A parameter none of the methods has would be ignored: refused.
+    with pytest.raises(hubnorm.UsageError,
+                       match=r"nnn_k is a parameter of nnn, none of which is among the methods \(is\)"):
+        hubnorm.run(q, g, b, methods="is", nnn_k=5, progress=False)
     # A type the engine cannot take: UsageError naming the keyword, not
     # pyo3's TypeError about its structs.
     for bad in ({"gallery": None}, {"precision": None}):

@@ -464,6 +464,30 @@ impl MethodParams {
         self.0.is_empty()
     }
 
+    /// Refuses a flag given here that none of `kinds` has: it would be
+    /// ignored without a word (`--method is --nnn-k 5`).
+    pub fn refuse_unused(&self, kinds: &[MethodKind]) -> Result<()> {
+        let has = |m: &dyn Method, flag: &str| m.parameters().iter().any(|q| q.flag == flag);
+        for p in MethodParams::flags() {
+            if self.get(p.flag).is_none() || kinds.iter().any(|k| has(k.method(), p.flag)) {
+                continue;
+            }
+            let users: Vec<&str> = REGISTRY
+                .iter()
+                .filter(|m| has(**m, p.flag))
+                .map(|m| m.name())
+                .collect();
+            let named: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+            return Err(HubnormError::Usage(format!(
+                "--{} is a parameter of {}, none of which is among the methods ({}); add the method or drop the flag",
+                p.flag,
+                users.join(", "),
+                named.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
     /// Every parameter flag of the registry once, with the first parameter
     /// that declares it (for the CLI). Methods sharing a flag share its
     /// default, help and domain.

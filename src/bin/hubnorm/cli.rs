@@ -734,37 +734,13 @@ impl MethodArgs {
         let params = self.params();
         let kinds = self.kinds(default)?;
         if self.method.is_some() || !self.methods.is_empty() {
-            refuse_unused_flags(&params, &kinds)?;
+            params.refuse_unused(&kinds)?;
         }
         Ok(kinds
             .into_iter()
             .map(|k| MethodSpec::from_kind(k, &params))
             .collect())
     }
-}
-
-/// Refuses a parameter flag that none of the methods named has: it would
-/// be ignored without a word (`--method is --nnn-k 5`).
-fn refuse_unused_flags(params: &MethodParams, kinds: &[MethodKind]) -> hubnorm::Result<()> {
-    for p in MethodParams::flags() {
-        let has = |m: &dyn hubnorm::method::Method| m.parameters().iter().any(|q| q.flag == p.flag);
-        if params.get(p.flag).is_none() || kinds.iter().any(|k| has(k.method())) {
-            continue;
-        }
-        let users: Vec<&str> = hubnorm::method::REGISTRY
-            .iter()
-            .filter(|m| has(**m))
-            .map(|m| m.name())
-            .collect();
-        let named: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
-        return Err(hubnorm::HubnormError::Usage(format!(
-            "--{} is a parameter of {}, none of which is among the methods ({}); add the method or drop the flag",
-            p.flag,
-            users.join(", "),
-            named.join(", ")
-        )));
-    }
-    Ok(())
 }
 
 // ------------------------------------------------ arguments -> library jobs
