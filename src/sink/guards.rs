@@ -18,19 +18,20 @@ pub fn refuse_existing(path: &Path, overwrite: bool) -> Result<()> {
     }
     // A file output where a folder is (a Delta table written by --format
     // delta, or any folder), or named as one: refused now, not after the work.
-    let folder_name = path.to_string_lossy().ends_with('/');
-    if super::delta_output_of(path).is_none() && folder_name && !crate::storage::is_dir(path)? {
-        return Err(HubnormError::Usage(format!(
-            "{} ends in '/', naming a folder, where the output is a Parquet file: give the file's name (e.g. {}out.parquet)",
-            path.display(),
-            path.display()
-        )));
-    }
-    if super::delta_output_of(path).is_none() && crate::storage::is_dir(path)? {
-        return Err(HubnormError::Usage(format!(
-            "{} is a folder (a Delta table, with --format delta?), where the output is a Parquet file",
-            path.display()
-        )));
+    if super::delta_output_of(path).is_none() {
+        if crate::storage::is_dir(path)? {
+            return Err(HubnormError::Usage(format!(
+                "{} is a folder (a Delta table, with --format delta?), where the output is a Parquet file",
+                path.display()
+            )));
+        }
+        if path.to_string_lossy().ends_with('/') {
+            return Err(HubnormError::Usage(format!(
+                "{} ends in '/', naming a folder, where the output is a Parquet file: give the file's name (e.g. {}out.parquet)",
+                path.display(),
+                path.display()
+            )));
+        }
     }
     if !overwrite && crate::storage::exists(path)? {
         return Err(HubnormError::Usage(format!(
@@ -172,17 +173,14 @@ impl OutputLock {
             .unwrap_or(Path::new("."));
         crate::storage::create_local_dir_all(dir)?;
         // One lock per place, however it is named.
-        let resolved = if whole {
-            std::fs::canonicalize(&output)
-        } else {
-            Err(std::io::ErrorKind::NotFound.into())
-        };
-        let place = resolved
-            .or_else(|_| {
+        let place = whole
+            .then(|| std::fs::canonicalize(&output).ok())
+            .flatten()
+            .or_else(|| {
                 let name = output.file_name().unwrap_or_default();
-                std::fs::canonicalize(dir).map(|d| d.join(name))
+                std::fs::canonicalize(dir).ok().map(|d| d.join(name))
             })
-            .unwrap_or_else(|_| output.clone());
+            .unwrap_or_else(|| output.clone());
         let name = place
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
