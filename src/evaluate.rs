@@ -334,10 +334,22 @@ impl QueryKey {
 struct ListsOfMethod {
     name: String,
     occurrence: KOccurrence,
-    /// Per query: result rows counted so far, and the best list position of a target.
-    queries: HashMap<QueryKey, (u32, Option<u32>)>,
+    /// Per query: its list as read so far.
+    queries: HashMap<QueryKey, ListSoFar>,
     /// The longest list's last position.
     longest: i64,
+}
+
+/// One query's list in a results file, as read so far.
+#[derive(Default)]
+struct ListSoFar {
+    /// Rows read.
+    rows: u32,
+    /// The best list position of a target.
+    best_target: Option<u32>,
+    /// The gallery rows at positions 1..=k: each counts once in N_k, so
+    /// one twice, or more than k of them, is a malformed list.
+    top: Vec<u32>,
 }
 
 /// `hubnorm report`: the hubness measures of every method's top-k lists in
@@ -396,7 +408,7 @@ pub fn report(job: &ReportJob, _progress: &dyn Progress) -> Result<ReportOutcome
                         continue;
                     }
                     // A target beyond the written list has an unknown rank > k.
-                    let best = m.queries.get(key).and_then(|(_, best)| *best);
+                    let best = m.queries.get(key).and_then(|list| list.best_target);
                     ranks.add_rank(best.map_or(f64::INFINITY, |p| p as f64));
                 }
             }
@@ -606,23 +618,53 @@ fn read_lists(
             }
             let entry = lists.queries.entry(key.clone()).or_insert_with(|| {
                 lists.occurrence.queries += 1;
-                (0, None)
+                ListSoFar::default()
             });
-            entry.0 += 1;
+            entry.rows += 1;
             // The list position: the rank column when present, else the row order.
             let position = match &ranks {
                 Some(r) if r.is_null(row) => return Err(bad(global, "rank", "null rank".into())),
                 Some(r) => r.as_primitive::<Int64Type>().value(row),
-                None => entry.0 as i64,
+                None => entry.rows as i64,
             };
+            if position < 1 {
+                return Err(bad(
+                    global,
+                    "rank",
+                    format!("rank {position}: ranks start at 1"),
+                ));
+            }
             lists.longest = lists.longest.max(position);
-            if position < 1 || position as usize > k {
+            if position as usize > k {
                 continue;
             }
+            let query = || id_at(query_ids.as_ref(), row);
+            if entry.top.contains(&g) {
+                return Err(bad(
+                    global,
+                    "gallery_id",
+                    format!(
+                        "{} is in the list of query {} twice",
+                        id_at(gallery_ids.as_ref(), row),
+                        query()
+                    ),
+                ));
+            }
+            if entry.top.len() == k {
+                return Err(bad(
+                    global,
+                    "rank",
+                    format!(
+                        "query {} has more than {k} rows at ranks 1 to {k} (a rank given twice)",
+                        query()
+                    ),
+                ));
+            }
+            entry.top.push(g);
             lists.occurrence.counts[g as usize] += 1;
             if let Some(t) = targets {
-                if t[&key].contains(&g) && entry.1.is_none_or(|b| position < b as i64) {
-                    entry.1 = Some(position as u32);
+                if t[&key].contains(&g) && entry.best_target.is_none_or(|b| position < b as i64) {
+                    entry.best_target = Some(position as u32);
                 }
             }
         }

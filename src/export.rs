@@ -86,7 +86,12 @@ pub fn export(job: &ExportJob, progress: &dyn Progress) -> Result<ExportSummary>
     }
     let gallery = EmbeddingTable::open("gallery", &job.gallery, &job.options.read, false)?;
     let index = IdIndex::build(&gallery)?;
-    let plan = load_plan(Some(&job.stats), &index, &[job.method])?;
+    let plan = load_plan(
+        Some(&job.stats),
+        &index,
+        &[job.method],
+        job.options.read.normalize,
+    )?;
     let rule = &plan.methods[0];
     let correction = match (&rule.selection, &plan.scorings[..]) {
         (Selection::Fixed(i), scorings) => match &scorings[*i] {

@@ -5,7 +5,7 @@
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
 use crate::method::InputSizes;
-use crate::options::{BankSample, MethodSpec, PassOptions};
+use crate::options::{BankSample, MethodKind, MethodSpec, PassOptions};
 use crate::source::{EmbeddingTable, PartRecord};
 use crate::stats_file::StatsInputs;
 
@@ -143,6 +143,38 @@ pub(crate) fn check_methods(
         }
     }
     Ok(unique)
+}
+
+/// Refuses a Sinkhorn tolerance that is not a positive relative error, or
+/// that no method would use (it would be ignored without a word).
+pub(crate) fn check_tolerance(methods: &[MethodSpec], tolerance: Option<f64>) -> Result<()> {
+    let Some(tol) = tolerance else {
+        return Ok(());
+    };
+    if !(tol.is_finite() && tol > 0.0) {
+        return Err(HubnormError::Usage(format!(
+            "--tol is a relative error and must be a positive number, not {tol}"
+        )));
+    }
+    let iterates = |m: &MethodSpec| m.method().sinkhorn(m).is_some();
+    if methods.iter().any(iterates) {
+        return Ok(());
+    }
+    let users: Vec<&str> = MethodKind::all()
+        .map(MethodSpec::default_for)
+        .filter(iterates)
+        .map(|m| m.kind().name())
+        .collect();
+    let named: Vec<String> = methods
+        .iter()
+        .filter(|m| m.kind() != MethodKind::baseline())
+        .map(|m| m.kind().to_string())
+        .collect();
+    Err(HubnormError::Usage(format!(
+        "--tol stops the iterations of {}, none of which is among the methods ({}); add the method or drop it",
+        users.join(", "),
+        named.join(", ")
+    )))
 }
 
 /// Checks that need the inputs' sizes, as each method declares them (k

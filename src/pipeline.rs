@@ -15,8 +15,8 @@ use crate::checkpoint::{checkpoint_dir, Checkpoint, CheckpointOptions};
 use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
 use crate::inputs::{
-    bank_metadata, check_bank_sizes, check_methods, common_metadata, open_bank, open_banks,
-    open_table, table_metadata, with_threads, Banks,
+    bank_metadata, check_bank_sizes, check_methods, check_tolerance, common_metadata, open_bank,
+    open_banks, open_table, table_metadata, with_threads, Banks,
 };
 use crate::options::{BankSample, ClusterJob, MethodKind, MethodSpec, PassOptions};
 use crate::progress::Progress;

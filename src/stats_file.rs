@@ -46,6 +46,35 @@ pub fn parameters_json(m: &MethodSpec) -> serde_json::Map<String, serde_json::Va
 }
 
 /// Where pass 1's rows go: a Parquet file, or a stream of record batches
+/// Refuses statistics computed on vectors normalised differently from the
+/// ones a job reads (`--no-normalize`): h(g) of raw dot products does not
+/// correct cosines, nor the reverse. Files without the key predate it.
+pub(crate) fn check_same_normalize(
+    path: &Path,
+    metadata: &HashMap<String, String>,
+    normalize: bool,
+) -> Result<()> {
+    let Some(stored) = metadata.get("hubnorm.normalize") else {
+        return Ok(());
+    };
+    if *stored == normalize.to_string() {
+        return Ok(());
+    }
+    let vectors = |n: bool| {
+        if n {
+            "L2-normalised vectors"
+        } else {
+            "raw vectors (--no-normalize)"
+        }
+    };
+    Err(HubnormError::Usage(format!(
+        "{} holds statistics of {} (hubnorm.normalize={stored}), and this command reads {}; give both commands the same --no-normalize setting",
+        path.display(),
+        vectors(!normalize),
+        vectors(normalize),
+    )))
+}
+
 /// The key-value metadata of a Parquet file.
 pub(crate) fn file_metadata(path: &Path) -> Result<HashMap<String, String>> {
     let builder = crate::source::open_parquet(path)?;

@@ -7,7 +7,7 @@
 //! statistics and scorings shared), and each method keeps the point with
 //! the best selection metric.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, BooleanArray, Float64Array, RecordBatch, StringArray};
@@ -282,6 +282,26 @@ pub fn grid_of(kind: MethodKind, overrides: &[GridAxis]) -> Result<Vec<MethodSpe
         .collect()
 }
 
+/// Refuses validation queries read from a file of the bank: each would be
+/// scored against statistics it is part of, which flatters the methods
+/// that use the bank most.
+fn refuse_validation_in_bank(queries: &EmbeddingTable, bank: &EmbeddingTable) -> Result<()> {
+    // Object-store parts do not canonicalise and compare as written.
+    let place = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let bank_parts: Vec<PathBuf> = bank.parts.iter().map(|b| place(&b.path)).collect();
+    match queries
+        .parts
+        .iter()
+        .find(|q| bank_parts.contains(&place(&q.path)))
+    {
+        Some(shared) => Err(HubnormError::Usage(format!(
+            "--validation and --bank share {}: its queries would be validated against a bank that holds them; hold bank rows out with --validation-split, or validate on another table",
+            shared.path.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The validation queries, the bank and the gallery they are searched in.
 fn validation_tables(job: &TuneJob) -> Result<(EmbeddingTable, EmbeddingTable, EmbeddingTable)> {
     let options = &job.options;
@@ -291,6 +311,7 @@ fn validation_tables(job: &TuneJob) -> Result<(EmbeddingTable, EmbeddingTable, E
         Validation::Queries(spec) => {
             let queries = open_table("validation queries", spec, options, true)?;
             require_targets(&queries)?;
+            refuse_validation_in_bank(&queries, &bank)?;
             Ok((queries, bank, gallery))
         }
         Validation::SplitBank {

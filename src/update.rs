@@ -37,7 +37,9 @@ use crate::pipeline::StatsJob;
 use crate::progress::Progress;
 use crate::sink::ParquetSink;
 use crate::source::{EmbeddingTable, PartRecord, TablePart};
-use crate::stats_file::{file_metadata, stats_file_methods, write_stats, StatsInputs};
+use crate::stats_file::{
+    check_same_normalize, file_metadata, stats_file_methods, write_stats, StatsInputs,
+};
 
 /// Whether a method's state merges across bank and gallery parts.
 pub fn is_mergeable(kind: MethodKind) -> bool {
@@ -393,17 +395,7 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
     }
     let methods = stats_file_methods(stored)?;
     let metadata = file_metadata(stored)?;
-    let normalize = job.options.read.normalize.to_string();
-    if metadata
-        .get("hubnorm.normalize")
-        .is_some_and(|n| *n != normalize)
-    {
-        return Err(HubnormError::Usage(format!(
-            "{} was computed with normalize={}, and this update asks for normalize={normalize}; use the same --no-normalize setting",
-            stored.display(),
-            metadata["hubnorm.normalize"]
-        )));
-    }
+    check_same_normalize(stored, &metadata, job.options.read.normalize)?;
     if metadata
         .keys()
         .any(|k| k.starts_with("hubnorm.bank_sample."))
@@ -527,9 +519,11 @@ pub fn update_stats(job: &StatsJob, progress: &dyn Progress) -> Result<UpdateSum
             crate::stats_file::methods_json(layout.methods()),
         ));
         if let Some(full) = &full {
-            // dn's means and Sinkhorn's reports come with the recomputed methods.
+            // What the recomputed methods record of themselves (dn's means,
+            // Sinkhorn's reports): every hubnorm key the common metadata
+            // lacks (not Arrow's schema of that file).
             for (key, value) in file_metadata(full.temporary_path())? {
-                if key.starts_with("hubnorm.dn.") || key.starts_with("hubnorm.sinkhorn.") {
+                if key.starts_with("hubnorm.") && !out_metadata.iter().any(|(k, _)| *k == key) {
                     out_metadata.push((key, value));
                 }
             }

@@ -505,3 +505,68 @@ fn usage_errors_exit_with_2() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("unknown method 'bogus'"), "{stderr}");
 }
+
+/// Statistics of normalised vectors do not correct raw dot products, nor
+/// the reverse: `search` and `export` with the other `--no-normalize`
+/// setting than `stats` are refused, naming the stats file, and write nothing.
+#[test]
+fn stats_read_with_the_other_normalisation_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    valid_case(dir.path());
+    let p = |n: &str| dir.path().join(n).display().to_string();
+    let (queries, gallery, bank) = (
+        p("queries.parquet"),
+        p("gallery.parquet"),
+        p("bank.parquet"),
+    );
+    let (stats_file, results, exported) = (
+        p("stats.parquet"),
+        p("results.parquet"),
+        p("export.parquet"),
+    );
+    for (stats_flags, reader_flags) in [
+        (vec![], vec!["--no-normalize"]),
+        (vec!["--no-normalize"], vec![]),
+    ] {
+        let mut stats = vec![
+            "stats",
+            "--gallery",
+            &gallery,
+            "--bank",
+            &bank,
+            "--out",
+            &stats_file,
+            "--overwrite",
+            "--quiet",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+        stats.extend(stats_flags.iter().map(|f| f.to_string()));
+        hubnorm(&stats).output().assert_success();
+        let search = ["search", "--queries", &queries, "--out", &results];
+        let export = ["export", "--out", &exported];
+        for command in [&search[..], &export[..]] {
+            let mut args: Vec<&str> = command.to_vec();
+            args.extend(["--gallery", &gallery, "--stats", &stats_file, "--quiet"]);
+            args.extend(reader_flags.iter().copied());
+            let refused = hubnorm(&args).output();
+            let stderr = refused.stderr();
+            assert_eq!(refused.code(), Some(2), "{args:?}: {stderr}");
+            assert!(
+                stderr.contains("stats.parquet holds statistics of")
+                    && stderr.contains("the same --no-normalize setting"),
+                "{stderr}"
+            );
+            for output in [&results, &exported] {
+                assert!(!Path::new(output).exists(), "{output}");
+            }
+        }
+        // The same setting as the statistics is taken.
+        let mut args: Vec<&str> = search.to_vec();
+        args.extend(["--gallery", &gallery, "--stats", &stats_file, "--quiet"]);
+        args.extend(stats_flags.iter().copied());
+        hubnorm(&args).output().assert_success();
+        std::fs::remove_file(dir.path().join("results.parquet")).unwrap();
+    }
+}

@@ -359,12 +359,22 @@ fn a_missing_statistic_names_the_flags_of_those_stored() {
         refused.stderr()
     );
     search(&["--beta", "30"]).assert_success();
+    // A flag of a method the search does not compute is refused, as in `run`.
+    let refused = search(&["--beta", "30", "--csls-k", "5"]);
+    assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
+    assert!(
+        refused
+            .stderr()
+            .contains("--csls-k is a parameter of csls, none of which is among the methods (is)"),
+        "{}",
+        refused.stderr()
+    );
 }
 
 /// A parameter flag that none of the named methods has is refused, naming
 /// the methods that have it; one that some named method has is taken.
 #[test]
-fn a_flag_of_a_method_not_named_is_refused() {
+fn a_flag_no_method_uses_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let s = |n: &str| samples().join(n).display().to_string();
     let (gallery, bank) = (s("gallery.parquet"), s("bank.parquet"));
@@ -394,6 +404,35 @@ fn a_flag_of_a_method_not_named_is_refused() {
         refused.stderr()
     );
     stats(&["--methods", "is,nnn", "--nnn-k", "5"]).assert_success();
+    // The default method is a method too.
+    let refused = stats(&["--nnn-k", "5"]);
+    assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
+    assert!(
+        refused.stderr().contains("among the methods (is)"),
+        "{}",
+        refused.stderr()
+    );
+    // So is the Sinkhorn tolerance, which only the iterating methods read,
+    // and which must be a positive relative error.
+    let refused = stats(&["--method", "is", "--tol", "0.01"]);
+    assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
+    assert!(
+        refused.stderr().contains(
+            "--tol stops the iterations of sn, dbsn, none of which is among the methods (is)"
+        ),
+        "{}",
+        refused.stderr()
+    );
+    for bad in ["nan", "0", "-1"] {
+        let refused = stats(&["--method", "sn", &format!("--tol={bad}")]);
+        assert_eq!(refused.code(), Some(2), "{bad}: {}", refused.stderr());
+        assert!(
+            refused.stderr().contains("must be a positive number"),
+            "{}",
+            refused.stderr()
+        );
+    }
+    stats(&["--methods", "is,sn", "--tol", "0.01"]).assert_success();
 }
 
 /// Common slips get a usage error (exit 2) that says what to write: a file

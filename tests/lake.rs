@@ -131,6 +131,18 @@ fn update_then_finish_equals_a_full_recomputation() {
         &read_parquet(&full),
         "bank + gallery",
     );
+    // Whatever a method records in the metadata (its moments, its
+    // iterations' report) is there after the update as after a full pass.
+    let keys = |path: &Path| {
+        let mut keys: Vec<String> = parquet_metadata(path)
+            .into_iter()
+            .map(|(k, _)| k)
+            .filter(|k| k.starts_with("hubnorm."))
+            .collect();
+        keys.sort();
+        keys
+    };
+    assert_eq!(keys(&stored), keys(&full));
     // mp's gallery-side moments are of the grown gallery.
     let moments = |path: &Path| {
         let text = parquet_metadata(path)

@@ -425,27 +425,93 @@ fn report_reads_a_foreign_results_file() {
     let q = f.quality.as_ref().unwrap();
     assert_eq!(q.truncated_at, Some(10));
     assert!(q.mean_rank.is_nan());
-    // A gallery id the gallery lacks is refused with file, row and column.
+    // Malformed lists are refused with file, row and column: a gallery id
+    // the gallery lacks, one listed twice for a query (it would count twice
+    // in N_k), a rank below 1, and a rank given twice.
+    let refusals = [
+        (
+            vec!["g1", "nope"],
+            vec![1, 2],
+            "gallery_id",
+            "is not in the gallery",
+        ),
+        (
+            vec!["g1", "g1"],
+            vec![1, 2],
+            "gallery_id",
+            "'g1' is in the list of query 'q0' twice",
+        ),
+        (
+            vec!["g1", "g2"],
+            vec![1, 0],
+            "rank",
+            "rank 0: ranks start at 1",
+        ),
+    ];
+    for (i, (listed, ranks, column, phrase)) in refusals.into_iter().enumerate() {
+        let bad = d.dir.path().join("bad.parquet");
+        write_columns(
+            &bad,
+            vec![
+                (
+                    "query_id",
+                    Arc::new(StringArray::from(vec!["q0"; listed.len()])) as ArrayRef,
+                ),
+                (
+                    "gallery_id",
+                    Arc::new(StringArray::from(listed)) as ArrayRef,
+                ),
+                ("rank", Arc::new(Int32Array::from(ranks)) as ArrayRef),
+            ],
+        );
+        let out_dir = d.dir.path().join(format!("refused{i}"));
+        let err = report(
+            &ReportJob {
+                results: bad,
+                out_dir: out_dir.clone(),
+                html: None,
+                k: 2,
+                ..job.clone()
+            },
+            &Silent,
+        )
+        .unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("bad.parquet")
+                && message.contains("row 1")
+                && message.contains(&format!("column '{column}'"))
+                && message.contains(phrase),
+            "{message}"
+        );
+        assert_eq!(err.exit_code(), 2);
+        assert!(!out_dir.join("report.parquet").exists());
+    }
+    // Three rows at ranks 1 and 2 of a k = 2 list: a rank given twice.
     let bad = d.dir.path().join("bad.parquet");
     write_columns(
         &bad,
         vec![
             (
                 "query_id",
-                Arc::new(StringArray::from(vec!["q0", "q0"])) as ArrayRef,
+                Arc::new(StringArray::from(vec!["q0"; 3])) as ArrayRef,
             ),
             (
                 "gallery_id",
-                Arc::new(StringArray::from(vec!["g1", "nope"])) as ArrayRef,
+                Arc::new(StringArray::from(vec!["g1", "g2", "g3"])) as ArrayRef,
             ),
-            ("rank", Arc::new(Int32Array::from(vec![1, 2])) as ArrayRef),
+            (
+                "rank",
+                Arc::new(Int32Array::from(vec![1, 2, 2])) as ArrayRef,
+            ),
         ],
     );
     let err = report(
         &ReportJob {
             results: bad,
-            out_dir: d.dir.path().join("report2"),
+            out_dir: d.dir.path().join("refused-rank"),
             html: None,
+            k: 2,
             ..job
         },
         &Silent,
@@ -453,13 +519,9 @@ fn report_reads_a_foreign_results_file() {
     .unwrap_err();
     let message = err.to_string();
     assert!(
-        message.contains("bad.parquet")
-            && message.contains("row 1")
-            && message.contains("gallery_id"),
+        message.contains("row 2") && message.contains("a rank given twice"),
         "{message}"
     );
-    assert_eq!(err.exit_code(), 2);
-    assert!(!d.dir.path().join("report2/report.parquet").exists());
 }
 
 /// A query whose target is not in the gallery is refused, naming file, row
@@ -696,4 +758,23 @@ fn tune_chooses_the_best_point_of_a_bank_split_and_its_config_runs() {
     assert!(std::fs::read_to_string(dir.path().join("tune/tune.html"))
         .unwrap()
         .contains("data-plot=\"tuning\""));
+    // Validation queries read from the bank's own file are refused: they
+    // would be scored against statistics they are part of.
+    let err = tune(
+        &TuneJob {
+            validation: Validation::Queries(p("b.parquet")),
+            out_dir: dir.path().join("tune-leak"),
+            html: None,
+            ..job
+        },
+        &Silent,
+    )
+    .unwrap_err();
+    assert_eq!(err.exit_code(), 2);
+    assert!(
+        err.to_string().contains("--validation and --bank share")
+            && err.to_string().contains("b.parquet"),
+        "{err}"
+    );
+    assert!(!dir.path().join("tune-leak").exists());
 }

@@ -25,7 +25,11 @@ Parquet file the passes read out of core, removed when the call returns), a
 ``numpy`` array (ids 0..n-1; see
 :func:`embeddings` for ids and ground truth). Tables have an ``id`` column and
 an ``embedding`` column (fixed-size or variable lists of float16/32/64);
-queries may have ``target_id`` (the ground truth) for recall figures.
+queries may have ``target_id`` (the ground truth) for recall figures. Other
+names are given to every function that reads tables with ``columns=``, e.g.
+``columns={"id": "doc_id", "embedding": "vector", "target": "label"}`` (as
+the CLI's ``--id-column``, ``--embedding-column`` and ``--target-column``; a
+target column named there must be present).
 
 In-memory inputs cross into the engine through the Arrow C stream interface
 without a copy: the passes read the producer's buffers (pyarrow, polars,
@@ -387,9 +391,29 @@ def _count(name: str, value: Any, minimum: int = 0) -> int:
     return int(value)
 
 
+#: The column names of ``columns=``, with their defaults; ``target`` is read
+#: when present unless named.
+_COLUMNS = {"id": "id", "embedding": "embedding", "target": None}
+
+
+def _columns(columns: Mapping[str, str] | None) -> dict[str, str | None]:
+    """``columns=`` checked and completed with the defaults, as
+    ``--id-column``, ``--embedding-column`` and ``--target-column``."""
+    given = dict(columns or {})
+    unknown = sorted(set(given) - set(_COLUMNS))
+    if unknown:
+        raise UsageError(f"columns: unknown key {unknown[0]!r}; the keys are "
+                         + ", ".join(_COLUMNS))
+    for key, name in given.items():
+        if not isinstance(name, str) or not name:
+            raise UsageError(f"columns: {key!r} must name a column, not {name!r}")
+    return {f"{key}_column": given.get(key, default) for key, default in _COLUMNS.items()}
+
+
 def _options(memory_limit: str | int, threads: int, normalize: bool,
              tolerance: float | None = None, bank_sample: int | None = None, seed: int = 0,
-             precision: str = "exact", skip_missing: bool = False) -> dict[str, Any]:
+             precision: str = "exact", skip_missing: bool = False,
+             columns: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The options every job takes, as the extension reads them (a
     ``memory_limit`` given as a number is in bytes)."""
     if not isinstance(memory_limit, str):
@@ -398,7 +422,7 @@ def _options(memory_limit: str | int, threads: int, normalize: bool,
             "normalize": bool(normalize), "tolerance": tolerance,
             "bank_sample": None if bank_sample is None else _count("bank_sample", bank_sample, 1),
             "seed": _count("seed", seed), "precision": precision,
-            "skip_missing": bool(skip_missing)}
+            "skip_missing": bool(skip_missing), **_columns(columns)}
 
 
 def _progress(enabled: bool):
@@ -516,6 +540,7 @@ def run(
     resume: bool = False,
     format: str = "parquet",
     append: bool = False,
+    columns: Mapping[str, str] | None = None,
     progress: bool = True,
     **params: float,
 ) -> Run:
@@ -571,7 +596,7 @@ def run(
                       transductive, directory, overwrite or temporary, checkpointing, table),
             params,
             _options(memory_limit, threads, normalize, tolerance, bank_sample, seed, precision,
-                     skip_missing),
+                     skip_missing, columns),
             _progress(progress),
         )
     return Run(directory, json.loads(summary), temporary, format=format)
@@ -596,6 +621,7 @@ def stats(
     checkpoint_interval: float | None = None,
     resume: bool = False,
     format: str = "parquet",
+    columns: Mapping[str, str] | None = None,
     progress: bool = True,
     **params: float,
 ) -> pa.Table:
@@ -619,7 +645,8 @@ def stats(
             format,
             checkpointing["checkpoint_interval"],
             checkpointing["resume"],
-            _options(memory_limit, threads, normalize, tolerance, bank_sample, seed, precision),
+            _options(memory_limit, threads, normalize, tolerance, bank_sample, seed, precision,
+                     columns=columns),
             _progress(progress),
         )
     return _read_output(path, format)
@@ -642,6 +669,7 @@ def search(
     skip_missing: bool = False,
     format: str = "parquet",
     append: bool = False,
+    columns: Mapping[str, str] | None = None,
     progress: bool = True,
     **params: float,
 ) -> tuple[pa.Table, dict[str, Any]]:
@@ -665,7 +693,7 @@ def search(
             overwrite,
             table,
             _options(memory_limit, threads, normalize, precision=precision,
-                     skip_missing=skip_missing),
+                     skip_missing=skip_missing, columns=columns),
             _progress(progress),
         )
     return _read_output(os.fspath(out), format), json.loads(summary)
@@ -716,6 +744,7 @@ def compare(
     resume: bool = False,
     format: str = "parquet",
     append: bool = False,
+    columns: Mapping[str, str] | None = None,
     progress: bool = True,
     **params: float,
 ) -> Comparison:
@@ -738,7 +767,7 @@ def compare(
             None if html is None else os.fspath(html),
             overwrite,
             _options(memory_limit, threads, normalize, tolerance, bank_sample, seed, precision,
-                     skip_missing),
+                     skip_missing, columns),
             _progress(progress),
         )
     return Comparison(directory, json.loads(summary), temporary, RUN_OUTPUTS + COMPARE_OUTPUTS,
@@ -762,6 +791,7 @@ def report(
     skip_missing: bool = False,
     format: str = "parquet",
     append: bool = False,
+    columns: Mapping[str, str] | None = None,
     progress: bool = True,
 ) -> pa.Table:
     """Hubness (k-occurrence at ``k``) and, with ``queries`` that have
@@ -782,7 +812,8 @@ def report(
             None if html is None else os.fspath(html),
             overwrite,
             table,
-            _options(memory_limit, threads, normalize, skip_missing=skip_missing),
+            _options(memory_limit, threads, normalize, skip_missing=skip_missing,
+                     columns=columns),
             _progress(progress),
         )
     return _read_output(os.path.join(os.fspath(out), "report.parquet"), format)
@@ -801,6 +832,7 @@ def export(
     normalize: bool = True,
     format: str = "parquet",
     append: bool = False,
+    columns: Mapping[str, str] | None = None,
     progress: bool = True,
     **params: float,
 ) -> pa.Table:
@@ -820,7 +852,7 @@ def export(
             os.fspath(out),
             overwrite,
             table,
-            _options(memory_limit, threads, normalize),
+            _options(memory_limit, threads, normalize, columns=columns),
             _progress(progress),
         )
     return _read_output(os.fspath(out), format)
@@ -852,6 +884,7 @@ def tune(
     normalize: bool = True,
     tolerance: float | None = None,
     precision: str = "exact",
+    columns: Mapping[str, str] | None = None,
     progress: bool = True,
 ) -> tuple[pa.Table, dict[str, Any]]:
     """Each method's parameters chosen on validation queries, as
@@ -880,7 +913,8 @@ def tune(
             os.fspath(out),
             None if html is None else os.fspath(html),
             overwrite,
-            _options(memory_limit, threads, normalize, tolerance, seed=seed, precision=precision),
+            _options(memory_limit, threads, normalize, tolerance, seed=seed, precision=precision,
+                     columns=columns),
             _progress(progress),
         )
     return _read_output(os.path.join(os.fspath(out), "tune.parquet"), "parquet"), json.loads(tuned)

@@ -176,7 +176,8 @@ fn as_keywords(message: &str) -> String {
             "call again with resume=True",
         )
         .replace("--format delta", "format='delta'")
-        .replace("--no-normalize", "normalize=False");
+        .replace("--no-normalize", "normalize=False")
+        .replace("--tol ", "tolerance ");
     let mut out = String::with_capacity(message.len());
     let mut rest = message.as_str();
     while let Some(at) = rest.find("--") {
@@ -250,7 +251,7 @@ fn to_python(py: Python<'_>, error: HubnormError) -> PyErr {
     made.unwrap_or_else(|e| e)
 }
 
-/// Parameter flags (`beta`, `ka`, `nnn_k`, …: the CLI's flags with `_` for
+/// Parameter flags (`beta`, `activation_k`, `nnn_k`, …: the CLI's flags with `_` for
 /// `-`) with their values.
 fn method_params(params: &Bound<'_, PyDict>) -> PyResult<MethodParams> {
     let flags = MethodParams::flags();
@@ -331,6 +332,11 @@ struct Options {
     /// Skip (and count) queries none of whose targets is in the gallery
     /// (`--skip-missing`).
     skip_missing: bool,
+    /// The tables' column names (`--id-column`, `--embedding-column`,
+    /// `--target-column`; the target column is read when present unless named).
+    id_column: String,
+    embedding_column: String,
+    target_column: Option<String>,
 }
 
 impl Options {
@@ -343,6 +349,13 @@ impl Options {
             precision,
             sinkhorn_tolerance: self.tolerance,
             read: ReadOptions {
+                id_column: self.id_column.clone(),
+                embedding_column: self.embedding_column.clone(),
+                target_column: self
+                    .target_column
+                    .clone()
+                    .unwrap_or_else(|| ReadOptions::default().target_column),
+                target_column_named: self.target_column.is_some(),
                 normalize: self.normalize,
                 skip_missing_targets: self.skip_missing,
                 ..ReadOptions::default()

@@ -146,6 +146,42 @@ def test_in_memory_inputs_give_the_path_results(samples):
         [gallery.column("id").to_pylist().index(i) for i in expected.column("gallery_id").to_pylist()]
 
 
+def test_tables_with_other_column_names_are_read_with_columns(samples, tmp_path):
+    kwargs = dict(methods="is,nnn", k=5, progress=False)
+    expected = hubnorm.run(sample(samples, "queries"), sample(samples, "gallery"),
+                           sample(samples, "bank"), **kwargs)
+    names = {"id": "doc_id", "embedding": "vector", "target_id": "label"}
+    renamed = {}
+    for name in ("queries", "gallery", "bank"):
+        table = pq.read_table(sample(samples, name))
+        table = table.rename_columns([names.get(c, c) for c in table.column_names])
+        renamed[name] = str(tmp_path / f"{name}.parquet")
+        pq.write_table(table, renamed[name])
+    columns = {"id": "doc_id", "embedding": "vector", "target": "label"}
+    run = hubnorm.run(renamed["queries"], renamed["gallery"], renamed["bank"],
+                      columns=columns, **kwargs)
+    assert results_rows(run.results).equals(results_rows(expected.results))
+    assert run.summary["methods"] == expected.summary["methods"]
+    # The stats and the search read the same names.
+    stats = tmp_path / "stats.parquet"
+    hubnorm.stats(renamed["gallery"], renamed["bank"], out=stats, methods="is",
+                  columns=columns, progress=False)
+    found, _ = hubnorm.search(renamed["queries"], renamed["gallery"], stats=stats,
+                              out=tmp_path / "results.parquet", methods="is", k=5,
+                              columns=columns, progress=False)
+    assert found.num_rows == 5 * pq.read_metadata(renamed["queries"]).num_rows
+    # A target column named there must be there; unknown keys are refused.
+    with pytest.raises(hubnorm.InputError, match="missing"):
+        hubnorm.run(renamed["queries"], renamed["gallery"], renamed["bank"],
+                    columns={**columns, "target": "nope"}, **kwargs)
+    with pytest.raises(hubnorm.UsageError, match="columns: unknown key 'ids'"):
+        hubnorm.run(renamed["queries"], renamed["gallery"], renamed["bank"],
+                    columns={"ids": "doc_id"}, **kwargs)
+    # Without columns=, the default names are looked for, and named.
+    with pytest.raises(hubnorm.InputError, match="'id'"):
+        hubnorm.run(renamed["queries"], renamed["gallery"], renamed["bank"], **kwargs)
+
+
 def cpu_has_avx512_bf16() -> bool:
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     return " avx512_bf16" in flags
@@ -739,6 +775,8 @@ def test_arguments_are_checked_in_the_packages_words(samples, tmp_path):
     with pytest.raises(hubnorm.UsageError,
                        match=r"nnn_k is a parameter of nnn, none of which is among the methods \(is\)"):
         hubnorm.run(q, g, b, methods="is", nnn_k=5, progress=False)
+    with pytest.raises(hubnorm.UsageError, match=r"tolerance stops the iterations of sn, dbsn"):
+        hubnorm.run(q, g, b, methods="is", tolerance=0.01, progress=False)
     # A type the engine cannot take: UsageError naming the keyword, not
     # pyo3's TypeError about its structs.
     for bad in ({"gallery": None}, {"precision": None}):

@@ -120,6 +120,7 @@ pub(crate) fn run_uncommitted(
     let mut methods = vec![MethodSpec::default_for(none)];
     methods.extend(job.methods.iter().filter(|m| m.kind() != none));
     let methods = check_methods(&methods, job.gallery_bank.is_some())?;
+    check_tolerance(&methods, job.options.sinkhorn_tolerance)?;
     job.options.precision.check_methods(&methods)?;
     check_bank_choice(job)?;
     if job.transductive {
@@ -257,7 +258,12 @@ pub(crate) fn run_uncommitted(
             Some(cluster) => return Err(without_cluster(&cluster.scheduler)),
         };
         // Read back through the same code as `hubnorm search`.
-        let plan = load_plan(Some(stats_file.temporary_path()), &index, &methods)?;
+        let plan = load_plan(
+            Some(stats_file.temporary_path()),
+            &index,
+            &methods,
+            job.options.read.normalize,
+        )?;
         let protocol = prepare_protocol(
             &methods,
             &gallery,
@@ -425,6 +431,7 @@ pub(crate) fn evaluate_methods(
     progress: &dyn Progress,
 ) -> Result<Vec<MethodOutcome>> {
     let methods = check_methods(methods, gallery_bank.is_some())?;
+    check_tolerance(&methods, options.sinkhorn_tolerance)?;
     refuse_protocol(&methods, "tune")?;
     for table in std::iter::once(&bank).chain(&gallery_bank).chain([queries]) {
         if table.dim != gallery.dim {
@@ -445,7 +452,12 @@ pub(crate) fn evaluate_methods(
             progress,
             None,
         )?;
-        let plan = load_plan(Some(stats.temporary_path()), &index, &methods)?;
+        let plan = load_plan(
+            Some(stats.temporary_path()),
+            &index,
+            &methods,
+            options.read.normalize,
+        )?;
         let (_, outcomes, _) = write_results(
             queries,
             gallery,

@@ -232,7 +232,12 @@ impl SearchInputs {
         let gallery = open_table("gallery", &job.gallery, &job.options, false)?;
         check_k_within(job.k, &gallery)?;
         let index = IdIndex::build(&gallery)?;
-        let plan = load_plan(job.stats.as_deref(), &index, methods)?;
+        let plan = load_plan(
+            job.stats.as_deref(),
+            &index,
+            methods,
+            job.options.read.normalize,
+        )?;
         Ok(SearchInputs {
             queries,
             gallery,

@@ -54,6 +54,7 @@ pub fn declare_stats_table(
 pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome> {
     job.options.precision.check_available()?;
     let methods = check_methods(&job.methods, job.gallery_bank.is_some())?;
+    check_tolerance(&methods, job.options.sinkhorn_tolerance)?;
     refuse_protocol(&methods, "stats")?;
     refuse_output_in_inputs(&job.out, &stats_inputs(job))?;
     refuse_existing(&job.out, job.overwrite)?;
@@ -196,6 +197,7 @@ fn checkpoint_manifest(
 /// The methods of `job`, checked for a stats pass.
 pub fn stats_methods(job: &StatsJob) -> Result<Vec<MethodSpec>> {
     let methods = check_methods(&job.methods, job.gallery_bank.is_some())?;
+    check_tolerance(&methods, job.options.sinkhorn_tolerance)?;
     refuse_protocol(&methods, "stats")?;
     Ok(methods)
 }

@@ -8,7 +8,7 @@ use crate::error::{HubnormError, Result};
 use crate::ids::IdIndex;
 use crate::method::{ColumnKind, MethodSpec, PlanContext};
 use crate::query::ScoringPlan;
-use crate::stats_file::{file_metadata, read_columns};
+use crate::stats_file::{check_same_normalize, file_metadata, read_columns};
 
 /// The pass 2 plan for `methods` from the stats file at `path` (needed
 /// unless no method has a gallery statistic).
@@ -16,6 +16,7 @@ pub fn load_plan(
     path: Option<&Path>,
     index: &IdIndex,
     methods: &[MethodSpec],
+    normalize: bool,
 ) -> Result<ScoringPlan> {
     let n = index.len();
     let mut plan = ScoringPlan::default();
@@ -63,13 +64,12 @@ pub fn load_plan(
         wanted.push(indices);
     }
     let (mut values, metadata) = match path {
-        Some(path) => (
-            read_columns(path, index, &names)?
-                .into_iter()
-                .map(Some)
-                .collect::<Vec<_>>(),
-            file_metadata(path)?,
-        ),
+        Some(path) => {
+            let metadata = file_metadata(path)?;
+            check_same_normalize(path, &metadata, normalize)?;
+            let columns = read_columns(path, index, &names)?;
+            (columns.into_iter().map(Some).collect::<Vec<_>>(), metadata)
+        }
         None => (Vec::new(), HashMap::new()),
     };
     for (m, indices) in methods.iter().zip(wanted) {

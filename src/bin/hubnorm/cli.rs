@@ -733,9 +733,7 @@ impl MethodArgs {
         }
         let params = self.params();
         let kinds = self.kinds(default)?;
-        if self.method.is_some() || !self.methods.is_empty() {
-            params.refuse_unused(&kinds)?;
-        }
+        params.refuse_unused(&kinds)?;
         Ok(kinds
             .into_iter()
             .map(|k| MethodSpec::from_kind(k, &params))
@@ -853,10 +851,11 @@ impl MethodArgs {
         if self.config.is_some() {
             return self.specs(MethodKind::default());
         }
+        let kinds = self.kinds(MethodKind::default())?;
+        let params = self.params();
+        params.refuse_unused(&kinds)?;
         Ok(hubnorm::stats_file::methods_for_stats_file(
-            &self.kinds(MethodKind::default())?,
-            &self.params(),
-            from_file,
+            &kinds, &params, from_file,
         ))
     }
 }

@@ -135,8 +135,13 @@ pub fn export(args: ExportArgs) -> Result<()> {
     let progress = reporter(args.common.quiet);
     let summary = hubnorm::export::export(&job, progress.as_ref())?;
     if !args.common.quiet {
+        let queries = if job.options.read.normalize {
+            "each L2-normalised query"
+        } else {
+            "each query"
+        };
         println!(
-            "wrote {} vectors of dimension {} to {} (append {} to each normalised query)",
+            "wrote {} vectors of dimension {} to {} (append {} to {queries})",
             summary.rows,
             summary.dim,
             args.out.display(),
