@@ -586,6 +586,7 @@ pub fn check_output(path: &Path, output: &DeltaOutput) -> Result<bool> {
             })?;
             let state = table.snapshot().map_err(|e| error(root, e))?;
             refuse_unkept_layout(root, state.metadata())?;
+            refuse_overwrite_of_append_only(root, state.metadata(), output.mode)?;
         }
         return Ok(resumed);
     }
@@ -749,6 +750,7 @@ fn commit_add(root: &str, add: Add, schema: &SchemaRef, output: &DeltaOutput) ->
     }
     let state = table.snapshot().map_err(|e| error(root, e))?;
     refuse_unkept_layout(root, state.metadata())?;
+    refuse_overwrite_of_append_only(root, state.metadata(), mode)?;
     let mut actions = Vec::new();
     let same_schema = state.schema().as_ref() == &delta_schema;
     let appendable = fits_columns(&delta_schema, state.schema().as_ref());
@@ -815,6 +817,26 @@ fn commit_add(root: &str, add: Add, schema: &SchemaRef, output: &DeltaOutput) ->
 /// values), with mapped column names (the file's columns would not be the
 /// table's), or with constraints, generated or identity columns (which
 /// hubnorm does not enforce). Such a table's own writer must add the rows.
+/// Refuses to overwrite a table whose owner made it append-only
+/// (`delta.appendOnly`): delta-rs would refuse the commit after the work,
+/// as a failed write.
+fn refuse_overwrite_of_append_only(
+    root: &str,
+    metadata: &deltalake_core::kernel::Metadata,
+    mode: DeltaMode,
+) -> Result<()> {
+    let append_only = metadata
+        .configuration()
+        .get("delta.appendOnly")
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    if append_only && mode == DeltaMode::Overwrite {
+        return Err(HubnormError::Usage(format!(
+            "{root} is append-only (delta.appendOnly = true): hubnorm can add rows to it (--append) but not replace them"
+        )));
+    }
+    Ok(())
+}
+
 fn refuse_unkept_layout(root: &str, metadata: &deltalake_core::kernel::Metadata) -> Result<()> {
     let mut reasons = Vec::new();
     let partitions = metadata.partition_columns();

@@ -385,7 +385,10 @@ pub fn report(job: &ReportJob, _progress: &dyn Progress) -> Result<ReportOutcome
         targets.as_ref().map(|t| &t.positives),
     )?;
     // The baseline first.
-    if let Some(i) = methods.iter().position(|m| m.name == "none") {
+    if let Some(i) = methods
+        .iter()
+        .position(|m| m.name == MethodKind::baseline().name())
+    {
         let base = methods.remove(i);
         methods.insert(0, base);
     }

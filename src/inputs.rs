@@ -160,11 +160,6 @@ pub(crate) fn check_tolerance(methods: &[MethodSpec], tolerance: Option<f64>) ->
     if methods.iter().any(iterates) {
         return Ok(());
     }
-    let users: Vec<&str> = MethodKind::all()
-        .map(MethodSpec::default_for)
-        .filter(iterates)
-        .map(|m| m.kind().name())
-        .collect();
     let named: Vec<String> = methods
         .iter()
         .filter(|m| m.kind() != MethodKind::baseline())
@@ -172,7 +167,7 @@ pub(crate) fn check_tolerance(methods: &[MethodSpec], tolerance: Option<f64>) ->
         .collect();
     Err(HubnormError::Usage(format!(
         "--tol stops the iterations of {}, none of which is among the methods ({}); add the method or drop it",
-        users.join(", "),
+        crate::method::names_where(iterates),
         named.join(", ")
     )))
 }

@@ -357,7 +357,10 @@ fn check_k_within(k: usize, gallery: &EmbeddingTable) -> Result<()> {
 
 /// `sinkhorn-pp` has no gallery statistic: it runs in `hubnorm run` and `compare` only.
 fn refuse_protocol(methods: &[MethodSpec], command: &str) -> Result<()> {
-    if let Some(m) = methods.iter().find(|m| m.method().single_query()) {
+    if let Some(m) = methods
+        .iter()
+        .find(|m| m.method().single_query(m).is_some())
+    {
         return Err(HubnormError::Usage(format!(
             "{} normalises every query with its own pseudo-test stack and has no gallery statistic; it runs in `hubnorm run`, not `hubnorm {command}`",
             m.kind()

@@ -418,7 +418,7 @@ fn a_flag_no_method_uses_is_refused() {
     assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
     assert!(
         refused.stderr().contains(
-            "--tol stops the iterations of sn, dbsn, none of which is among the methods (is)"
+            "--tol stops the iterations of sn and dbsn, none of which is among the methods (is)"
         ),
         "{}",
         refused.stderr()

@@ -584,6 +584,66 @@ mod delta {
     /// refused, naming the table: its folder still holds the files a later
     /// version removed. A data file named alone is read as asked.
     #[test]
+    fn a_cluster_pass_reads_the_inputs_the_client_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let gallery = samples().join("gallery.parquet");
+        let table = d.join("gallery");
+        let copy = |mode: &str| {
+            hubnorm([
+                "sql",
+                "--table",
+                &format!("g={}", path(&gallery)),
+                &format!(
+                    "COPY (SELECT * FROM g) TO '{}' STORED AS DELTA OPTIONS ('mode' '{mode}')",
+                    path(&table)
+                ),
+            ])
+            .output()
+            .assert_success();
+        };
+        copy("error");
+        let bank = d.join("bank");
+        std::fs::create_dir(&bank).unwrap();
+        std::fs::copy(samples().join("bank.parquet"), bank.join("part-0.parquet")).unwrap();
+        let job = StatsJob {
+            gallery: path(&table),
+            bank: path(&bank),
+            gallery_bank: None,
+            bank_sample: None,
+            methods: vec![MethodSpec::new("is", &[]).unwrap()],
+            out: d.join("never.parquet"),
+            overwrite: false,
+            options: PassOptions::default(),
+            checkpoint: Default::default(),
+        };
+        let (spec, _) = hubnorm::sql::pass::PassSpec::for_stats(&job).unwrap();
+        let spec = spec.for_cluster().unwrap();
+        // The Delta gallery is pinned to the version the client read...
+        let tables: Vec<String> = spec
+            .inputs
+            .tables()
+            .iter()
+            .map(|(_, t)| t.to_string())
+            .collect();
+        assert_eq!(tables[0], format!("{}@0", path(&table)));
+        spec.check_inputs_unchanged().unwrap();
+        // ...so a version written meanwhile changes nothing a task reads,
+        copy("overwrite");
+        spec.check_inputs_unchanged().unwrap();
+        // while a part added to the bank's folder fails the task, named.
+        std::fs::copy(samples().join("bank.parquet"), bank.join("part-1.parquet")).unwrap();
+        let err = spec.check_inputs_unchanged().unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        let message = err.to_string();
+        assert!(
+            message.contains("part-1.parquet")
+                && message.contains("added while the cluster job ran"),
+            "{message}"
+        );
+    }
+
+    #[test]
     fn globs_and_folders_into_a_delta_table_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
@@ -1364,8 +1424,9 @@ mod delta {
     /// hubnorm writes into another client's Delta table only where its
     /// one-file commits keep the table as that client made it: a
     /// partitioned table and one with a CHECK constraint are refused (exit
-    /// 2, no new version); non-null rows go into nullable columns; of
-    /// writers racing to create one table, exactly one does.
+    /// 2, no new version), and so is an overwrite of an append-only table;
+    /// non-null rows go into nullable columns; of writers racing to create
+    /// one table, exactly one does.
     #[test]
     fn writes_into_other_clients_tables_keep_their_layout() {
         let Some(py) = python("writes_into_other_clients_tables_keep_their_layout") else {
@@ -1411,6 +1472,29 @@ mod delta {
                 assert_eq!(client(&py, &["info", table]), before, "{table} {mode}");
             }
         }
+        let append_only = path(&d.join("append-only"));
+        client(
+            &py,
+            &[
+                "write",
+                &append_only,
+                &gallery,
+                "--property",
+                "delta.appendOnly=true",
+            ],
+        );
+        let before = client(&py, &["info", &append_only]);
+        let out = copy(&append_only, "SELECT id, embedding FROM g", "overwrite");
+        assert_eq!(out.code(), Some(2), "{}", out.stderr());
+        assert!(
+            out.stderr()
+                .contains("is append-only (delta.appendOnly = true)"),
+            "{}",
+            out.stderr()
+        );
+        assert_eq!(client(&py, &["info", &append_only]), before);
+        copy(&append_only, "SELECT id, embedding FROM g", "append").assert_success();
+        assert_eq!(client(&py, &["info", &append_only])["version"], 1);
 
         let ids = d.join("ids.parquet");
         hubnorm([

@@ -552,8 +552,8 @@ fn every_method_stats_then_search_equals_run() {
     let path = |n: &str| dir.path().join(n).display().to_string();
     // Every method with a gallery statistic (sinkhorn-pp has none: `run` only).
     let methods: Vec<MethodSpec> = MethodKind::all()
-        .filter(|k| !k.method().single_query())
         .map(MethodSpec::default_for)
+        .filter(|m| m.method().single_query(m).is_none())
         .map(|m| match m.kind().name() {
             "nnn" => MethodSpec::new("nnn", &[("alpha", m.get("alpha")), ("k", 32.0)]).unwrap(),
             _ => m,

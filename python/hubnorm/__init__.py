@@ -489,14 +489,27 @@ class Run:
         where ``out=`` put them."""
         if self.format == "delta":
             raise UsageError(f"the run's Delta tables are in {self.directory} already")
+        if _is_url(self.directory):
+            raise UsageError(f"the run's files are in {self.directory} already")
         directory = os.fspath(directory)
         os.makedirs(directory, exist_ok=True)
+        if os.path.samefile(directory, self.directory):
+            return directory
         for name in self._files:
             target = os.path.join(directory, name)
             if os.path.exists(target) and not overwrite:
                 raise UsageError(f"{target} already exists (pass overwrite=True to replace it)")
+        # Each file is copied beside its target and renamed over it, so an
+        # interrupted copy leaves no half-written file under the name.
         for name in self._files:
-            shutil.copyfile(os.path.join(self.directory, name), os.path.join(directory, name))
+            partial = tempfile.NamedTemporaryFile(dir=directory, prefix=f".{name}.", delete=False)
+            partial.close()
+            try:
+                shutil.copyfile(os.path.join(self.directory, name), partial.name)
+                os.replace(partial.name, os.path.join(directory, name))
+            except BaseException:
+                os.unlink(partial.name)
+                raise
         return directory
 
     def __del__(self) -> None:

@@ -63,6 +63,13 @@ def test_run_writes_the_cli_files(cli, samples, tmp_path):
         assert bytes_of(Path(written) / name) == bytes_of(tmp_path / "cli" / name), name
     with pytest.raises(hubnorm.UsageError, match="already exists"):
         again.write(tmp_path / "copy")
+    # Over them with overwrite, and into its own directory (a no-op), the
+    # files stay whole and no scratch file is left.
+    again.write(tmp_path / "copy", overwrite=True)
+    assert sorted(os.listdir(tmp_path / "copy")) == sorted(hubnorm.RUN_OUTPUTS)
+    assert again.write(again.directory, overwrite=True) == again.directory
+    for name in hubnorm.RUN_OUTPUTS:
+        assert bytes_of(Path(again.directory) / name) == bytes_of(tmp_path / "cli" / name), name
     directory = again.directory
     del again
     assert not os.path.exists(directory)
@@ -416,6 +423,18 @@ def start_interruptible_run(setup: str, run_call: str) -> subprocess.Popen:
                              stderr=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "started"
     return child
+
+
+def test_no_method_parameter_is_shadowed_by_a_keyword_of_the_functions():
+    # A parameter named like a function's own keyword (k, seed, format, ...)
+    # would bind to that keyword and never reach the method.
+    import inspect
+    parameters = {keyword for m in hubnorm.methods() for keyword, _, _ in m["parameters"]}
+    assert {"beta", "nnn_k"} <= parameters
+    for function in (hubnorm.run, hubnorm.stats, hubnorm.search, hubnorm.compare,
+                     hubnorm.export, hubnorm.tune):
+        own = set(inspect.signature(function).parameters)
+        assert not parameters & own, (function.__name__, parameters & own)
 
 
 def test_ctrl_c_stops_a_run_without_outputs(tmp_path):
@@ -775,7 +794,7 @@ def test_arguments_are_checked_in_the_packages_words(samples, tmp_path):
     with pytest.raises(hubnorm.UsageError,
                        match=r"nnn_k is a parameter of nnn, none of which is among the methods \(is\)"):
         hubnorm.run(q, g, b, methods="is", nnn_k=5, progress=False)
-    with pytest.raises(hubnorm.UsageError, match=r"tolerance stops the iterations of sn, dbsn"):
+    with pytest.raises(hubnorm.UsageError, match=r"tolerance stops the iterations of sn and dbsn"):
         hubnorm.run(q, g, b, methods="is", tolerance=0.01, progress=False)
     # A type the engine cannot take: UsageError naming the keyword, not
     # pyo3's TypeError about its structs.

@@ -198,7 +198,7 @@ impl StatsPlan {
     /// need every gallery row): then any range of gallery rows can be
     /// computed on its own, as a cluster task does.
     pub fn rows_are_independent(&self) -> bool {
-        self.layout.columns().1.is_empty()
+        !self.layout.has_late_columns()
     }
 
     /// The activation states a pass over `inputs` keeps: one per bank whose

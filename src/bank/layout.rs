@@ -210,11 +210,12 @@ impl StatsLayout {
         columns
     }
 
-    /// Whether a checkpoint of the pass keeps states across chunks: some
-    /// column is known only after the last chunk (activation sets, Sinkhorn
-    /// potentials).
-    pub fn keeps_activation(&self) -> bool {
-        !self.columns().1.is_empty()
+    /// Whether some column is known only after the last gallery chunk
+    /// (activation sets, Sinkhorn potentials): a checkpoint of the pass then
+    /// keeps states across chunks, and no range of gallery rows can be
+    /// computed on its own.
+    pub fn has_late_columns(&self) -> bool {
+        self.methods.iter().any(MethodSpec::has_late_columns)
     }
 
     /// The methods whose statistic comes from Sinkhorn sweeps, in order, with their setup.

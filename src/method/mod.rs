@@ -8,7 +8,8 @@
 //! are filled and merged), how pass 2 scores with the stored columns, and
 //! whether it can be exported. Pass 1's layout, pass 2's plan, `stats
 //! --update`, `tune`, `compare`, `export` and the CLI loop over
-//! [`REGISTRY`]; adding a method is its module, one line there, and its tests.
+//! [`REGISTRY`]; adding a method is its module, two lines here (its `mod`
+//! and its registry entry), its tests and its docs (CONTRIBUTING.md).
 //!
 //! The kernel's scoring vocabulary ([`crate::kernel::ColumnScoring`]) stays
 //! a closed enum: it is the hot path, and methods compose it.
@@ -91,7 +92,8 @@ pub struct Parameter {
     pub flag: &'static str,
     /// Help text of the flag.
     pub help: &'static str,
-    /// The METHODS.md default, as the parameter's value.
+    /// The default, as the parameter's value: METHODS.md's where it gives
+    /// one (docs/methods.md says where hubnorm chose).
     pub default: f64,
     /// The parameter's value is the flag's value plus this (`sinkhorn-pp`'s
     /// m is `--pseudo-queries` + 1).
@@ -198,6 +200,16 @@ pub struct SinkhornSetup {
     pub with_gallery_bank: bool,
 }
 
+/// The single-query protocol a method normalises each test query with
+/// (`sinkhorn-pp`), instead of a gallery statistic.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SingleQuerySetup {
+    /// Bank queries stacked with each test query (m − 1).
+    pub pseudo_queries: usize,
+    pub tau: f64,
+    pub iterations: usize,
+}
+
 /// Everything the engine needs to know about one method. Methods are
 /// stateless: their parameters travel in a [`MethodSpec`].
 pub trait Method: Sync + Send + 'static {
@@ -224,15 +236,16 @@ pub trait Method: Sync + Send + 'static {
     fn tuned_by_default(&self) -> bool {
         self.parameters().iter().any(|p| !p.grid.is_empty())
     }
-    /// Whether it normalises each query on its own, with no gallery
-    /// statistic (it runs in `hubnorm run` only).
-    fn single_query(&self) -> bool {
-        false
+    /// The protocol it normalises each query with on its own, when it has
+    /// no gallery statistic and runs in `hubnorm run` and `compare` only
+    /// (then [`Method::has_statistics`] is false too).
+    fn single_query(&self, _spec: &MethodSpec) -> Option<SingleQuerySetup> {
+        None
     }
     /// Whether it has a gallery statistic (a row of `gallery_stats.parquet`);
-    /// `none` and the single-query protocol have none.
+    /// `none` and a single-query protocol have none.
     fn has_statistics(&self) -> bool {
-        self.needs_bank() && !self.single_query()
+        self.needs_bank()
     }
     /// Checks that need the inputs' sizes (k within the bank, memory).
     fn check_inputs(&self, _spec: &MethodSpec, _sizes: &InputSizes) -> Result<()> {
@@ -319,9 +332,12 @@ pub trait Method: Sync + Send + 'static {
 /// Sizes of the inputs, for [`Method::check_inputs`].
 #[derive(Debug, Clone, Copy)]
 pub struct InputSizes {
+    /// Rows of the query bank (after `--bank-sample`).
     pub bank_rows: u64,
     pub gallery_rows: u64,
+    /// Test queries: 0 where a command has none (`stats`, `tune`).
     pub queries_rows: u64,
+    /// The job's `--memory-limit`.
     pub memory_bytes: usize,
     /// Whether rows are L2-normalised on read (not `--no-normalize`).
     pub normalized: bool,
@@ -504,6 +520,22 @@ impl MethodParams {
     }
 }
 
+/// The registry's methods that have `property` at their defaults, as
+/// "a, b and c": for help texts and messages that name them, so that a
+/// new method appears in them without an edit.
+pub fn names_where(property: impl Fn(&MethodSpec) -> bool) -> String {
+    let names: Vec<&str> = MethodKind::all()
+        .map(MethodSpec::default_for)
+        .filter(|m| property(m))
+        .map(|m| m.kind().name())
+        .collect();
+    match names.split_last() {
+        None => String::new(),
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
 /// A method with its hyperparameters: what a `method` value of
 /// `results.parquet` and a group of `gallery_stats.parquet` columns stand for.
 #[derive(Clone, Copy)]
@@ -600,6 +632,12 @@ impl MethodSpec {
     /// The value of count parameter `name` (k, iterations).
     pub fn count(&self, name: &str) -> usize {
         self.get(name) as usize
+    }
+
+    /// Whether a column of its statistic is known only after the last
+    /// gallery chunk (a late column: activation sets, Sinkhorn potentials).
+    pub fn has_late_columns(&self) -> bool {
+        self.method().columns(self).iter().any(|c| c.late)
     }
 
     /// Parameters as (name, value) pairs, for metadata, summaries and column names.

@@ -5,7 +5,9 @@
 //! `tune` refuse it), within a cost limit.
 
 use super::sinkhorn::{ITERATIONS, TAU};
-use super::{Domain, Export, InputSizes, Method, MethodSpec, Parameter, PlanContext};
+use super::{
+    Domain, Export, InputSizes, Method, MethodSpec, Parameter, PlanContext, SingleQuerySetup,
+};
 use crate::error::Result;
 use crate::query::sinkhorn_pp::check_protocol_cost;
 use crate::query::{MethodRule, QueryTerm, Selection};
@@ -39,8 +41,15 @@ impl Method for SinkhornPp {
         // O(T·m·n) per query: too costly to sweep.
         false
     }
-    fn single_query(&self) -> bool {
-        true
+    fn single_query(&self, spec: &MethodSpec) -> Option<SingleQuerySetup> {
+        Some(SingleQuerySetup {
+            pseudo_queries: spec.count("m") - 1,
+            tau: spec.get("tau"),
+            iterations: spec.count("t"),
+        })
+    }
+    fn has_statistics(&self) -> bool {
+        false
     }
     /// The protocol's cost, T·m·n per query, within its limit (run checks
     /// it again when it prepares the stack).

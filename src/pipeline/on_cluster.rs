@@ -274,7 +274,7 @@ fn send(
     cluster: &ClusterJob,
     emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
 ) -> Result<ScreenCounts> {
-    let mut spec = spec.with_absolute_paths()?;
+    let mut spec = spec.for_cluster()?;
     spec.shard_column = true;
     spec.threads = 1;
     crate::cluster::passes::pass_rows(

@@ -129,7 +129,9 @@ pub(crate) fn run_uncommitted(
             .find(|m| !m.kind().has_transductive_variant())
         {
             return Err(HubnormError::Usage(format!(
-                "--transductive uses the test queries as the bank, which METHODS.md defines for is, sn, dsl and sinkhorn-pp only, not {}",
+                "--transductive uses the test queries as the bank, which METHODS.md defines for {} only, not {}",
+                crate::method::names_where(|m| m.kind().needs_bank()
+                    && m.kind().has_transductive_variant()),
                 m.kind()
             )));
         }
@@ -213,7 +215,7 @@ pub(crate) fn run_uncommitted(
         };
         let mut pass1 = checkpoint
             .as_ref()
-            .map(|c| c.pass1(StatsLayout::new(&methods).keeps_activation()))
+            .map(|c| c.pass1(StatsLayout::new(&methods).has_late_columns()))
             .transpose()?;
         let failed =
             |err: HubnormError, checkpoint: Option<RunCheckpoint>, saved: bool| match checkpoint {

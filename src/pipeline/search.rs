@@ -323,16 +323,14 @@ pub(super) fn prepare_protocol(
 ) -> Result<Option<SingleQuerySinkhorn>> {
     methods
         .iter()
-        .find(|m| m.method().single_query())
-        .map(|m| {
+        .find_map(|m| m.method().single_query(m))
+        .map(|setup| {
             SingleQuerySinkhorn::prepare(
                 gallery,
                 bank,
                 queries,
-                m.count("m") - 1,
+                setup,
                 sample.map_or(0, |s| s.seed),
-                m.get("tau"),
-                m.count("t"),
                 options.memory.bytes(),
             )
         })

@@ -61,7 +61,7 @@ pub fn run_stats(job: &StatsJob, progress: &dyn Progress) -> Result<StatsOutcome
     let _lock = OutputLock::acquire(&job.out)?;
     with_stats_inputs(job, &methods, |inputs, metadata| {
         let manifest = checkpoint_manifest(&metadata, &methods, &job.options);
-        let saves_activation = StatsLayout::new(&methods).keeps_activation();
+        let saves_activation = StatsLayout::new(&methods).has_late_columns();
         let mut checkpoint =
             Checkpoint::open(&job.out, &manifest, &job.checkpoint, saves_activation)?;
         let resumed_rows = checkpoint.as_ref().map_or(0, Checkpoint::resumed_rows);
@@ -209,8 +209,8 @@ pub fn stats_methods(job: &StatsJob) -> Result<Vec<MethodSpec>> {
 pub fn check_shardable(methods: &[MethodSpec]) -> Result<()> {
     refuse_methods(
         methods,
-        |m| m.method().columns(m).iter().any(|c| c.late),
-        "cannot run in hubnorm_stats on a cluster yet: their statistics need every gallery row at once (the activation sets of dis and dual-dis, the Sinkhorn potentials of sn and dbsn), while the table's partitions are independent shards of gallery rows; use `hubnorm stats --cluster` for them, or run without --cluster",
+        MethodSpec::has_late_columns,
+        "cannot run in hubnorm_stats on a cluster yet: their statistics need every gallery row at once (activation sets, Sinkhorn potentials), while the table's partitions are independent shards of gallery rows; use `hubnorm stats --cluster` for them, or run without --cluster",
     )
 }
 

@@ -87,13 +87,13 @@ impl Scoring {
 
     /// The per-query parameters of the queries of a row-major block (`mp`:
     /// each query's Gaussian); empty for scorings that have none. Err
-    /// names the first query row (of the block) whose σ is below
-    /// [`MIN_STD`], with that σ.
+    /// names the first query row (of the block) it cannot serve, and why
+    /// (`mp`: a σ below [`MIN_STD`]).
     pub fn query_parameters(
         &self,
         queries: &[f32],
         dim: usize,
-    ) -> std::result::Result<Vec<QueryGaussian>, (usize, f64)> {
+    ) -> std::result::Result<Vec<QueryGaussian>, (usize, String)> {
         let Scoring::MutualProximity { query_side, .. } = self else {
             return Ok(Vec::new());
         };
@@ -108,7 +108,9 @@ impl Scoring {
                         inv_std: 1.0 / std,
                     })
                 } else {
-                    Err((i, std))
+                    Err((i, format!(
+                        "mp: the similarities of this query have standard deviation {std:e} (below {MIN_STD:e}) over the gallery side, which it cannot divide by"
+                    )))
                 }
             })
             .collect()

@@ -22,7 +22,7 @@ fn screen_scratch_bytes(dim: usize, scorings: usize) -> usize {
 }
 use crate::plan::PlanRequest;
 use crate::progress::{Progress, RowProgress};
-use crate::query::method::{Scoring, ScoringPlan, MIN_STD};
+use crate::query::method::{Scoring, ScoringPlan};
 use crate::query::targets::{resolve_targets, target_scores};
 use crate::source::{EmbeddingBlock, EmbeddingTable};
 
@@ -145,13 +145,11 @@ pub fn search(
         let query_parameters = scorings
             .iter()
             .map(|h| {
-                h.query_parameters(&block.data, dim).map_err(|(row, std)| {
+                h.query_parameters(&block.data, dim).map_err(|(row, why)| {
                     queries.row_error(
                         block.first_row + row as u64,
                         &queries.options().embedding_column,
-                        format!(
-                            "mp: the similarities of this query have standard deviation {std:e} (below {MIN_STD:e}) over the gallery side, which it cannot divide by"
-                        ),
+                        why,
                     )
                 })
             })

@@ -28,9 +28,10 @@ pub fn load_plan(
     let path = match path {
         Some(path) if with_stats => Some(path),
         None if with_stats => {
-            return Err(HubnormError::Usage(
-                "--stats FILE is needed for every method but 'none'".into(),
-            ))
+            return Err(HubnormError::Usage(format!(
+                "--stats FILE is needed for every method with a gallery statistic (all but {})",
+                crate::method::names_where(|m| !m.method().has_statistics())
+            )))
         }
         _ => None,
     };

@@ -14,6 +14,7 @@ use rayon::prelude::*;
 use crate::error::{HubnormError, Result};
 use crate::kernel::gemm::similarity_tile;
 use crate::kernel::{stack_column_potential, Candidate, Positives, QueryState};
+use crate::method::SingleQuerySetup;
 use crate::options::human_bytes;
 use crate::source::EmbeddingTable;
 
@@ -50,19 +51,22 @@ pub struct SingleQuerySinkhorn {
 }
 
 impl SingleQuerySinkhorn {
-    /// Reads the gallery and a seeded sample of `pseudo_queries` bank rows,
-    /// after checking the cost for `queries` test queries and the memory.
-    #[allow(clippy::too_many_arguments)]
+    /// Reads the gallery and a sample of `setup.pseudo_queries` bank rows
+    /// drawn with `seed`, after checking the cost for `queries` test
+    /// queries and the memory (`budget` bytes).
     pub fn prepare(
         gallery: &EmbeddingTable,
         bank: &EmbeddingTable,
         queries: u64,
-        pseudo_queries: usize,
+        setup: SingleQuerySetup,
         seed: u64,
-        tau: f64,
-        iterations: usize,
         budget: usize,
     ) -> Result<Self> {
+        let SingleQuerySetup {
+            pseudo_queries,
+            tau,
+            iterations,
+        } = setup;
         let n = gallery.rows as usize;
         let m = pseudo_queries.min(bank.rows as usize) + 1;
         check_protocol_cost(queries, m, n, iterations)?;

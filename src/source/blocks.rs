@@ -507,10 +507,12 @@ fn parquet_decode_error(
         Some(_) => rows.start,
         None => first_undecodable_row(path, roots, rows.clone()).unwrap_or(rows.start),
     };
+    // A page decodes whole, so the row is the first of the damaged page
+    // (or of the batch), not necessarily the damaged value's.
     decode_error(
         path,
         Some(row),
-        format!("cannot decode Parquet data: {error}"),
+        format!("cannot decode Parquet data from this row on (the first row of the page that fails): {error}"),
         probe,
     )
 }

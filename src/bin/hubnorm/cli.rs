@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{ArgGroup, Args, Parser, Subcommand};
+use hubnorm::method::names_where;
 use hubnorm::options::{
     BankSample, MemoryBudget, MethodKind, MethodParams, MethodSpec, PassOptions, Precision,
     ReadOptions,
@@ -174,7 +175,8 @@ impl TableArgs {
     }
 }
 
-/// Which methods, and their hyperparameters (defaults as in METHODS.md).
+/// Which methods, and their hyperparameters (defaults as in METHODS.md
+/// where it gives them).
 #[derive(Debug, Clone, Args)]
 pub struct MethodArgs {
     /// One method by name (every method is listed in docs/methods.md).
@@ -191,9 +193,7 @@ pub struct MethodArgs {
     /// The parameter flags of every registered method (`--beta`, `--nnn-k`, ...).
     #[command(flatten)]
     pub parameters: ParameterFlags,
-    /// sn, dbsn: stop iterating once every row of the plan sums to 1/|B|
-    /// within this relative error (the columns are exact after each iteration).
-    #[arg(long)]
+    #[arg(long, help = tol_help())]
     pub tol: Option<f64>,
 }
 
@@ -218,14 +218,51 @@ pub struct QualityArgs {
 /// How the passes compute similarities (commands that compute them).
 #[derive(Debug, Clone, Args)]
 pub struct PrecisionArgs {
-    /// How similarities are computed: exact (f32 tiles), screened (a bf16
-    /// screen, re-scoring in f32 every item it cannot rule out: the same
-    /// lists and scores; needs AVX512_BF16; for searches of methods scoring
-    /// s − h(g) and pass 1's top-k statistics: nnn, csls, ls, nicdm,
-    /// dissim-local), or auto (screened where the CPU and methods allow).
-    /// docs/precision.md.
-    #[arg(long, default_value = "exact", value_parser = parse_precision)]
+    #[arg(long, default_value = "exact", value_parser = parse_precision, help = precision_help())]
     pub precision: Precision,
+}
+
+// Help texts that name methods by a property are built from the registry,
+// so that a new method appears in them without an edit here.
+
+fn tol_help() -> String {
+    format!(
+        "{}: stop iterating once every row of the plan sums to 1/|B| within this relative error \
+         (the columns are exact after each iteration)",
+        names_where(|m| m.method().sinkhorn(m).is_some())
+    )
+}
+
+fn precision_help() -> String {
+    format!(
+        "How similarities are computed: exact (f32 tiles), screened (a bf16 screen, re-scoring \
+         in f32 every item it cannot rule out: the same lists and scores; needs AVX512_BF16; for \
+         searches of methods scoring s − h(g) and pass 1's top-k statistics: {}), or auto \
+         (screened where the CPU and methods allow). docs/precision.md",
+        names_where(|m| {
+            hubnorm::bank::StatsLayout::new(&[*m])
+                .bank_request()
+                .screenable()
+        })
+    )
+}
+
+fn gallery_bank_help() -> String {
+    format!(
+        "Gallery bank: items of the gallery modality from the training split (needed by {}; \
+         used by {} when given)",
+        names_where(|m| m.kind().needs_gallery_bank()),
+        names_where(|m| m.kind().uses_gallery_bank() && !m.kind().needs_gallery_bank()),
+    )
+}
+
+fn transductive_help() -> String {
+    format!(
+        "Use the test queries themselves as the bank ({}). This PEEKS AT THE TEST SET: legitimate \
+         only for offline re-ranking of a query set known in advance (e.g. a query log), never for \
+         evaluating a deployable system",
+        names_where(|m| m.kind().needs_bank() && m.kind().has_transductive_variant())
+    )
 }
 
 /// `stats --update`'s help, naming the methods whose statistics merge.
@@ -275,9 +312,7 @@ impl QualityArgs {
 /// The banks of pass 1 besides the query bank.
 #[derive(Debug, Clone, Args)]
 pub struct BankArgs {
-    /// Gallery bank: items of the gallery modality from the training split
-    /// (needed by dual-is, dual-dis and dbsn; used by dn and mp when given).
-    #[arg(long)]
+    #[arg(long, help = gallery_bank_help())]
     pub gallery_bank: Option<String>,
     /// Use a seeded uniform sample of N rows of each bank (e.g. to make gc fit).
     #[arg(long, value_name = "N")]
@@ -315,10 +350,7 @@ pub struct RunArgs {
     /// Query bank (training-split queries, never the test queries).
     #[arg(long)]
     pub bank: Option<String>,
-    /// Use the test queries themselves as the bank (is, sn, dsl, sinkhorn-pp). This PEEKS AT THE
-    /// TEST SET: legitimate only for offline re-ranking of a query set known in
-    /// advance (e.g. a query log), never for evaluating a deployable system.
-    #[arg(long)]
+    #[arg(long, help = transductive_help())]
     pub transductive: bool,
     #[command(flatten)]
     pub banks: BankArgs,
@@ -530,8 +562,7 @@ pub struct TuneArgs {
     /// Query bank (training-split queries).
     #[arg(long)]
     pub bank: String,
-    /// Gallery bank (needed to tune dual-is, dual-dis, dbsn).
-    #[arg(long)]
+    #[arg(long, help = gallery_bank_help())]
     pub gallery_bank: Option<String>,
     /// Validation queries with ground truth (never the test queries).
     #[arg(
@@ -560,8 +591,7 @@ pub struct TuneArgs {
     /// Selection metric: r1, r5, r10 (any R@K among --recall-at) or mrr.
     #[arg(long, default_value = "r1")]
     pub metric: String,
-    /// sn, dbsn: stop iterating early once the marginals are within this relative error.
-    #[arg(long)]
+    #[arg(long, help = tol_help())]
     pub tol: Option<f64>,
     #[command(flatten)]
     pub quality: QualityArgs,

@@ -117,7 +117,7 @@ pub fn export(args: ExportArgs) -> Result<()> {
     // A config (e.g. tune's) lists the baseline beside the tuned method;
     // the baseline has no correction to export.
     if methods.len() > 1 {
-        methods.retain(|m| m.kind().name() != "none");
+        methods.retain(|m| m.kind() != MethodKind::baseline());
     }
     let [method] = methods[..] else {
         return Err(HubnormError::Usage(

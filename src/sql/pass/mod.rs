@@ -42,7 +42,9 @@ use crate::stats_file::{methods_from_json, methods_json, StatsSink};
 use super::Placement;
 
 mod plan;
+mod snapshot;
 pub use plan::{PassExec, PassTable};
+pub use snapshot::InputSnapshot;
 
 /// The column a sharded pass adds when asked, the shard of each row, so
 /// that a client can put the shards back in order.
@@ -116,6 +118,36 @@ pub enum PassInputs {
 }
 
 impl PassInputs {
+    /// The paths of [`PassInputs::tables`], to rewrite.
+    fn tables_mut(&mut self) -> Vec<&mut String> {
+        match self {
+            PassInputs::Stats {
+                gallery,
+                bank,
+                gallery_bank,
+                ..
+            }
+            | PassInputs::SinkhornRound {
+                gallery,
+                bank,
+                gallery_bank,
+                ..
+            } => [Some(gallery), Some(bank), gallery_bank.as_mut()]
+                .into_iter()
+                .flatten()
+                .collect(),
+            PassInputs::Search {
+                queries,
+                gallery,
+                stats,
+                ..
+            } => [Some(queries), Some(gallery), stats.as_mut()]
+                .into_iter()
+                .flatten()
+                .collect(),
+        }
+    }
+
     /// The tables the pass reads, by role (`gallery`, `bank`, ...).
     pub fn tables(&self) -> Vec<(&'static str, &str)> {
         let mut tables = Vec::new();
@@ -169,6 +201,10 @@ pub struct PassSpec {
     /// own CPU (`auto` screens where that CPU can).
     #[serde(default)]
     pub precision: Precision,
+    /// The input files as the client checked them, for a cluster's tasks
+    /// to check ([`PassSpec::for_cluster`]); empty on one machine.
+    #[serde(default)]
+    pub snapshots: Vec<InputSnapshot>,
 }
 
 impl PassSpec {
@@ -196,7 +232,7 @@ impl PassSpec {
     pub fn stats(job: &StatsJob, methods: &[MethodSpec], gallery_ids: IdKind) -> Self {
         let with_statistics: Vec<MethodSpec> = methods
             .iter()
-            .filter(|m| !m.method().single_query())
+            .filter(|m| m.method().single_query(m).is_none())
             .copied()
             .collect();
         PassSpec {
@@ -214,6 +250,7 @@ impl PassSpec {
             shards: Vec::new(),
             shard_column: false,
             precision: job.options.precision,
+            snapshots: Vec::new(),
         }
     }
 
@@ -236,6 +273,7 @@ impl PassSpec {
             shards: Vec::new(),
             shard_column: false,
             precision: job.options.precision,
+            snapshots: Vec::new(),
         }
     }
 
@@ -260,6 +298,7 @@ impl PassSpec {
             shards: Vec::new(),
             shard_column: false,
             precision: job.options.precision,
+            snapshots: Vec::new(),
         }
     }
 
@@ -301,9 +340,17 @@ impl PassSpec {
         self
     }
 
-    /// This spec with its local paths made absolute, for processes whose
-    /// working directories are not this one's (a cluster's).
-    pub fn with_absolute_paths(mut self) -> crate::Result<Self> {
+    /// This spec for a cluster's processes: its local paths made absolute
+    /// (their working directories are not this one's), its Delta inputs
+    /// pinned to their versions and its input files recorded, so that
+    /// every task reads what the client checked or fails (see
+    /// [`snapshot`]).
+    pub fn for_cluster(self) -> crate::Result<Self> {
+        self.with_absolute_paths()?.pinned()
+    }
+
+    /// This spec with its local paths made absolute.
+    fn with_absolute_paths(mut self) -> crate::Result<Self> {
         let absolute = |path: &mut String| -> crate::Result<()> {
             *path = Placement::Cluster.path(std::mem::take(path))?;
             Ok(())
@@ -438,7 +485,10 @@ impl PassSpec {
         budget: usize,
         emit: &mut (dyn FnMut(&RecordBatch) -> crate::Result<()> + Send),
     ) -> crate::Result<ScreenCounts> {
+        // Before and after its rows: the input it read was the client's.
+        self.check_inputs_unchanged()?;
         let screen = self.run_partition(partition, budget, emit)?;
+        self.check_inputs_unchanged()?;
         #[cfg(feature = "cluster")]
         if screen.screened > 0 {
             log::info!(
