@@ -1357,3 +1357,69 @@ fn a_resumed_screened_pass_1_reports_the_whole_screen() {
         std::fs::read(&reference).unwrap()
     );
 }
+
+/// A method that refuses its statistics once pass 1 has finished (`ls`: a
+/// gallery item whose nearest bank query coincides with it has no scale)
+/// exits 2 and leaves no checkpoint: the next run is not told it was
+/// interrupted.
+#[test]
+fn a_refusal_after_pass_1_leaves_no_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut r = write_case(
+        d,
+        &CaseShape {
+            seed: 5,
+            gallery: 60,
+            queries: 10,
+            bank: 50,
+            dim: 8,
+            noise: 0.1,
+        },
+    );
+    // The bank holds gallery row 3 itself.
+    let gallery = random_table(&mut r, "g", 60, 8);
+    write_table(
+        &d.join("gallery.parquet"),
+        &gallery,
+        Layout::FixedF32,
+        false,
+    );
+    let mut bank = random_table(&mut r, "b", 50, 8);
+    bank.ids.push("copy".into());
+    bank.data.extend_from_slice(gallery.row(3));
+    write_table(&d.join("bank.parquet"), &bank, Layout::FixedF32, false);
+    let out = d.join("out");
+    let p = |n: &str| d.join(n).display().to_string();
+    let run = || {
+        hubnorm([
+            "run",
+            "--queries",
+            &p("queries.parquet"),
+            "--gallery",
+            &p("gallery.parquet"),
+            "--bank",
+            &p("bank.parquet"),
+            "--method",
+            "ls",
+            "--ls-k",
+            "1",
+            "--quiet",
+            "--out",
+            &out.display().to_string(),
+        ])
+        .output()
+    };
+    for attempt in 0..2 {
+        let refused = run();
+        assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
+        assert!(
+            refused
+                .stderr()
+                .contains("gallery row 3 has a bank neighbourhood of scale"),
+            "attempt {attempt}: {}",
+            refused.stderr()
+        );
+        assert!(!out.exists(), "attempt {attempt}: {:?}", files_under(&out));
+    }
+}

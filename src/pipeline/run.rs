@@ -259,21 +259,29 @@ pub(crate) fn run_uncommitted(
             #[cfg(not(feature = "cluster"))]
             Some(cluster) => return Err(without_cluster(&cluster.scheduler)),
         };
-        // Read back through the same code as `hubnorm search`.
-        let plan = load_plan(
+        // Read back through the same code as `hubnorm search`. A method
+        // may refuse its statistics here (`ls`: a neighbourhood of scale 0).
+        let prepared = load_plan(
             Some(stats_file.temporary_path()),
             &index,
             &methods,
             job.options.read.normalize,
-        )?;
-        let protocol = prepare_protocol(
-            &methods,
-            &gallery,
-            &banks.bank,
-            queries.rows,
-            job.bank_sample,
-            &job.options,
-        )?;
+        )
+        .and_then(|plan| {
+            let protocol = prepare_protocol(
+                &methods,
+                &gallery,
+                &banks.bank,
+                queries.rows,
+                job.bank_sample,
+                &job.options,
+            )?;
+            Ok((plan, protocol))
+        });
+        let (plan, protocol) = match prepared {
+            Ok(prepared) => prepared,
+            Err(err) => return Err(failed(err, checkpoint, true)),
+        };
         let results_out = job.out_dir.join("results.parquet");
         let results_metadata = bank_metadata(&banks, job.bank_sample)
             .into_iter()

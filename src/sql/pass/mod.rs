@@ -487,7 +487,16 @@ impl PassSpec {
     ) -> crate::Result<ScreenCounts> {
         // Before and after its rows: the input it read was the client's.
         self.check_inputs_unchanged()?;
-        let screen = self.run_partition(partition, budget, emit)?;
+        let screen = self
+            .run_partition(partition, budget, emit)
+            .map_err(|e| match e {
+                // The limit a pass names is its task's, not a flag's value.
+                HubnormError::Budget(message) => HubnormError::Budget(format!(
+                    "{message} (the --memory-limit here is this task's budget, {}: half of its share of the process's --memory-limit, an executor's shared among its task slots)",
+                    crate::options::human_bytes(budget as u64)
+                )),
+                e => e,
+            })?;
         self.check_inputs_unchanged()?;
         #[cfg(feature = "cluster")]
         if screen.screened > 0 {
