@@ -566,11 +566,11 @@ def run(
     ``out``: write the three files there (as the CLI; refused if they exist
     unless ``overwrite``); by default they go to a temporary directory that
     lives as long as the returned :class:`Run`. ``transductive=True`` uses
-    the queries themselves as the bank (``is``, ``sn``, ``dsl``,
-    ``sinkhorn-pp``; it peeks at the test set). ``memory_limit`` bounds the
+    the queries themselves as the bank ({transductive}; it peeks at the
+    test set). ``memory_limit`` bounds the
     job's memory ("2GiB", "512MiB"); ``threads=0`` uses every core;
     ``normalize=False`` ranks by raw dot products instead of cosine;
-    ``tolerance`` stops ``sn``/``dbsn`` early; ``bank_sample`` uses that
+    ``tolerance`` stops {iterating} early; ``bank_sample`` uses that
     many bank rows drawn with ``seed``. ``precision`` is the passes'
     arithmetic, as ``--precision``: ``"exact"`` (f32), ``"screened"`` (a
     bf16 screen and an f32 re-score of what it cannot rule out: the same
@@ -641,8 +641,7 @@ def stats(
     """Pass 1, as ``hubnorm stats``: each gallery item's statistics for
     ``methods`` over ``bank``, written to ``out`` (``gallery_stats.parquet``)
     and returned as a table. Arguments as for :func:`run` (``precision``
-    screens the statistics made of top-k lists: ``nnn``, ``csls``, ``ls``,
-    ``nicdm``, ``dissim-local``; the checkpoint of ``checkpoint_interval``
+    screens the statistics made of top-k lists: {screened_bank_pass}; the checkpoint of ``checkpoint_interval``
     and ``resume`` is ``OUT.checkpoint/`` beside ``out``; ``format="delta"``
     writes a Delta table, a new version of it with ``overwrite=True``)."""
     checkpointing = _checkpointing(out, checkpoint_interval, resume, (gallery, bank, gallery_bank))
@@ -986,6 +985,19 @@ def _method_list() -> str:
     return "\n".join(f"    {line}" if line else line for line in lines)
 
 
+def _names_where(property: str) -> str:
+    """The methods with ``property`` in :func:`methods`, as "``a``, ``b``
+    and ``c``" for the docstrings."""
+    names = [f"``{m['name']}``" for m in _hubnorm.methods() if m[property]]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+# The docstrings' lists of methods by property come from the registry.
+_PROPERTIES = {key: _names_where(key)
+               for key in ("transductive", "iterating", "screened_bank_pass")}
 for _function in (run, stats, search, compare):
-    _function.__doc__ = (_function.__doc__ or "") + _method_list()
-del _function
+    doc = _function.__doc__ or ""
+    for key, names in _PROPERTIES.items():
+        doc = doc.replace("{" + key + "}", names)
+    _function.__doc__ = doc + _method_list()
+del _function, doc

@@ -835,8 +835,8 @@ fn sql<'py>(
         .into_pyarrow(py)
 }
 
-/// The registry: each method's name, summary and parameters (flag, default,
-/// help), for the package's docstrings.
+/// The registry: each method's name, summary, parameters (flag, default,
+/// help) and the properties the package's docstrings list methods by.
 #[pyfunction]
 fn methods(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
     hubnorm::method::REGISTRY
@@ -852,6 +852,17 @@ fn methods(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
                 .map(|p| (p.flag.replace('-', "_"), p.default - p.flag_offset, p.help))
                 .collect();
             entry.set_item("parameters", parameters)?;
+            // The properties the docstrings list methods by.
+            let kind = MethodKind::named(m.name()).expect("a registered name");
+            let spec = MethodSpec::default_for(kind);
+            entry.set_item("transductive", m.needs_bank() && m.transductive())?;
+            entry.set_item("iterating", m.sinkhorn(&spec).is_some())?;
+            entry.set_item(
+                "screened_bank_pass",
+                hubnorm::bank::StatsLayout::new(&[spec])
+                    .bank_request()
+                    .screenable(),
+            )?;
             Ok(entry)
         })
         .collect()

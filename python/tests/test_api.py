@@ -396,6 +396,12 @@ def test_help_explains_the_methods_and_parameters():
     # Every method with its summary and its parameters' keywords and defaults.
     assert "``nnn``" in doc and "nnn_k=128" in doc and "``sn``" in doc and "tau=0.01" in doc
     assert "``dbsn``" in hubnorm.compare.__doc__
+    # Lists of methods by property come from the registry, placeholders filled.
+    assert "``tolerance`` stops ``sn`` and ``dbsn`` early" in " ".join(doc.split())
+    assert "(``is``, ``sn``, ``dsl`` and ``sinkhorn-pp``; it peeks" in " ".join(doc.split())
+    assert "``nnn``, ``csls``, ``ls``, ``nicdm`` and ``dissim-local``" in " ".join(hubnorm.stats.__doc__.split())
+    for function in (hubnorm.run, hubnorm.stats, hubnorm.search, hubnorm.compare):
+        assert "{" not in function.__doc__.split("Methods (")[0], function.__name__
     # Defaults are the keywords' (sinkhorn-pp's pseudo_queries is m - 1, as the CLI flag).
     pp = [p for m in hubnorm.methods() if m["name"] == "sinkhorn-pp" for p in m["parameters"]]
     assert ("pseudo_queries", 127.0) in [(name, default) for name, default, _ in pp]
