@@ -209,6 +209,66 @@ fn update_then_finish_equals_a_full_recomputation() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
+/// Every method with a gallery statistic, at its defaults and with a
+/// gallery bank (so `dn`, the dual methods and `dbsn` are among them):
+/// new bank and gallery parts merged by `--update` (or recomputed) give the
+/// columns and the metadata keys of a full recomputation. The registry
+/// names the methods, so a new one is covered without an edit.
+#[test]
+fn update_of_every_method_equals_a_full_recomputation() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut r = rng(73);
+    let gallery = random_table(&mut r, "g", 120, 10);
+    // Above every default count (nnn's k = 128) in the first part alone.
+    let bank = random_table(&mut r, "b", 200, 10);
+    let gallery_bank = random_table(&mut r, "c", 90, 10);
+    let methods: Vec<MethodSpec> = MethodKind::all()
+        .filter(|k| k.method().has_statistics())
+        .map(MethodSpec::default_for)
+        .collect();
+    let job = |methods: &[MethodSpec], out: &Path| {
+        let mut job = StatsJob {
+            gallery_bank: Some(d.join("gallery_bank").display().to_string()),
+            ..stats_job(d, methods, out)
+        };
+        // Every method's statistics at once need more than the other tests'.
+        job.options.memory = MemoryBudget(64 << 20);
+        job
+    };
+    let stored = d.join("out/gallery_stats.parquet");
+    let full = d.join("full.parquet");
+    write_part(&d.join("gallery"), "part-0.parquet", &gallery.slice(0, 70));
+    write_part(&d.join("bank"), "part-0.parquet", &bank.slice(0, 150));
+    write_part(&d.join("gallery_bank"), "part-0.parquet", &gallery_bank);
+    run_stats(&job(&methods, &stored), &Silent).unwrap();
+
+    write_part(&d.join("bank"), "part-1.parquet", &bank.slice(150, 200));
+    write_part(
+        &d.join("gallery"),
+        "part-1.parquet",
+        &gallery.slice(70, 120),
+    );
+    let summary = update_stats(&job(&[], &stored), &Silent).unwrap();
+    let mergeable = methods.iter().filter(|m| is_mergeable(m.kind())).count();
+    assert_eq!(
+        (summary.merged.len(), summary.recomputed.len()),
+        (mergeable, methods.len() - mergeable)
+    );
+    run_stats(&job(&methods, &full), &Silent).unwrap();
+    assert_same_stats(&read_parquet(&stored), &read_parquet(&full), "every method");
+    let keys = |path: &Path| {
+        let mut keys: Vec<String> = parquet_metadata(path)
+            .into_iter()
+            .map(|(k, _)| k)
+            .filter(|k| k.starts_with("hubnorm."))
+            .collect();
+        keys.sort();
+        keys
+    };
+    assert_eq!(keys(&stored), keys(&full));
+}
+
 fn unit(v: &[f32]) -> Vec<f64> {
     let n = v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
     v.iter().map(|&x| x as f64 / n).collect()
