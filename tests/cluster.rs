@@ -424,7 +424,8 @@ fn run_and_compare_on_cluster_are_local(data: &Path, url: &str) {
     );
     assert!(!data.join(out).exists());
     // Bad input that only an executor reads (an embedding value, row 17 of
-    // a gallery part): the message and exit code 2 of the local run.
+    // a gallery part): the message and exit code 2 of the local run, with
+    // the path as the user gave it (the executors read it made absolute).
     let mut bad = random_table(&mut rng(31), "n", 50, 16);
     bad.data[17 * 16 + 3] = f32::NAN;
     std::fs::create_dir_all(data.join("bad_gallery")).unwrap();
@@ -455,7 +456,7 @@ fn run_and_compare_on_cluster_are_local(data: &Path, url: &str) {
         assert!(
             output
                 .stderr()
-                .contains("part-0.parquet, row 17, column 'embedding'"),
+                .contains("bad input at bad_gallery/part-0.parquet, row 17, column 'embedding'"),
             "{what}: {}",
             output.stderr()
         );
@@ -1064,14 +1065,19 @@ fn not_grpc_server() -> u16 {
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for mut stream in listener.incoming().flatten() {
-            let mut request = [0u8; 1024];
-            let _ = stream.read(&mut request);
-            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
-            // Closed as HTTP servers close: what the client sent after is
-            // read first (unread bytes would make the close a reset).
-            let _ = stream.shutdown(std::net::Shutdown::Write);
-            let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
-            let _ = std::io::copy(&mut stream, &mut std::io::sink());
+            // Each connection on its own thread: a client that keeps one
+            // open must not hold back its next attempt (a busy machine
+            // makes a probe retry).
+            std::thread::spawn(move || {
+                let mut request = [0u8; 1024];
+                let _ = stream.read(&mut request);
+                let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+                // Closed as HTTP servers close: what the client sent after is
+                // read first (unread bytes would make the close a reset).
+                let _ = stream.shutdown(std::net::Shutdown::Write);
+                let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+                let _ = std::io::copy(&mut stream, &mut std::io::sink());
+            });
         }
     });
     port

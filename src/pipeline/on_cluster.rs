@@ -274,6 +274,17 @@ fn send(
     cluster: &ClusterJob,
     emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
 ) -> Result<ScreenCounts> {
+    // The paths as the user gave them, and as the executors read them.
+    let given: Vec<String> = spec
+        .inputs
+        .tables()
+        .iter()
+        .map(|(_, t)| t.to_string())
+        .collect();
+    let absolute: Vec<String> = given
+        .iter()
+        .map(|t| crate::sql::Placement::Cluster.path(t.clone()))
+        .collect::<Result<_>>()?;
     let mut spec = spec.for_cluster()?;
     spec.shard_column = true;
     spec.threads = 1;
@@ -288,4 +299,17 @@ fn send(
         },
         emit,
     )
+    .map_err(|err| match err {
+        // A task's error names the files as the executor read them: named
+        // as the user gave them, as a local run names them.
+        HubnormError::Carried { message, exit_code } => HubnormError::Carried {
+            message: absolute
+                .iter()
+                .zip(&given)
+                .filter(|(a, g)| a != g)
+                .fold(message, |m, (a, g)| m.replace(a.as_str(), g)),
+            exit_code,
+        },
+        err => err,
+    })
 }
