@@ -15,7 +15,7 @@ use crate::query::{MethodRule, QueryTerm, Selection};
 /// k_A of `dis` and `dual-dis`.
 pub const ACTIVATION_K: Parameter = Parameter::new(
     "ka",
-    "k_A of dis and dual-dis: a gallery item is activated when it is in the top-k_A of some bank item",
+    "k_A: a gallery item is activated when it is in the top-k_A of some bank item",
     1.0,
     Domain::Count { min: 1 },
 )

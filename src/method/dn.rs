@@ -18,8 +18,13 @@ pub const QUERY_BANK_MEAN_KEY: &str = "hubnorm.dn.query_bank_mean";
 /// Metadata key of the gallery(-bank) mean used by `dn`.
 pub const GALLERY_MEAN_KEY: &str = "hubnorm.dn.gallery_mean";
 
-const LAMBDA: Parameter =
-    Parameter::new("lambda", "λ of dn", 0.5, Domain::Finite).grid(&[0.25, 0.5, 0.75, 1.0]);
+const LAMBDA: Parameter = Parameter::new(
+    "lambda",
+    "λ: the share of the bank means subtracted",
+    0.5,
+    Domain::Finite,
+)
+.grid(&[0.25, 0.5, 0.75, 1.0]);
 
 /// Distribution normalisation.
 pub struct DistributionNormalisation;

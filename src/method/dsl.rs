@@ -15,7 +15,7 @@ use crate::error::Result;
 use crate::query::{MethodRule, QueryTerm, Scoring, Selection};
 
 const THETA: Parameter =
-    Parameter::new("theta", "θ of dsl: exp(s/θ)", 0.01, Domain::Positive).grid(TEMPERATURES);
+    Parameter::new("theta", "θ: exp(s/θ)", 0.01, Domain::Positive).grid(TEMPERATURES);
 
 /// Dual softmax.
 pub struct DualSoftmax;

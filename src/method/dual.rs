@@ -16,16 +16,12 @@ use super::{
 use crate::error::Result;
 use crate::query::{MethodRule, QueryTerm, Selection};
 
-const BETA1: Parameter = Parameter::new(
-    "beta1",
-    "β₁ of dual-is/dual-dis (query-bank factor)",
-    20.0,
-    Domain::Positive,
-)
-.grid(&[10.0, 20.0, 50.0]);
+const BETA1: Parameter =
+    Parameter::new("beta1", "β₁: the query-bank factor", 20.0, Domain::Positive)
+        .grid(&[10.0, 20.0, 50.0]);
 const BETA2: Parameter = Parameter::new(
     "beta2",
-    "β₂ of dual-is/dual-dis (gallery-bank factor)",
+    "β₂: the gallery-bank factor",
     1.0,
     Domain::Positive,
 )

@@ -13,9 +13,8 @@ use crate::error::Result;
 use crate::query::MethodRule;
 
 /// β of `is` and `dis`: exp(β·s).
-pub const BETA: Parameter =
-    Parameter::new("beta", "β of is and dis: exp(β·s)", 20.0, Domain::Positive)
-        .grid(&[5.0, 10.0, 20.0, 30.0, 50.0, 100.0]);
+pub const BETA: Parameter = Parameter::new("beta", "β: exp(β·s)", 20.0, Domain::Positive)
+    .grid(&[5.0, 10.0, 20.0, 30.0, 50.0, 100.0]);
 
 /// The columns of a method whose statistic is (1/β)·LSE_b β·s(b, g).
 pub(crate) const LSE_COLUMNS: [StatColumn; 3] = [

@@ -29,7 +29,7 @@ use crate::query::{MethodRule, QueryTerm, Scoring, Selection};
 /// k of the local methods: the bank neighbourhood of each gallery item.
 pub const LOCAL_K: Parameter = Parameter::new(
     "k",
-    "k of the local scaling methods: the bank neighbourhood of each gallery item",
+    "k: the bank neighbourhood of each gallery item",
     5.0,
     Domain::Count { min: 1 },
 )

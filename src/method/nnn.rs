@@ -18,19 +18,29 @@ use super::{
 use crate::error::{HubnormError, Result};
 use crate::query::{MethodRule, QueryTerm, Selection};
 
-const ALPHA: Parameter =
-    Parameter::new("alpha", "α of nnn", 0.75, Domain::NonNegative).grid(&[0.25, 0.5, 0.75, 1.0]);
+const ALPHA: Parameter = Parameter::new(
+    "alpha",
+    "α: the weight of the neighbours' mean",
+    0.75,
+    Domain::NonNegative,
+)
+.grid(&[0.25, 0.5, 0.75, 1.0]);
 const NNN_K: Parameter = Parameter::new(
     "k",
-    "k of nnn: bank neighbours averaged",
+    "k: bank neighbours averaged",
     128.0,
     Domain::Count { min: 1 },
 )
 .flag("nnn-k")
 .grid(&[8.0, 32.0, 128.0]);
-const CSLS_K: Parameter = Parameter::new("k", "k of csls", 10.0, Domain::Count { min: 1 })
-    .flag("csls-k")
-    .grid(&[1.0, 5.0, 10.0, 20.0, 50.0]);
+const CSLS_K: Parameter = Parameter::new(
+    "k",
+    "k: bank neighbours averaged (and the query's gallery neighbours)",
+    10.0,
+    Domain::Count { min: 1 },
+)
+.flag("csls-k")
+.grid(&[1.0, 5.0, 10.0, 20.0, 50.0]);
 
 const COLUMNS: [StatColumn; 2] = [StatColumn::f64("correction"), StatColumn::list("topk")];
 

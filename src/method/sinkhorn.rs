@@ -17,17 +17,12 @@ use crate::query::MethodRule;
 pub(crate) const TEMPERATURES: &[f64] = &[0.005, 0.01, 0.02, 0.05, 0.1];
 
 /// τ of the Sinkhorn methods: the plan is exp((s − g − f)/τ).
-pub const TAU: Parameter = Parameter::new(
-    "tau",
-    "τ of sn, dbsn and sinkhorn-pp: exp(s/τ)",
-    0.01,
-    Domain::Positive,
-)
-.grid(TEMPERATURES);
+pub const TAU: Parameter =
+    Parameter::new("tau", "τ: exp(s/τ)", 0.01, Domain::Positive).grid(TEMPERATURES);
 /// Iterations T of the Sinkhorn methods.
 pub const ITERATIONS: Parameter = Parameter::new(
     "t",
-    "iterations T of sn, dbsn and sinkhorn-pp",
+    "T: Sinkhorn iterations",
     10.0,
     Domain::Count { min: 1 },
 )

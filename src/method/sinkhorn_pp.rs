@@ -14,7 +14,7 @@ use crate::query::{MethodRule, QueryTerm, Selection};
 
 const PSEUDO_QUERIES: Parameter = Parameter::new(
     "m",
-    "m − 1 of sinkhorn-pp: bank queries stacked with each test query (drawn with --seed)",
+    "m − 1: bank queries stacked with each test query (drawn with --seed)",
     128.0,
     Domain::Count { min: 2 },
 )

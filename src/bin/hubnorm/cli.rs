@@ -928,6 +928,7 @@ impl Args for ParameterFlags {
                         .value_name(p.name)
                         .value_parser(clap::value_parser!(f64))
                         .allow_negative_numbers(true)
+                        .help_heading("Method parameters")
                         .help(format!(
                             "{} [{}]. Default {}",
                             p.help,
