@@ -48,7 +48,7 @@ pub fn check() -> Result<()> {
 /// Runs `work`, the saving or clearing up of stopped work (its finished
 /// blocks into the checkpoint, an empty checkpoint or a scratch file
 /// removed), with a requested stop not cutting its object-store requests
-/// short ([`check_requests`]) for [`FINISHING_GRACE`] after the stop.
+/// short ([`check_requests`]) for `FINISHING_GRACE` (20 s) after the stop.
 /// Local writes are not stopped anyway.
 pub fn finishing<T>(work: impl FnOnce() -> T) -> T {
     struct Open;
@@ -64,7 +64,7 @@ pub fn finishing<T>(work: impl FnOnce() -> T) -> T {
 
 /// [`check`] for a request to an object store: `Err(Interrupted)` once a
 /// stop has been requested, unless the request belongs to [`finishing`]
-/// work and the stop is less than [`FINISHING_GRACE`] old.
+/// work and the stop is less than `FINISHING_GRACE` old.
 pub fn check_requests() -> Result<()> {
     if FINISHING.load(Ordering::SeqCst) > 0 {
         let at = *REQUESTED_AT.lock().unwrap_or_else(|e| e.into_inner());

@@ -46,6 +46,10 @@ pub fn parameters_json(m: &MethodSpec) -> serde_json::Map<String, serde_json::Va
 }
 
 /// Where pass 1's rows go: a Parquet file, or a stream of record batches
+/// Metadata key of a run's stats file: whether the bank was the test
+/// queries themselves (`--transductive`), which `dsl`'s rule reads.
+pub const TRANSDUCTIVE_KEY: &str = "hubnorm.transductive";
+
 /// Refuses statistics computed on vectors normalised differently from the
 /// ones a job reads (`--no-normalize`): h(g) of raw dot products does not
 /// correct cosines, nor the reverse. Files without the key predate it.

@@ -1,11 +1,15 @@
 //! Pass 1: per-gallery statistics from the banks.
 //!
-//! Every bank method is a per-gallery statistic (DESIGN.md, decision 1),
-//! kept as a mergeable state per gallery item: log-sum-exp for the inverted
-//! softmaxes, bounded top-k values for NNN and CSLS, the sorted similarities
-//! for GC, per-bank-item top-k for the DIS activation sets, and the bank
-//! moments for DN and MP. [`layout`] says which a set of methods needs and how they
-//! become columns of `gallery_stats.parquet`; [`pass`] streams the tiles.
+//! Every bank method is a per-gallery statistic (the design notes'
+//! decision 1, `../shared/DESIGN.md` beside a development checkout), kept
+//! as a mergeable state per gallery item. The methods ask for statistics
+//! by kind ([`crate::method::BankNeeds`]): log-sum-exp at a β, the k
+//! largest bank similarities (with their rows, and the means of those
+//! rows' own neighbours), every similarity sorted, per-bank-item top-k
+//! (activation sets), the bank moments, and Sinkhorn sweeps
+//! ([`sinkhorn`]). [`layout`] says which a set of methods needs and how
+//! they become columns of `gallery_stats.parquet`; [`pass`] streams the
+//! tiles.
 
 pub mod driver;
 pub mod layout;

@@ -220,11 +220,16 @@ impl ChunkContext<'_> {
             i,
         )
     }
-    /// The largest bank similarities of each gallery item.
+    /// The largest bank similarities of each gallery item, descending
+    /// ([`BankNeeds::bank_top_k`]): as many as the largest k any method of
+    /// the pass asked for, so a method takes its own k first.
     pub fn bank_top(&self) -> &[TopValues] {
         &self.chunk.bank.top
     }
-    /// The largest bank similarities of each gallery item with their bank rows.
+    /// The largest bank similarities of each gallery item with their bank
+    /// rows: filled only when a method asked for
+    /// [`BankNeeds::bank_neighbour_mean`] (empty otherwise), as many as the
+    /// largest k asked for.
     pub fn bank_top_rows(&self) -> &[TopK] {
         &self.chunk.bank.top_rows
     }
@@ -241,7 +246,8 @@ impl ChunkContext<'_> {
             .expect("neighbour mean requested by the method");
         &means[i * dim..(i + 1) * dim]
     }
-    /// Every bank similarity of each gallery item, sorted ascending.
+    /// Every bank similarity of each gallery item, sorted ascending
+    /// ([`BankNeeds::every_bank_similarity`]; empty otherwise).
     pub fn bank_all(&self) -> &[Vec<f32>] {
         &self.chunk.bank.all
     }

@@ -19,7 +19,7 @@
 use arrow::array::ArrayRef;
 
 use super::columns::{f64_array, list_array, rows_array};
-use super::local::LOCAL_K;
+use super::local::NEIGHBOURHOOD_K;
 use super::{
     BankNeeds, ChunkContext, Export, InputSizes, Method, MethodSpec, Parameter, PlanContext,
     StatColumn, StoredRows,
@@ -72,7 +72,7 @@ impl Method for DissimLocal {
         "DisSimLocal: s − (‖g‖² − ‖g − c_k(g)‖²)/2, c_k(g) the centroid of g's k nearest bank queries (Hara et al. 2016)"
     }
     fn parameters(&self) -> &'static [Parameter] {
-        &[LOCAL_K]
+        &[NEIGHBOURHOOD_K]
     }
     fn check_inputs(&self, spec: &MethodSpec, sizes: &InputSizes) -> Result<()> {
         super::nnn::check_k_within_bank(spec, "ls-k", sizes)

@@ -70,7 +70,7 @@ impl Method for DualSoftmax {
         let log_normaliser = ctx.take(0).into_f64();
         // Transductive: the test queries (q among them) are the bank;
         // otherwise the softmax is over B ∪ {q}.
-        let transductive = ctx.metadata("hubnorm.transductive") == Some("true");
+        let transductive = ctx.metadata(crate::stats_file::TRANSDUCTIVE_KEY) == Some("true");
         let s = ctx.add_scoring(Scoring::DualSoftmax {
             log_normaliser,
             inv_theta: 1.0 / spec.get("theta"),

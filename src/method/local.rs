@@ -26,8 +26,9 @@ use crate::error::{HubnormError, Result};
 use crate::kernel::TopValues;
 use crate::query::{MethodRule, QueryTerm, Scoring, Selection};
 
-/// k of the local methods: the bank neighbourhood of each gallery item.
-pub const LOCAL_K: Parameter = Parameter::new(
+/// k of the local methods (ls, nicdm) and of dissim-local: the bank
+/// neighbourhood of each gallery item (flag `--ls-k`, the first user's name).
+pub const NEIGHBOURHOOD_K: Parameter = Parameter::new(
     "k",
     "k: the bank neighbourhood of each gallery item",
     5.0,
@@ -105,7 +106,7 @@ impl Method for Local {
         }
     }
     fn parameters(&self) -> &'static [Parameter] {
-        &[LOCAL_K]
+        &[NEIGHBOURHOOD_K]
     }
     fn check_inputs(&self, spec: &MethodSpec, sizes: &InputSizes) -> Result<()> {
         if !sizes.normalized {

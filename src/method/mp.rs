@@ -29,7 +29,9 @@ use crate::error::{HubnormError, Result};
 use crate::query::method::MIN_STD;
 use crate::query::{MethodRule, QueryTerm, Scoring, Selection};
 
-/// Metadata key of the moments each query's Gaussian comes from.
+/// Metadata key of the moments each query's Gaussian comes from: those of
+/// the gallery side (the gallery bank, or the gallery), which the query's
+/// similarities are taken against. The name is the key's on disk.
 pub const QUERY_SIDE_MOMENTS_KEY: &str = "hubnorm.mp.query_side_moments";
 
 const COLUMNS: [StatColumn; 3] = [

@@ -181,7 +181,10 @@ pub(crate) fn run_uncommitted(
         )?;
         let index = IdIndex::build(&gallery)?;
         let mut metadata = banks.stats_metadata(&gallery, job.bank_sample, &job.options);
-        metadata.push(("hubnorm.transductive".into(), job.transductive.to_string()));
+        metadata.push((
+            crate::stats_file::TRANSDUCTIVE_KEY.into(),
+            job.transductive.to_string(),
+        ));
         let run_pairs = {
             let mut pairs = metadata.clone();
             pairs.extend(table_metadata("queries", &queries));

@@ -157,7 +157,7 @@ fn cast_ids(values: &ArrayRef, id_type: &DataType) -> Result<ArrayRef> {
 /// ([`TableBlocks::rows_alone`]), else from the blocks the search reads
 /// (its two halves at once when [`TableBlocks::fold_halves`] can). The
 /// scores are computed as the kernel computes them: the similarity as the
-/// search's tiles have it ([`tile_similarity`]), then the scoring's f32
+/// search's tiles have it (`tile_similarity`), then the scoring's f32
 /// arithmetic.
 /// `query_parameters` holds each scoring's per-query parameters for the
 /// block ([`Scoring::query_parameters`]).

@@ -168,7 +168,7 @@ pub fn column_log_sum_exp(
 /// for any thread count.
 ///
 /// Once a stop is requested ([`crate::cancel::request`]) the rows left are
-/// skipped and the call returns [`HubnormError::Interrupted`]: the states
+/// skipped and the call returns [`crate::error::HubnormError::Interrupted`]: the states
 /// are then partial, to be dropped.
 ///
 /// # Panics

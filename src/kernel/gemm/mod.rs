@@ -146,13 +146,13 @@ pub fn similarity_tile(
 /// without FMA (the `gemm` crate's scalar kernel).
 ///
 /// Every element of a tile, whatever the tile's shape, is a chain of fused
-/// multiply-adds from +0 over each depth block of [`depth_block`]
+/// multiply-adds from +0 over each depth block of `depth_block`
 /// dimensions, in order, the blocks' sums added to the element in order:
 /// what the `gemm` crate (0.19) computes with its AVX-512 or, without
 /// AVX-512F, its AVX2/FMA microkernel for tiles beyond 64 × 64. The shapes
 /// it sums otherwise (one row or column, at most 256 elements, `dim` ≤ 2,
 /// and at most 64 × 64 where its depth block is then another) are computed
-/// by [`TileScorer::tile`] instead, so a pair's score does not depend on
+/// by `TileScorer::tile` instead, so a pair's score does not depend on
 /// the batch, chunk or shard it was computed in.
 /// `tests::tile_scores_are_the_tiles_bits` holds this to the crate's output,
 /// `tests::tile_elements_do_not_depend_on_the_tile_shape` to every shape.

@@ -344,7 +344,7 @@ impl PassSpec {
     /// (their working directories are not this one's), its Delta inputs
     /// pinned to their versions and its input files recorded, so that
     /// every task reads what the client checked or fails (see
-    /// [`snapshot`]).
+    /// `sql::pass::snapshot`).
     pub fn for_cluster(self) -> crate::Result<Self> {
         self.with_absolute_paths()?.pinned()
     }

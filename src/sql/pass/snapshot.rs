@@ -107,7 +107,7 @@ impl PassSpec {
     }
 
     /// Fails, naming the file, when an input recorded by
-    /// [`PassSpec::pinned`] has changed.
+    /// `PassSpec::pinned` has changed.
     pub fn check_inputs_unchanged(&self) -> Result<()> {
         self.snapshots
             .iter()
