@@ -125,6 +125,22 @@ pub struct ReadOptions {
     pub skip_missing_targets: bool,
 }
 
+impl ReadOptions {
+    /// The defaults with the tables' column names: `target` when the user
+    /// named a ground-truth column (then it must be there), the default
+    /// read when present otherwise.
+    pub fn with_columns(id: &str, embedding: &str, target: Option<&str>) -> Self {
+        let defaults = ReadOptions::default();
+        ReadOptions {
+            id_column: id.to_owned(),
+            embedding_column: embedding.to_owned(),
+            target_column: target.map_or(defaults.target_column.clone(), str::to_owned),
+            target_column_named: target.is_some(),
+            ..defaults
+        }
+    }
+}
+
 impl Default for ReadOptions {
     fn default() -> Self {
         ReadOptions {

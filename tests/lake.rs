@@ -79,6 +79,17 @@ fn assert_same_stats(updated: &RecordBatch, full: &RecordBatch, context: &str) {
     }
 }
 
+/// The hubnorm metadata keys of a Parquet file, sorted.
+fn hubnorm_keys(path: &Path) -> Vec<String> {
+    let mut keys: Vec<String> = parquet_metadata(path)
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with("hubnorm."))
+        .collect();
+    keys.sort();
+    keys
+}
+
 fn write_part(dir: &Path, name: &str, table: &Table) {
     std::fs::create_dir_all(dir).unwrap();
     write_table(&dir.join(name), table, Layout::FixedF32, false);
@@ -138,16 +149,7 @@ fn update_then_finish_equals_a_full_recomputation() {
     );
     // Whatever a method records in the metadata (its moments, its
     // iterations' report) is there after the update as after a full pass.
-    let keys = |path: &Path| {
-        let mut keys: Vec<String> = parquet_metadata(path)
-            .into_iter()
-            .map(|(k, _)| k)
-            .filter(|k| k.starts_with("hubnorm."))
-            .collect();
-        keys.sort();
-        keys
-    };
-    assert_eq!(keys(&stored), keys(&full));
+    assert_eq!(hubnorm_keys(&stored), hubnorm_keys(&full));
     // mp's gallery-side moments are of the grown gallery.
     let moments = |path: &Path| {
         let text = parquet_metadata(path)
@@ -257,16 +259,7 @@ fn update_of_every_method_equals_a_full_recomputation() {
     );
     run_stats(&job(&methods, &full), &Silent).unwrap();
     assert_same_stats(&read_parquet(&stored), &read_parquet(&full), "every method");
-    let keys = |path: &Path| {
-        let mut keys: Vec<String> = parquet_metadata(path)
-            .into_iter()
-            .map(|(k, _)| k)
-            .filter(|k| k.starts_with("hubnorm."))
-            .collect();
-        keys.sort();
-        keys
-    };
-    assert_eq!(keys(&stored), keys(&full));
+    assert_eq!(hubnorm_keys(&stored), hubnorm_keys(&full));
 }
 
 fn unit(v: &[f32]) -> Vec<f64> {

@@ -349,16 +349,13 @@ impl Options {
             precision,
             sinkhorn_tolerance: self.tolerance,
             read: ReadOptions {
-                id_column: self.id_column.clone(),
-                embedding_column: self.embedding_column.clone(),
-                target_column: self
-                    .target_column
-                    .clone()
-                    .unwrap_or_else(|| ReadOptions::default().target_column),
-                target_column_named: self.target_column.is_some(),
                 normalize: self.normalize,
                 skip_missing_targets: self.skip_missing,
-                ..ReadOptions::default()
+                ..ReadOptions::with_columns(
+                    &self.id_column,
+                    &self.embedding_column,
+                    self.target_column.as_deref(),
+                )
             },
             ..PassOptions::default()
         })

@@ -696,15 +696,12 @@ impl CommonArgs {
     pub fn pass_options(&self) -> PassOptions {
         PassOptions {
             read: ReadOptions {
-                id_column: self.id_column.clone(),
-                embedding_column: self.embedding_column.clone(),
-                target_column: self
-                    .target_column
-                    .clone()
-                    .unwrap_or_else(|| ReadOptions::default().target_column),
-                target_column_named: self.target_column.is_some(),
                 normalize: !self.no_normalize,
-                ..ReadOptions::default()
+                ..ReadOptions::with_columns(
+                    &self.id_column,
+                    &self.embedding_column,
+                    self.target_column.as_deref(),
+                )
             },
             memory: self.memory_limit,
             threads: self.threads,

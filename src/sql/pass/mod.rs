@@ -118,7 +118,9 @@ pub enum PassInputs {
 }
 
 impl PassInputs {
-    /// The paths of [`PassInputs::tables`], to rewrite.
+    /// The paths of [`PassInputs::tables`], to rewrite (Delta inputs
+    /// pinned to their versions).
+    #[cfg(feature = "delta")]
     fn tables_mut(&mut self) -> Vec<&mut String> {
         match self {
             PassInputs::Stats {
