@@ -160,11 +160,18 @@ pub(crate) fn check_tolerance(methods: &[MethodSpec], tolerance: Option<f64>) ->
     if methods.iter().any(iterates) {
         return Ok(());
     }
-    let named: Vec<String> = methods
-        .iter()
-        .filter(|m| m.kind() != MethodKind::baseline())
-        .map(|m| m.kind().to_string())
-        .collect();
+    // Each method once (a tune grid has many points of one), the baseline
+    // only when it is alone.
+    let mut named: Vec<String> = Vec::new();
+    for m in methods {
+        let name = m.kind().to_string();
+        if m.kind() != MethodKind::baseline() && !named.contains(&name) {
+            named.push(name);
+        }
+    }
+    if named.is_empty() {
+        named.push(MethodKind::baseline().to_string());
+    }
     Err(HubnormError::Usage(format!(
         "--tol stops the iterations of {}, none of which is among the methods ({}); add the method or drop it",
         crate::method::names_where(iterates),

@@ -45,7 +45,6 @@ pub fn parameters_json(m: &MethodSpec) -> serde_json::Map<String, serde_json::Va
         .collect()
 }
 
-/// Where pass 1's rows go: a Parquet file, or a stream of record batches
 /// Metadata key of a run's stats file: whether the bank was the test
 /// queries themselves (`--transductive`), which `dsl`'s rule reads.
 pub const TRANSDUCTIVE_KEY: &str = "hubnorm.transductive";

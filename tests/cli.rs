@@ -433,6 +433,56 @@ fn a_flag_no_method_uses_is_refused() {
         );
     }
     stats(&["--methods", "is,sn", "--tol", "0.01"]).assert_success();
+    // A search reads finished statistics: --tol has nothing to stop.
+    let stats_file = dir.path().join("stats.parquet").display().to_string();
+    let out = dir.path().join("results.parquet").display().to_string();
+    let queries = s("queries.parquet");
+    let refused = hubnorm([
+        "search",
+        "--queries",
+        &queries,
+        "--gallery",
+        &gallery,
+        "--stats",
+        &stats_file,
+        "--tol",
+        "0.01",
+        "--out",
+        &out,
+    ])
+    .output();
+    assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
+    assert!(
+        refused
+            .stderr()
+            .contains("this command reads finished statistics"),
+        "{}",
+        refused.stderr()
+    );
+    // compare without methods runs each at its defaults: a parameter is refused.
+    let refused = hubnorm([
+        "compare",
+        "--queries",
+        &queries,
+        "--gallery",
+        &gallery,
+        "--bank",
+        &bank,
+        "--beta",
+        "30",
+        "--out",
+        &dir.path().join("compare").display().to_string(),
+    ])
+    .output();
+    assert_eq!(refused.code(), Some(2), "{}", refused.stderr());
+    assert!(
+        refused
+            .stderr()
+            .contains("name the methods whose parameters you set"),
+        "{}",
+        refused.stderr()
+    );
+    assert!(!dir.path().join("compare").exists());
 }
 
 /// Common slips get a usage error (exit 2) that says what to write: a file

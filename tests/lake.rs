@@ -643,10 +643,10 @@ mod delta {
             .map(|(_, v)| v)
     }
 
-    /// A folder or glob that reaches into a Delta table (its files, a
-    /// folder holding it, a folder inside it, a glob run from inside it) is
-    /// refused, naming the table: its folder still holds the files a later
-    /// version removed. A data file named alone is read as asked.
+    /// A cluster job pins its Delta inputs to the versions it opened and
+    /// records every input file, once for the whole job: a version written
+    /// meanwhile changes nothing a task reads, a part added to a folder
+    /// fails the task that sees it, named.
     #[test]
     fn a_cluster_pass_reads_the_inputs_the_client_checked() {
         let dir = tempfile::tempdir().unwrap();
@@ -681,32 +681,79 @@ mod delta {
             options: PassOptions::default(),
             checkpoint: Default::default(),
         };
-        let (spec, _) = hubnorm::sql::pass::PassSpec::for_stats(&job).unwrap();
-        let spec = spec.for_cluster().unwrap();
-        // The Delta gallery is pinned to the version the client read...
-        let tables: Vec<String> = spec
-            .inputs
-            .tables()
-            .iter()
-            .map(|(_, t)| t.to_string())
-            .collect();
-        assert_eq!(tables[0], format!("{}@0", path(&table)));
-        spec.check_inputs_unchanged().unwrap();
+        // The job opens its tables once; every pass it sends reads them so.
+        let open = |spec: &str| {
+            hubnorm::source::EmbeddingTable::open("t", spec, &Default::default(), false).unwrap()
+        };
+        let pinned =
+            hubnorm::sql::pass::ClusterInputs::of(&[&open(&job.gallery), &open(&job.bank)])
+                .unwrap();
+        let pass = || {
+            let (spec, _) = hubnorm::sql::pass::PassSpec::for_stats(&job).unwrap();
+            spec.for_cluster(&pinned).unwrap()
+        };
+        let first = pass();
+        let gallery_of = |spec: &hubnorm::sql::pass::PassSpec| spec.inputs.tables()[0].1.to_owned();
+        // The Delta gallery is pinned to the version the job read...
+        assert_eq!(gallery_of(&first), format!("{}@0", path(&table)));
+        first.check_inputs_unchanged().unwrap();
         // ...so a version written meanwhile changes nothing a task reads,
+        // and a pass sent after it (a later round, pass 2) reads version 0.
         copy("overwrite");
-        spec.check_inputs_unchanged().unwrap();
-        // while a part added to the bank's folder fails the task, named.
+        first.check_inputs_unchanged().unwrap();
+        let later = pass();
+        assert_eq!(gallery_of(&later), format!("{}@0", path(&table)));
+        later.check_inputs_unchanged().unwrap();
+        // A part added to the bank's folder fails the tasks of every pass,
+        // those sent after it too, named.
         std::fs::copy(samples().join("bank.parquet"), bank.join("part-1.parquet")).unwrap();
-        let err = spec.check_inputs_unchanged().unwrap_err();
-        assert_eq!(err.exit_code(), 2);
-        let message = err.to_string();
-        assert!(
-            message.contains("part-1.parquet")
-                && message.contains("added while the cluster job ran"),
-            "{message}"
-        );
+        for spec in [&first, &pass()] {
+            let err = spec.check_inputs_unchanged().unwrap_err();
+            assert_eq!(err.exit_code(), 2);
+            let message = err.to_string();
+            assert!(
+                message.contains("part-1.parquet")
+                    && message.contains("added while the cluster job ran"),
+                "{message}"
+            );
+        }
+        // A Delta stats file is not pinned (its reader takes the table),
+        // only recorded; a search spec names it as given.
+        let stats_table = path(&d.join("stats"));
+        hubnorm([
+            "stats",
+            "--gallery",
+            &path(&gallery),
+            "--bank",
+            &path(&samples().join("bank.parquet")),
+            "--format",
+            "delta",
+            "--quiet",
+            "--out",
+            &stats_table,
+        ])
+        .output()
+        .assert_success();
+        let search = SearchJob {
+            queries: path(&samples().join("queries.parquet")),
+            gallery: path(&gallery),
+            stats: Some(d.join("stats")),
+            methods: vec![MethodSpec::new("is", &[]).unwrap()],
+            k: 10,
+            out: d.join("never-results.parquet"),
+            overwrite: false,
+            options: PassOptions::default(),
+        };
+        let (spec, _) = hubnorm::sql::pass::PassSpec::for_search(&search).unwrap();
+        let spec = spec.for_cluster(&Default::default()).unwrap();
+        assert_eq!(spec.inputs.tables()[2].1, stats_table);
+        spec.check_inputs_unchanged().unwrap();
     }
 
+    /// A folder or glob that reaches into a Delta table (its files, a
+    /// folder holding it, a folder inside it, a glob run from inside it) is
+    /// refused, naming the table: its folder still holds the files a later
+    /// version removed. A data file named alone is read as asked.
     #[test]
     fn globs_and_folders_into_a_delta_table_are_refused() {
         let dir = tempfile::tempdir().unwrap();

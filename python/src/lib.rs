@@ -305,10 +305,14 @@ fn method_specs(
 ) -> PyResult<Vec<MethodSpec>> {
     let params = method_params(params)?;
     let kinds = method_kinds(py, &names)?;
-    // No names: every method the inputs allow (compare).
-    if !kinds.is_empty() {
-        params.refuse_unused(&kinds).map_err(|e| to_python(py, e))?;
+    // No names: every method the inputs allow, at its defaults (compare).
+    if kinds.is_empty() && !params.is_empty() {
+        return Err(usage(
+            py,
+            "compare without methods runs every method at its defaults; name the methods whose parameters you set (e.g. methods=\"is\", beta=30)".into(),
+        ));
     }
+    params.refuse_unused(&kinds).map_err(|e| to_python(py, e))?;
     Ok(kinds
         .into_iter()
         .map(|kind| MethodSpec::from_kind(kind, &params))

@@ -800,6 +800,8 @@ def test_arguments_are_checked_in_the_packages_words(samples, tmp_path):
     with pytest.raises(hubnorm.UsageError,
                        match=r"nnn_k is a parameter of nnn, none of which is among the methods \(is\)"):
         hubnorm.run(q, g, b, methods="is", nnn_k=5, progress=False)
+    with pytest.raises(hubnorm.UsageError, match="name the methods whose parameters you set"):
+        hubnorm.compare(q, g, b, beta=30, progress=False)
     with pytest.raises(hubnorm.UsageError, match=r"tolerance stops the iterations of sn and dbsn"):
         hubnorm.run(q, g, b, methods="is", tolerance=0.01, progress=False)
     # A type the engine cannot take: UsageError naming the keyword, not

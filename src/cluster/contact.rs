@@ -93,19 +93,35 @@ async fn confirm(scheduler: &SchedulerAddress) -> Result<Option<String>> {
             "the server at {scheduler} accepts connections but did not answer a scheduler's question within {ANSWER_TIMEOUT:?}"
         ))
     })?;
-    let status = match answer {
-        Ok(Ok(_)) => return Ok(None),
-        Ok(Err(status)) => status,
-        Err(connection_failed) => return Ok(Some(connection_failed)),
-    };
     let wrong_server = |what: &str| {
         HubnormError::Usage(format!(
             "{scheduler} is not a Ballista scheduler: the server there {what}; give the port that `hubnorm cluster scheduler` prints at start-up"
         ))
     };
+    // A connection closed before any answer may be an HTTP/1 server's
+    // reply to the HTTP/2 preface, read by the connection before the
+    // question went out (a race on a busy machine): asked plainly.
+    let http1 = || async {
+        answers_in_http1(scheduler).await.then(|| {
+            wrong_server("does not speak gRPC (it answers in HTTP/1; TLS is not supported)")
+        })
+    };
+    let status = match answer {
+        Ok(Ok(_)) => return Ok(None),
+        Ok(Err(status)) => status,
+        Err(connection_failed) => {
+            return match http1().await {
+                Some(wrong) => Err(wrong),
+                None => Ok(Some(connection_failed)),
+            }
+        }
+    };
     match classify(&status) {
         Answer::Scheduler => Ok(None),
-        Answer::Unreachable => Ok(Some(describe(&status))),
+        Answer::Unreachable => match http1().await {
+            Some(wrong) => Err(wrong),
+            None => Ok(Some(describe(&status))),
+        },
         Answer::OtherGrpcService => Err(wrong_server(
             "speaks gRPC but not the scheduler's service (an executor's Arrow Flight port?)",
         )),
@@ -114,6 +130,28 @@ async fn confirm(scheduler: &SchedulerAddress) -> Result<Option<String>> {
             describe(&status)
         ))),
     }
+}
+
+/// Whether the server at `scheduler` answers the HTTP/2 connection preface
+/// with an HTTP/1 status line, as a web server does (within a second).
+async fn answers_in_http1(scheduler: &SchedulerAddress) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = format!("{}:{}", scheduler.host(), scheduler.port());
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(&address).await.ok()?;
+        stream
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .ok()?;
+        let mut start = [0u8; 5];
+        stream.read_exact(&mut start).await.ok()?;
+        Some(&start == b"HTTP/")
+    };
+    tokio::time::timeout(Duration::from_secs(1), exchange)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
 }
 
 /// What the failure of the question says about the server that failed it.

@@ -11,7 +11,7 @@ use crate::kernel::ScreenCounts;
 use crate::method::SinkhornSetup;
 use crate::progress::Silent;
 use crate::query::results::OutcomesFromRows;
-use crate::sql::pass::PassSpec;
+use crate::sql::pass::{ClusterInputs, PassSpec};
 
 /// [`run_search_on`](super::run_search_on).
 pub(super) fn search(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary> {
@@ -25,6 +25,7 @@ pub(super) fn search(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary
             plan,
             ..
         } = SearchInputs::open(job, &methods)?;
+        let pinned = ClusterInputs::of(&[&queries, &gallery])?;
         let (file, outcomes, screen) = results(
             job,
             &queries,
@@ -33,6 +34,7 @@ pub(super) fn search(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary
             search_metadata(job),
             None,
             cluster,
+            &pinned,
         )?;
         file.commit()?;
         Ok(search_summary(job, &queries, &gallery, &outcomes, screen))
@@ -47,7 +49,8 @@ pub(super) fn search(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary
 /// [`sinkhorn_in_rounds`]). With activation sets (`dis`, `dual-dis`) the
 /// shards send their partial states after their rows and the client
 /// merges them ([`crate::bank::shards`]); the Sinkhorn potentials come
-/// from rounds of their own after the shards ([`sinkhorn_on`]).
+/// from rounds of their own after the shards ([`sinkhorn_on`]). Every pass
+/// it sends reads the tables as `pinned` took them.
 pub(super) fn stats(
     job: &StatsJob,
     methods: &[MethodSpec],
@@ -55,6 +58,7 @@ pub(super) fn stats(
     metadata: Vec<(String, String)>,
     out: &Path,
     cluster: &ClusterJob,
+    pinned: &ClusterInputs,
 ) -> Result<(AtomicFile, StatsReport)> {
     let mut plan = StatsPlan::new(inputs, methods, metadata)?;
     // Each executor applies the precision on its own CPU.
@@ -73,9 +77,14 @@ pub(super) fn stats(
         sink.begin(plan.schema.clone(), plan.metadata.clone())?;
         // A shard's rows: one per gallery row.
         let expected = spec.shards.windows(2).map(|w| w[1] - w[0]).collect();
-        screen = send(spec, expected, &job.options, cluster, &mut |batch| {
-            sink.write(batch)
-        })?;
+        screen = send(
+            spec,
+            expected,
+            &job.options,
+            cluster,
+            pinned,
+            &mut |batch| sink.write(batch),
+        )?;
     } else {
         let shapes = plan.activation_shapes(inputs);
         let expected = spec
@@ -94,11 +103,12 @@ pub(super) fn stats(
             expected,
             &job.options,
             cluster,
+            pinned,
             &mut |batch| merge.push(batch),
         )?;
         let mut potentials = Vec::new();
         for (method, setup) in plan.layout.sinkhorn_methods() {
-            let (f, report) = sinkhorn_on(job, method, setup, inputs, out, cluster)?;
+            let (f, report) = sinkhorn_on(job, method, setup, inputs, out, cluster, pinned)?;
             plan.metadata.push(report.metadata_entry()?);
             potentials.push(f);
             reports.push(report);
@@ -124,6 +134,7 @@ fn sinkhorn_on(
     inputs: &StatsInputs<'_>,
     out: &Path,
     cluster: &ClusterJob,
+    pinned: &ClusterInputs,
 ) -> Result<(Vec<f64>, SinkhornReport)> {
     let gallery_rows = inputs.gallery.rows as usize;
     let mut targets = gallery_rows;
@@ -167,9 +178,14 @@ fn sinkhorn_on(
                 .map(|w| w[1] - w[0] + sources as u64)
                 .collect();
             let mut merge = RoundMerge::new(targets, sources);
-            send(spec, expected, &job.options, cluster, &mut |batch| {
-                merge.push(batch)
-            })?;
+            send(
+                spec,
+                expected,
+                &job.options,
+                cluster,
+                pinned,
+                &mut |batch| merge.push(batch),
+            )?;
             merge.finish()
         },
     )?;
@@ -217,6 +233,7 @@ pub(super) fn results(
     metadata: Vec<(String, String)>,
     protocol_bank: Option<ProtocolBank>,
     cluster: &ClusterJob,
+    pinned: &ClusterInputs,
 ) -> Result<(AtomicFile, Vec<MethodOutcome>, Option<ScreenSummary>)> {
     // Each executor applies the precision on its own CPU; the methods are
     // checked here, before anything is sent.
@@ -254,9 +271,14 @@ pub(super) fn results(
         .windows(2)
         .map(|w| (w[1] - w[0]) * per_query)
         .collect();
-    let screen = send(spec, expected, &job.options, cluster, &mut |batch| {
-        sink.write(&figures.take(batch)?)
-    })?;
+    let screen = send(
+        spec,
+        expected,
+        &job.options,
+        cluster,
+        pinned,
+        &mut |batch| sink.write(&figures.take(batch)?),
+    )?;
     Ok((
         sink.close_uncommitted()?,
         figures.finish(),
@@ -264,14 +286,16 @@ pub(super) fn results(
     ))
 }
 
-/// Runs the sharded `spec` on `cluster`: one task per shard, one thread
-/// per task (a slot of an executor each), its rows into `emit` in shard
-/// order; what the executors' screens did.
+/// Runs the sharded `spec` on `cluster`, its tables as `pinned` took
+/// them: one task per shard, one thread per task (a slot of an executor
+/// each), its rows into `emit` in shard order; what the executors'
+/// screens did.
 fn send(
     spec: PassSpec,
     expected: Vec<u64>,
     options: &PassOptions,
     cluster: &ClusterJob,
+    pinned: &ClusterInputs,
     emit: &mut dyn FnMut(&RecordBatch) -> Result<()>,
 ) -> Result<ScreenCounts> {
     // The paths as the user gave them, and as the executors read them.
@@ -285,7 +309,7 @@ fn send(
         .iter()
         .map(|t| crate::sql::Placement::Cluster.path(t.clone()))
         .collect::<Result<_>>()?;
-    let mut spec = spec.for_cluster()?;
+    let mut spec = spec.for_cluster(pinned)?;
     spec.shard_column = true;
     spec.threads = 1;
     crate::cluster::passes::pass_rows(

@@ -226,6 +226,21 @@ pub(crate) fn run_uncommitted(
                 None => err,
             };
         let stats_out = job.out_dir.join("gallery_stats.parquet");
+        // A cluster's passes read the tables as this run opened them.
+        #[cfg(feature = "cluster")]
+        let cluster_inputs = match &job.cluster {
+            Some(_) => {
+                let tables = [Some(&queries), Some(&gallery), Some(&banks.bank)];
+                crate::sql::pass::ClusterInputs::of(
+                    &tables
+                        .into_iter()
+                        .chain([banks.gallery_bank.as_ref()])
+                        .flatten()
+                        .collect::<Vec<_>>(),
+                )?
+            }
+            None => Default::default(),
+        };
         let (stats_file, pass1_report) = match &job.cluster {
             None => match write_stats(
                 &banks.inputs(&gallery, &index),
@@ -257,7 +272,15 @@ pub(crate) fn run_uncommitted(
                     checkpoint: Default::default(),
                 };
                 let inputs = banks.inputs(&gallery, &index);
-                on_cluster::stats(&stats_job, &methods, &inputs, metadata, &stats_out, cluster)?
+                on_cluster::stats(
+                    &stats_job,
+                    &methods,
+                    &inputs,
+                    metadata,
+                    &stats_out,
+                    cluster,
+                    &cluster_inputs,
+                )?
             }
             #[cfg(not(feature = "cluster"))]
             Some(cluster) => return Err(without_cluster(&cluster.scheduler)),
@@ -356,6 +379,7 @@ pub(crate) fn run_uncommitted(
                     results_metadata,
                     protocol_bank,
                     cluster,
+                    &cluster_inputs,
                 )?
             }
             #[cfg(not(feature = "cluster"))]

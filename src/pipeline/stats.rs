@@ -138,7 +138,11 @@ pub fn run_stats_on(job: &StatsJob, cluster: &ClusterJob) -> Result<StatsOutcome
     }
     #[cfg(feature = "cluster")]
     with_stats_inputs(job, &methods, |inputs, metadata| {
-        let (file, report) = on_cluster::stats(job, &methods, inputs, metadata, &job.out, cluster)?;
+        let tables = [Some(inputs.gallery), Some(inputs.bank), inputs.gallery_bank];
+        let pinned =
+            crate::sql::pass::ClusterInputs::of(&tables.into_iter().flatten().collect::<Vec<_>>())?;
+        let (file, report) =
+            on_cluster::stats(job, &methods, inputs, metadata, &job.out, cluster, &pinned)?;
         let path = file.commit()?;
         Ok(StatsOutcome {
             path,

@@ -177,7 +177,7 @@ impl TableFunctionImpl for StatsFunction {
             Placement::Cluster => {
                 pipeline::check_shardable(&job.methods).map_err(external)?;
                 spec.sharded(rows, self.options.partitions())
-                    .for_cluster()
+                    .for_cluster(&Default::default())
                     .map_err(external)?
             }
         };
@@ -230,7 +230,7 @@ impl TableFunctionImpl for SearchFunction {
             Placement::Local => spec,
             Placement::Cluster => spec
                 .sharded(rows, self.options.partitions())
-                .for_cluster()
+                .for_cluster(&Default::default())
                 .map_err(external)?,
         };
         Ok(Arc::new(PassTable::new(spec).map_err(external)?))

@@ -293,10 +293,15 @@ pub struct Identity {
 
 /// The [`Identity`] of `path` as it is now (`None` when it cannot be read).
 pub fn identity(path: &Path) -> Option<Identity> {
-    match locate(path).ok()? {
+    read_identity(path).ok()
+}
+
+/// The [`Identity`] of `path` as it is now, or why it cannot be read.
+pub fn read_identity(path: &Path) -> Result<Identity> {
+    match locate(path)? {
         Location::Local(p) => {
-            let meta = std::fs::metadata(p).ok()?;
-            Some(Identity {
+            let meta = std::fs::metadata(&p).map_err(|e| HubnormError::io(&p, e))?;
+            Ok(Identity {
                 bytes: meta.len(),
                 modified_ns: meta
                     .modified()
@@ -306,7 +311,7 @@ pub fn identity(path: &Path) -> Option<Identity> {
                 etag: None,
             })
         }
-        Location::Remote(url) => url.identity().ok(),
+        Location::Remote(url) => url.identity(),
     }
 }
 

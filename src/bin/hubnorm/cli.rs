@@ -831,7 +831,8 @@ impl StatsArgs {
         let method_named = self.method.method.is_some()
             || !self.method.methods.is_empty()
             || self.method.config.is_some()
-            || self.method.any_parameter();
+            || self.method.any_parameter()
+            || self.method.tol.is_some();
         if self.update && method_named {
             return Err(hubnorm::HubnormError::Usage(
                 "--update keeps the stored file's methods and parameters; drop the method flags"

@@ -11,13 +11,19 @@ use crate::progress::reporter;
 
 pub fn compare(args: CompareArgs) -> Result<()> {
     let method = &args.run.method;
-    // Without method flags, every method the inputs allow.
-    let methods =
-        if method.method.is_some() || !method.methods.is_empty() || method.config.is_some() {
-            method.specs(MethodKind::baseline())?
-        } else {
-            Vec::new()
-        };
+    // Without method flags, every method the inputs allow, at its defaults.
+    let methods = if method.method.is_some()
+        || !method.methods.is_empty()
+        || method.config.is_some()
+    {
+        method.specs(MethodKind::baseline())?
+    } else if method.any_parameter() {
+        return Err(hubnorm::HubnormError::Usage(
+                "compare without --method, --methods or --config runs every method at its defaults; name the methods whose parameters you set (e.g. --methods is --beta 30)".into(),
+            ));
+    } else {
+        Vec::new()
+    };
     if args.hubness_k == 0 {
         return Err(hubnorm::HubnormError::Usage(
             "--hubness-k must be at least 1".into(),

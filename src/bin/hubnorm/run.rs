@@ -105,6 +105,11 @@ fn methods_for_stats(
     args: &crate::cli::MethodArgs,
     stats: Option<&std::path::Path>,
 ) -> Result<Vec<MethodSpec>> {
+    if args.tol.is_some() {
+        return Err(HubnormError::Usage(
+            "--tol stops pass 1's Sinkhorn iterations; this command reads finished statistics: give it to `hubnorm stats` or `run`".into(),
+        ));
+    }
     let from_file = match stats {
         Some(path) if args.config.is_none() => pipeline::stats_file_methods(path)?,
         _ => vec![],

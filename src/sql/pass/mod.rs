@@ -44,7 +44,7 @@ use super::Placement;
 mod plan;
 mod snapshot;
 pub use plan::{PassExec, PassTable};
-pub use snapshot::InputSnapshot;
+pub use snapshot::{ClusterInputs, InputSnapshot};
 
 /// The column a sharded pass adds when asked, the shard of each row, so
 /// that a client can put the shards back in order.
@@ -118,10 +118,9 @@ pub enum PassInputs {
 }
 
 impl PassInputs {
-    /// The paths of [`PassInputs::tables`], to rewrite (Delta inputs
-    /// pinned to their versions).
-    #[cfg(feature = "delta")]
-    fn tables_mut(&mut self) -> Vec<&mut String> {
+    /// The paths of the embedding tables among [`PassInputs::tables`]
+    /// (not a stats file), to pin.
+    fn embedding_tables_mut(&mut self) -> Vec<&mut String> {
         match self {
             PassInputs::Stats {
                 gallery,
@@ -141,12 +140,16 @@ impl PassInputs {
             PassInputs::Search {
                 queries,
                 gallery,
-                stats,
+                protocol_bank,
                 ..
-            } => [Some(queries), Some(gallery), stats.as_mut()]
-                .into_iter()
-                .flatten()
-                .collect(),
+            } => [
+                Some(queries),
+                Some(gallery),
+                protocol_bank.as_mut().map(|p| &mut p.bank),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
         }
     }
 
@@ -174,11 +177,13 @@ impl PassInputs {
                 queries,
                 gallery,
                 stats,
+                protocol_bank,
                 ..
             } => {
                 tables.push(("queries", queries.as_str()));
                 tables.push(("gallery", gallery.as_str()));
                 tables.extend(stats.as_deref().map(|s| ("stats", s)));
+                tables.extend(protocol_bank.as_ref().map(|p| ("bank", p.bank.as_str())));
             }
         }
         tables
@@ -342,16 +347,8 @@ impl PassSpec {
         self
     }
 
-    /// This spec for a cluster's processes: its local paths made absolute
-    /// (their working directories are not this one's), its Delta inputs
-    /// pinned to their versions and its input files recorded, so that
-    /// every task reads what the client checked or fails (see
-    /// `sql::pass::snapshot`).
-    pub fn for_cluster(self) -> crate::Result<Self> {
-        self.with_absolute_paths()?.pinned()
-    }
-
-    /// This spec with its local paths made absolute.
+    /// This spec with its local paths made absolute (see
+    /// [`PassSpec::for_cluster`]).
     fn with_absolute_paths(mut self) -> crate::Result<Self> {
         let absolute = |path: &mut String| -> crate::Result<()> {
             *path = Placement::Cluster.path(std::mem::take(path))?;

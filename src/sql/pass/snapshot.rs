@@ -1,16 +1,18 @@
-//! What a cluster pass's inputs were when the client checked them. Each
+//! What a cluster job's inputs were when the client opened them. Each
 //! task lists its input tables again when it starts, on its own executor:
 //! a folder that gains a part, or a Delta table that takes a new version,
-//! while the job runs would give shards of different snapshots, stitched
-//! into one output without a word. So the client pins each Delta input to
-//! the version it checked and records every input file; each task checks
-//! the files before and after its rows, and a change fails the job,
-//! naming the file.
+//! while the job runs would give shards (or passes, or Sinkhorn rounds) of
+//! different snapshots, stitched into one output without a word. So the
+//! client takes [`ClusterInputs`] once per job, from the tables it opened:
+//! each Delta input pinned to the version it read, and every input file
+//! recorded. Every pass it sends carries them; each task checks the files
+//! before and after its rows, and a change fails the job, naming the file.
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{HubnormError, Result};
-use crate::source::expand_spec;
+use crate::source::{expand_spec, EmbeddingTable};
+use crate::sql::Placement;
 
 use super::PassSpec;
 
@@ -26,26 +28,27 @@ struct FileSnapshot {
 /// The files of one input table of a pass, as the client saw them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InputSnapshot {
-    /// The table's path as the spec names it.
+    /// The table's path as the spec names it (absolute, pinned).
     table: String,
     files: Vec<FileSnapshot>,
 }
 
 impl InputSnapshot {
-    /// The files `table` names now.
+    /// The files `table` names now. A file whose size and time cannot be
+    /// read is an error of its own, not a change.
     fn now(table: &str) -> Result<Self> {
         let files = expand_spec(table)?
             .into_iter()
             .map(|path| {
-                let identity = crate::storage::identity(&path).unwrap_or_default();
-                FileSnapshot {
+                let identity = crate::storage::read_identity(&path)?;
+                Ok(FileSnapshot {
                     path: path.display().to_string(),
                     bytes: identity.bytes,
                     modified_ns: identity.modified_ns,
                     etag: identity.etag,
-                }
+                })
             })
-            .collect();
+            .collect::<Result<_>>()?;
         Ok(InputSnapshot {
             table: table.to_owned(),
             files,
@@ -65,7 +68,7 @@ impl InputSnapshot {
                 None,
                 None,
                 format!(
-                    "{how} while the cluster job ran (input {}): its tasks would read different rows; run the job again once the input holds still, or name a Delta table's version (PATH@VERSION)",
+                    "{how} while the cluster job ran (input {}): its tasks would read different rows; run the job again once the input holds still",
                     self.table
                 ),
             )
@@ -86,28 +89,87 @@ impl InputSnapshot {
     }
 }
 
+/// A cluster job's embedding tables as the client opened them, taken once
+/// for every pass the job sends: each as the user named it, pinned to the
+/// Delta version read, and its files.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterInputs {
+    tables: Vec<PinnedTable>,
+}
+
+#[derive(Debug, Clone)]
+struct PinnedTable {
+    /// As the job names it.
+    given: String,
+    /// As every task reads it: absolute, at the Delta version read.
+    pinned: String,
+    snapshot: InputSnapshot,
+}
+
+impl ClusterInputs {
+    /// The inputs of a job that opened `tables`.
+    pub fn of(tables: &[&EmbeddingTable]) -> Result<Self> {
+        let mut pinned_tables = Vec::with_capacity(tables.len());
+        for table in tables {
+            if pinned_tables
+                .iter()
+                .any(|p: &PinnedTable| p.given == table.spec)
+            {
+                continue;
+            }
+            let at_version = match table.delta_version {
+                #[cfg(feature = "delta")]
+                Some(version) => crate::delta::at_version(&table.spec, &version.to_string()),
+                _ => table.spec.clone(),
+            };
+            let pinned = Placement::Cluster.path(at_version)?;
+            pinned_tables.push(PinnedTable {
+                given: table.spec.clone(),
+                snapshot: InputSnapshot::now(&pinned)?,
+                pinned,
+            });
+        }
+        Ok(ClusterInputs {
+            tables: pinned_tables,
+        })
+    }
+
+    fn find(&self, given: &str) -> Option<&PinnedTable> {
+        self.tables.iter().find(|t| t.given == given)
+    }
+}
+
 impl PassSpec {
-    /// This spec with its Delta inputs pinned to the versions they are at
-    /// (`PATH@VERSION`) and every input file recorded, for tasks on a
-    /// cluster to check ([`PassSpec::check_inputs_unchanged`]).
-    pub(super) fn pinned(mut self) -> Result<Self> {
-        #[cfg(feature = "delta")]
-        for path in self.inputs.tables_mut() {
-            if let Some(version) = crate::source::resolve_spec(path)?.delta_version {
-                *path = crate::delta::at_version(path, &version.to_string());
+    /// This spec for a cluster's processes: its local paths made absolute
+    /// (their working directories are not this one's), the embedding
+    /// tables the job opened pinned as `inputs` took them, and every input
+    /// file recorded (those of tables `inputs` does not hold, such as a
+    /// stats file, as they are now), for each task to check
+    /// ([`PassSpec::check_inputs_unchanged`]).
+    pub fn for_cluster(mut self, inputs: &ClusterInputs) -> Result<Self> {
+        for path in self.inputs.embedding_tables_mut() {
+            if let Some(table) = inputs.find(path) {
+                *path = table.pinned.clone();
             }
         }
+        // The pinned paths are absolute already.
+        self = self.with_absolute_paths()?;
         self.snapshots = self
             .inputs
             .tables()
             .into_iter()
-            .map(|(_, table)| InputSnapshot::now(table))
+            .map(
+                |(_, table)| match inputs.tables.iter().find(|t| t.pinned == table) {
+                    Some(pinned) => Ok(pinned.snapshot.clone()),
+                    None => InputSnapshot::now(table),
+                },
+            )
             .collect::<Result<_>>()?;
         Ok(self)
     }
 
     /// Fails, naming the file, when an input recorded by
-    /// `PassSpec::pinned` has changed.
+    /// `PassSpec::for_cluster` has changed.
     pub fn check_inputs_unchanged(&self) -> Result<()> {
         self.snapshots
             .iter()
