@@ -70,7 +70,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import _hubnorm
+from . import _docs, _hubnorm
 from ._errors import HubnormError, InputError, MemoryLimitError, UsageError
 
 __version__ = _hubnorm.__version__
@@ -975,29 +975,6 @@ def hubness(results: Any, gallery: Any, *, k: int = 10) -> dict[str, dict[str, f
     return measures
 
 
-def _method_list() -> str:
-    """The registry as docstring lines: each method, its summary and its
-    parameters' keywords with their defaults."""
-    lines = ["", "Methods (``methods=``) and their parameters (``**params``, defaults shown):", ""]
-    for method in _hubnorm.methods():
-        params = ", ".join(f"{name}={default:g}" for name, default, _ in method["parameters"])
-        lines.append(f"- ``{method['name']}``: {method['summary']}" + (f" ({params})" if params else ""))
-    return "\n".join(f"    {line}" if line else line for line in lines)
-
-
-def _names_where(property: str) -> str:
-    """The methods with ``property`` in :func:`methods`, as "``a``, ``b``
-    and ``c``" for the docstrings."""
-    names = [f"``{m['name']}``" for m in _hubnorm.methods() if m[property]]
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-
-
-# The docstrings' lists of methods by property come from the registry.
-_PROPERTIES = {key: _names_where(key)
-               for key in ("transductive", "iterating", "screened_bank_pass")}
-for _function in (run, stats, search, compare):
-    doc = _function.__doc__ or ""
-    for key, names in _PROPERTIES.items():
-        doc = doc.replace("{" + key + "}", names)
-    _function.__doc__ = doc + _method_list()
-del _function, doc
+# Each function's docstring gains the registry's methods and parameters,
+# and its lists of methods by property.
+_docs.complete(run, stats, search, compare)
