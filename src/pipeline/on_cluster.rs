@@ -225,6 +225,7 @@ impl Drop for ScratchFile {
 /// those of a local pass. The shards' rows go down to the depth of the
 /// hubness measures and carry the report columns, from which the
 /// figures are rebuilt here.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn results(
     job: &SearchJob,
     queries: &EmbeddingTable,
