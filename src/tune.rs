@@ -237,10 +237,18 @@ pub fn grid_of(kind: MethodKind, overrides: &[GridAxis]) -> Result<Vec<MethodSpe
         if o.method.is_some_and(|m| m != kind) {
             continue;
         }
+        let has_parameter = kind
+            .method()
+            .parameters()
+            .iter()
+            .any(|p| p.name == o.parameter);
         match axes.iter_mut().find(|(n, _)| *n == o.parameter) {
             Some(axis) => axis.1 = o.values.clone(),
-            // A method-specific override may add an axis the default grid fixes (e.g. sn.t).
-            None if o.method == Some(kind) => axes.push((o.parameter.clone(), o.values.clone())),
+            // An override may add an axis the default grid fixes (`t` of
+            // sn); a method-specific one is checked by the spec below.
+            None if has_parameter || o.method == Some(kind) => {
+                axes.push((o.parameter.clone(), o.values.clone()))
+            }
             None => {}
         }
     }
@@ -704,5 +712,25 @@ mod tests {
             "{left_out}"
         );
         assert_eq!(left_out.exit_code(), 2);
+    }
+
+    /// An axis without a method sets the parameter of every method that
+    /// has it, also where the default grid keeps it fixed (`t` of sn),
+    /// as the method-specific form does.
+    #[test]
+    fn an_axis_without_a_method_adds_a_fixed_parameter() {
+        let sn = MethodKind::named("sn").unwrap();
+        for text in ["t=5", "sn.t=5"] {
+            let points = grid_of(sn, &[text.parse::<GridAxis>().unwrap()]).unwrap();
+            assert!(!points.is_empty(), "{text}");
+            assert!(
+                points.iter().all(|p| p.count("t") == 5),
+                "{text}: {points:?}"
+            );
+        }
+        // A method without the parameter keeps its grid.
+        let is = MethodKind::named("is").unwrap();
+        let points = grid_of(is, &["t=5".parse::<GridAxis>().unwrap()]).unwrap();
+        assert_eq!(points, grid_of(is, &[]).unwrap());
     }
 }
