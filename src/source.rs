@@ -29,7 +29,7 @@ mod parts;
 
 pub(crate) use blocks::CheckedBatches;
 pub use blocks::{normalise_ids, BlockReader};
-pub use files::{expand_spec, resolve_spec, ResolvedSpec};
+pub use files::{expand_spec, expand_spec_identified, resolve_spec, ResolvedSpec};
 #[cfg(feature = "cloud")]
 pub(crate) use files::{
     is_unasked_hidden, refuse_empty_file, refuse_files_of_delta_table, DELTA_LOG_DIR,

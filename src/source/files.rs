@@ -51,6 +51,38 @@ pub fn resolve_spec(spec: &str) -> Result<ResolvedSpec> {
     })
 }
 
+/// [`expand_spec`] with what tells each file's version from another: a
+/// local file's size and time, an object's size, time and ETag from the
+/// listing (no request per object). A Delta table's files carry none: a
+/// version's files are never rewritten, and another version names others.
+pub fn expand_spec_identified(
+    spec: &str,
+) -> Result<Vec<(PathBuf, Option<crate::storage::Identity>)>> {
+    let unidentified = |files: Vec<PathBuf>| files.into_iter().map(|f| (f, None)).collect();
+    #[cfg(feature = "delta")]
+    if crate::delta::parse_spec(spec).is_some() {
+        return Ok(unidentified(expand_spec(spec)?));
+    }
+    if memory::is_memory(Path::new(spec)) {
+        return Ok(unidentified(expand_files(spec)?));
+    }
+    if crate::storage::is_url(spec) {
+        if let crate::storage::Location::Remote(url) = crate::storage::locate(Path::new(spec))? {
+            return Ok(crate::storage::expand_remote_identified(&url)?
+                .into_iter()
+                .map(|(f, identity)| (f, Some(identity)))
+                .collect());
+        }
+    }
+    expand_files(spec)?
+        .into_iter()
+        .map(|f| {
+            let identity = crate::storage::read_identity(&f)?;
+            Ok((f, Some(identity)))
+        })
+        .collect()
+}
+
 fn expand_files(spec: &str) -> Result<Vec<PathBuf>> {
     if memory::is_memory(Path::new(spec)) {
         memory::lookup(Path::new(spec))?;

@@ -322,6 +322,11 @@ pub(crate) fn expand_remote(url: &ObjectUrl) -> Result<Vec<PathBuf>> {
     url.expand()
 }
 
+/// [`expand_remote`] with each object's [`Identity`], from the listing.
+pub(crate) fn expand_remote_identified(url: &ObjectUrl) -> Result<Vec<(PathBuf, Identity)>> {
+    url.expand_identified()
+}
+
 /// Bytes the memory plan counts per Parquet reader, whose decoded record
 /// batches take `batch_bytes`, for ranged reads from an object store (the
 /// read windows and their prefetches): 0 while no embedding table of an

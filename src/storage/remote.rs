@@ -177,13 +177,18 @@ impl ObjectUrl {
 
     /// The size of the object under this exact key, if there is one.
     fn size(&self) -> Result<Option<u64>> {
+        Ok(self.head()?.map(|meta| meta.size))
+    }
+
+    /// The object's metadata; `None` when the URL names a prefix or no object.
+    fn head(&self) -> Result<Option<object_store::ObjectMeta>> {
         if self.names_prefix() || self.key.as_ref().is_empty() {
             return Ok(None);
         }
         let store = self.store()?;
         let key = self.key.clone();
         match block_on(async move { store.head(&key).await })? {
-            Ok(meta) => Ok(Some(meta.size)),
+            Ok(meta) => Ok(Some(meta)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.error("HEAD", e)),
         }
@@ -284,13 +289,23 @@ impl ObjectUrl {
     /// names that start with `_` or `.`); or the objects whose keys match a
     /// glob (`*` and `?` within one `/`-separated level, `**` across).
     pub(crate) fn expand(&self) -> Result<Vec<PathBuf>> {
+        Ok(self
+            .expand_identified()?
+            .into_iter()
+            .map(|(path, _)| path)
+            .collect())
+    }
+
+    /// [`ObjectUrl::expand`] with each object's identity, from the
+    /// listing (no request per object).
+    pub(crate) fn expand_identified(&self) -> Result<Vec<(PathBuf, super::Identity)>> {
         let key = self.key.as_ref();
         if let Some(first) = key.find(['*', '?', '[']) {
             return self.expand_glob(first);
         }
-        if let Some(size) = self.size()? {
-            crate::source::refuse_empty_file(Path::new(&self.to_string()), size)?;
-            return Ok(vec![PathBuf::from(self.to_string())]);
+        if let Some(meta) = self.head()? {
+            crate::source::refuse_empty_file(Path::new(&self.to_string()), meta.size)?;
+            return Ok(vec![(PathBuf::from(self.to_string()), identity_of(&meta))]);
         }
         let objects = self.list_all().map_err(|e| match e {
             HubnormError::Input { .. } => HubnormError::input(
@@ -331,7 +346,7 @@ impl ObjectUrl {
         Ok(files)
     }
 
-    fn expand_glob(&self, first_wildcard: usize) -> Result<Vec<PathBuf>> {
+    fn expand_glob(&self, first_wildcard: usize) -> Result<Vec<(PathBuf, super::Identity)>> {
         let key = self.key.as_ref();
         // The key is percent-decoded by object_store; the pattern is the
         // decoded key, matched against decoded keys.
@@ -385,7 +400,7 @@ impl ObjectUrl {
         listed: &Key,
         objects: &[object_store::ObjectMeta],
         chosen: &[&object_store::ObjectMeta],
-    ) -> Result<Vec<PathBuf>> {
+    ) -> Result<Vec<(PathBuf, super::Identity)>> {
         use crate::source::DELTA_LOG_DIR;
         if !chosen.is_empty() {
             let mut tables: Vec<Key> = objects
@@ -428,7 +443,7 @@ impl ObjectUrl {
             .map(|o| {
                 let url = PathBuf::from(self.url_of(&o.location));
                 crate::source::refuse_empty_file(&url, o.size)?;
-                Ok(url)
+                Ok((url, identity_of(o)))
             })
             .collect()
     }

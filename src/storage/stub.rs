@@ -63,6 +63,9 @@ impl ObjectUrl {
     pub(crate) fn expand(&self) -> Result<Vec<PathBuf>> {
         match *self {}
     }
+    pub(crate) fn expand_identified(&self) -> Result<Vec<(PathBuf, super::Identity)>> {
+        match *self {}
+    }
     pub(crate) fn upload_from(&self, _: &Path) -> Result<()> {
         match *self {}
     }

@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{HubnormError, Result};
-use crate::source::{expand_spec, EmbeddingTable};
+use crate::source::{expand_spec_identified, EmbeddingTable};
 use crate::sql::Placement;
 
 use super::PassSpec;
@@ -34,21 +34,22 @@ pub struct InputSnapshot {
 }
 
 impl InputSnapshot {
-    /// The files `table` names now. A file whose size and time cannot be
-    /// read is an error of its own, not a change.
+    /// The files `table` names now (see [`expand_spec_identified`]). A file
+    /// whose size and time cannot be read is an error of its own, not a
+    /// change.
     fn now(table: &str) -> Result<Self> {
-        let files = expand_spec(table)?
+        let files = expand_spec_identified(table)?
             .into_iter()
-            .map(|path| {
-                let identity = crate::storage::read_identity(&path)?;
-                Ok(FileSnapshot {
+            .map(|(path, identity)| {
+                let identity = identity.unwrap_or_default();
+                FileSnapshot {
                     path: path.display().to_string(),
                     bytes: identity.bytes,
                     modified_ns: identity.modified_ns,
                     etag: identity.etag,
-                })
+                }
             })
-            .collect::<Result<_>>()?;
+            .collect();
         Ok(InputSnapshot {
             table: table.to_owned(),
             files,
