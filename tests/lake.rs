@@ -685,9 +685,11 @@ mod delta {
         let open = |spec: &str| {
             hubnorm::source::EmbeddingTable::open("t", spec, &Default::default(), false).unwrap()
         };
-        let pinned =
-            hubnorm::sql::pass::ClusterInputs::of(&[&open(&job.gallery), &open(&job.bank)])
-                .unwrap();
+        let pinned = hubnorm::sql::pass::ClusterInputs::of([
+            Some(&open(&job.gallery)),
+            Some(&open(&job.bank)),
+        ])
+        .unwrap();
         let pass = || {
             let (spec, _) = hubnorm::sql::pass::PassSpec::for_stats(&job).unwrap();
             spec.for_cluster(&pinned).unwrap()

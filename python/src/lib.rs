@@ -856,14 +856,9 @@ fn methods(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
             // The properties the docstrings list methods by.
             let kind = MethodKind::named(m.name()).expect("a registered name");
             let spec = MethodSpec::default_for(kind);
-            entry.set_item("transductive", m.needs_bank() && m.transductive())?;
+            entry.set_item("transductive", kind.takes_queries_as_bank())?;
             entry.set_item("iterating", m.sinkhorn(&spec).is_some())?;
-            entry.set_item(
-                "screened_bank_pass",
-                hubnorm::bank::StatsLayout::new(&[spec])
-                    .bank_request()
-                    .screenable(),
-            )?;
+            entry.set_item("screened_bank_pass", spec.screens_bank_pass())?;
             Ok(entry)
         })
         .collect()

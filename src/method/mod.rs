@@ -386,6 +386,12 @@ impl MethodKind {
         self.0.transductive()
     }
 
+    /// Whether `--transductive` makes the test queries its bank: a bank
+    /// method that allows it (the baseline runs too, with no bank).
+    pub fn takes_queries_as_bank(self) -> bool {
+        self.needs_bank() && self.has_transductive_variant()
+    }
+
     /// Whether a bank is needed.
     pub fn needs_bank(self) -> bool {
         self.0.needs_bank()
@@ -632,6 +638,14 @@ impl MethodSpec {
     /// The value of count parameter `name` (k, iterations).
     pub fn count(&self, name: &str) -> usize {
         self.get(name) as usize
+    }
+
+    /// Whether its pass-1 statistics are top-k lists alone, which the bf16
+    /// screen of `--precision screened` serves.
+    pub fn screens_bank_pass(&self) -> bool {
+        crate::bank::StatsLayout::new(&[*self])
+            .bank_request()
+            .screenable()
     }
 
     /// Whether a column of its statistic is known only after the last

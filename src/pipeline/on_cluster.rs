@@ -25,7 +25,7 @@ pub(super) fn search(job: &SearchJob, cluster: &ClusterJob) -> Result<RunSummary
             plan,
             ..
         } = SearchInputs::open(job, &methods)?;
-        let pinned = ClusterInputs::of(&[&queries, &gallery])?;
+        let pinned = ClusterInputs::of([Some(&queries), Some(&gallery)])?;
         let (file, outcomes, screen) = results(
             job,
             &queries,

@@ -130,8 +130,7 @@ pub(crate) fn run_uncommitted(
         {
             return Err(HubnormError::Usage(format!(
                 "--transductive uses the test queries as the bank, which METHODS.md defines for {} only, not {}",
-                crate::method::names_where(|m| m.kind().needs_bank()
-                    && m.kind().has_transductive_variant()),
+                crate::method::names_where(|m| m.kind().takes_queries_as_bank()),
                 m.kind()
             )));
         }
@@ -229,16 +228,12 @@ pub(crate) fn run_uncommitted(
         // A cluster's passes read the tables as this run opened them.
         #[cfg(feature = "cluster")]
         let cluster_inputs = match &job.cluster {
-            Some(_) => {
-                let tables = [Some(&queries), Some(&gallery), Some(&banks.bank)];
-                crate::sql::pass::ClusterInputs::of(
-                    &tables
-                        .into_iter()
-                        .chain([banks.gallery_bank.as_ref()])
-                        .flatten()
-                        .collect::<Vec<_>>(),
-                )?
-            }
+            Some(_) => crate::sql::pass::ClusterInputs::of([
+                Some(&queries),
+                Some(&gallery),
+                Some(&banks.bank),
+                banks.gallery_bank.as_ref(),
+            ])?,
             None => Default::default(),
         };
         let (stats_file, pass1_report) = match &job.cluster {

@@ -138,9 +138,11 @@ pub fn run_stats_on(job: &StatsJob, cluster: &ClusterJob) -> Result<StatsOutcome
     }
     #[cfg(feature = "cluster")]
     with_stats_inputs(job, &methods, |inputs, metadata| {
-        let tables = [Some(inputs.gallery), Some(inputs.bank), inputs.gallery_bank];
-        let pinned =
-            crate::sql::pass::ClusterInputs::of(&tables.into_iter().flatten().collect::<Vec<_>>())?;
+        let pinned = crate::sql::pass::ClusterInputs::of([
+            Some(inputs.gallery),
+            Some(inputs.bank),
+            inputs.gallery_bank,
+        ])?;
         let (file, report) =
             on_cluster::stats(job, &methods, inputs, metadata, &job.out, cluster, &pinned)?;
         let path = file.commit()?;

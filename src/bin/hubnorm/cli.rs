@@ -239,11 +239,7 @@ fn precision_help() -> String {
          in f32 every item it cannot rule out: the same lists and scores; needs AVX512_BF16; for \
          searches of methods scoring s − h(g) and pass 1's top-k statistics: {}), or auto \
          (screened where the CPU and methods allow). docs/precision.md",
-        names_where(|m| {
-            hubnorm::bank::StatsLayout::new(&[*m])
-                .bank_request()
-                .screenable()
-        })
+        names_where(MethodSpec::screens_bank_pass)
     )
 }
 
@@ -261,7 +257,7 @@ fn transductive_help() -> String {
         "Use the test queries themselves as the bank ({}). This PEEKS AT THE TEST SET: legitimate \
          only for offline re-ranking of a query set known in advance (e.g. a query log), never for \
          evaluating a deployable system",
-        names_where(|m| m.kind().needs_bank() && m.kind().has_transductive_variant())
+        names_where(|m| m.kind().takes_queries_as_bank())
     )
 }
 

@@ -108,10 +108,11 @@ struct PinnedTable {
 }
 
 impl ClusterInputs {
-    /// The inputs of a job that opened `tables`.
-    pub fn of(tables: &[&EmbeddingTable]) -> Result<Self> {
-        let mut pinned_tables = Vec::with_capacity(tables.len());
-        for table in tables {
+    /// The inputs of a job that opened `tables` (`None`: a table the job
+    /// has not, such as an absent gallery bank).
+    pub fn of<'a>(tables: impl IntoIterator<Item = Option<&'a EmbeddingTable>>) -> Result<Self> {
+        let mut pinned_tables = Vec::new();
+        for table in tables.into_iter().flatten() {
             if pinned_tables
                 .iter()
                 .any(|p: &PinnedTable| p.given == table.spec)
