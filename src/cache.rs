@@ -196,9 +196,13 @@ fn spawn_reader<'scope, T: Send + 'scope>(
     scope: &'scope std::thread::Scope<'scope, '_>,
     read: impl FnOnce() -> T + Send + 'scope,
 ) -> Result<std::thread::ScopedJoinHandle<'scope, T>> {
+    let stop = crate::cancel::current_job_stop();
     std::thread::Builder::new()
         .name("hubnorm-read".into())
-        .spawn_scoped(scope, read)
+        .spawn_scoped(scope, move || {
+            crate::cancel::set_job_stop(stop);
+            read()
+        })
         .map_err(|e| HubnormError::Internal(format!("cannot start a reading thread: {e}")))
 }
 

@@ -15,12 +15,15 @@ pub(crate) fn with_threads<T: Send>(
     f: impl FnOnce() -> Result<T> + Send,
 ) -> Result<T> {
     check_threads(threads)?;
-    // The workers report their plans where the caller's thread does.
+    // The workers report their plans where the caller's thread does, and
+    // stop with its job.
     let ledger = crate::plan::current_ledger();
+    let stop = crate::cancel::current_job_stop();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .start_handler(move |_| {
             crate::plan::set_ledger(ledger.clone());
+            crate::cancel::set_job_stop(stop.clone());
         })
         .build()
         .map_err(|e| HubnormError::Internal(format!("cannot start worker threads: {e}")))?;

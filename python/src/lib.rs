@@ -95,8 +95,8 @@ impl Done {
 /// to unwind (nothing is committed) and raises `KeyboardInterrupt` with the
 /// job's message (what a checkpoint saved).
 ///
-/// The stop request is process-wide (`hubnorm::cancel`): Ctrl-C stops
-/// every job running in the process, as it stops the CLI.
+/// Ctrl-C stops every job running in the process (`hubnorm::cancel`), as
+/// it stops the CLI; an exception from the callback stops this job only.
 fn run_job<T: Send>(
     py: Python<'_>,
     on_progress: Option<&Bound<'_, PyAny>>,
@@ -104,11 +104,12 @@ fn run_job<T: Send>(
 ) -> PyResult<T> {
     let shared = Shared::default();
     let done = Done::default();
+    let stop = hubnorm::cancel::JobStop::new();
     std::thread::scope(|scope| {
         let worker = {
-            let (shared, done) = (&shared, &done);
+            let (shared, done, stop) = (&shared, &done, &stop);
             scope.spawn(move || {
-                let outcome = job(shared);
+                let outcome = stop.run(|| job(shared));
                 done.set();
                 outcome
             })
@@ -136,13 +137,18 @@ fn run_job<T: Send>(
                 py.check_signals()
             };
             if let Err(raised) = step() {
-                hubnorm::cancel::request();
+                let interrupt = raised.is_instance_of::<PyKeyboardInterrupt>(py);
+                if interrupt {
+                    hubnorm::cancel::request();
+                } else {
+                    stop.request();
+                }
                 let stopped = py.detach(|| worker.join());
-                hubnorm::cancel::reset();
-                // Ctrl-C carries the job's own word on how it stopped (what
-                // its checkpoint saved, and how to go on).
-                if let Ok(Err(error @ HubnormError::Interrupted(_))) = stopped {
-                    if raised.is_instance_of::<PyKeyboardInterrupt>(py) {
+                if interrupt {
+                    hubnorm::cancel::reset();
+                    // Ctrl-C carries the job's own word on how it stopped
+                    // (what its checkpoint saved, and how to go on).
+                    if let Ok(Err(error @ HubnormError::Interrupted(_))) = stopped {
                         return Err(to_python(py, error));
                     }
                 }

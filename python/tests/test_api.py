@@ -463,6 +463,49 @@ def test_ctrl_c_stops_a_run_without_outputs(tmp_path):
     assert not [p for p in leftovers if p.name in hubnorm.RUN_OUTPUTS], leftovers
 
 
+def test_a_failing_progress_callback_stops_its_own_job_only(samples, tmp_path, monkeypatch):
+    """A progress callback that raises stops its job with the exception;
+    a job in another thread, running meanwhile, finishes with the results
+    it has alone (the stop is not process-wide, as Ctrl-C's is)."""
+    import threading
+
+    rng = np.random.default_rng(5)
+    big = {name: hubnorm.embeddings(rng.standard_normal((rows, 48), dtype=np.float32))
+           for name, rows in [("gallery", 120_000), ("bank", 4000), ("queries", 2000)]}
+    job = dict(methods="is", k=5, memory_limit="64MiB", threads=1)
+    alone = hubnorm.run(big["queries"], big["gallery"], big["bank"], progress=False, **job)
+
+    running = threading.Event()
+
+    def callbacks(enabled):
+        if threading.current_thread() is threading.main_thread():
+            def fail(*_):
+                raise ValueError("the callback gave up")
+            return fail
+        return lambda *_: running.set()
+
+    monkeypatch.setattr(hubnorm, "_progress", callbacks)
+    other = {}
+
+    def run_other():
+        try:
+            other["run"] = hubnorm.run(big["queries"], big["gallery"], big["bank"], **job)
+        except BaseException as error:  # noqa: BLE001 - the test reports it
+            other["error"] = error
+
+    thread = threading.Thread(target=run_other)
+    thread.start()
+    assert running.wait(120), "the other job reported no progress"
+    with pytest.raises(ValueError, match="the callback gave up"):
+        hubnorm.run(sample(samples, "queries"), sample(samples, "gallery"),
+                    sample(samples, "bank"), methods="is", k=5, out=tmp_path / "stopped")
+    assert thread.is_alive(), "the other job ended before the stop: make it longer"
+    thread.join(600)
+    assert "error" not in other, other.get("error")
+    assert other["run"].results.equals(alone.results)
+    assert not (tmp_path / "stopped").exists()
+
+
 def test_an_interrupted_run_resumes_to_the_uninterrupted_files(tmp_path):
     """A run keeping a checkpoint (checkpoint_interval=0), SIGINT once it
     saved finished work: KeyboardInterrupt saying resume=True; a new

@@ -880,7 +880,7 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    let handle = runtime().spawn(future);
+    let handle = runtime().spawn(crate::cancel::in_this_job(future));
     futures::executor::block_on(handle)
         .map_err(|e| HubnormError::Internal(format!("object-store request failed: {e}")))
 }
