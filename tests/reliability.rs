@@ -1358,6 +1358,52 @@ fn a_resumed_screened_pass_1_reports_the_whole_screen() {
     );
 }
 
+/// A gallery item whose k nearest bank queries are copies of it has no
+/// neighbourhood to scale by, however f32 rounds its self-similarity
+/// (0.99999994 for some rows): `ls` and `nicdm` refuse it, for every row.
+#[test]
+fn copies_of_an_item_in_the_bank_leave_it_no_scale_whatever_the_rounding() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut r = write_case(
+        d,
+        &CaseShape {
+            seed: 8,
+            gallery: 20,
+            queries: 4,
+            bank: 5,
+            dim: 17,
+            noise: 0.1,
+        },
+    );
+    let gallery = random_table(&mut r, "g", 20, 17);
+    write_table(&d.join("gallery.parquet"), &gallery, Layout::FixedF32, false);
+    let p = |n: &str| d.join(n).display().to_string();
+    for row in 0..10 {
+        let mut bank = random_table(&mut r, "b", 5, 17);
+        for copy in 0..3 {
+            bank.ids.push(format!("copy{copy}"));
+            bank.data.extend_from_slice(gallery.row(row));
+        }
+        write_table(&d.join("bank.parquet"), &bank, Layout::FixedF32, false);
+        for (method, flag) in [("ls", "--ls-k"), ("nicdm", "--ls-k")] {
+            let refused = hubnorm(["run", "--queries", &p("queries.parquet")])
+                .args(["--gallery", &p("gallery.parquet"), "--bank", &p("bank.parquet")])
+                .args(["--method", method, flag, "3", "--k", "5", "--quiet"])
+                .args(["--out", &p(&format!("out-{method}-{row}"))])
+                .output();
+            assert_eq!(refused.code(), Some(2), "{method}, row {row}: {}", refused.stderr());
+            assert!(
+                refused
+                    .stderr()
+                    .contains(&format!("gallery row {row} has a bank neighbourhood of scale")),
+                "{method}, row {row}: {}",
+                refused.stderr()
+            );
+        }
+    }
+}
+
 /// A method that refuses its statistics once pass 1 has finished (`ls`: a
 /// gallery item whose nearest bank query coincides with it has no scale)
 /// exits 2 and leaves no checkpoint: the next run is not told it was

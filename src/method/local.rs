@@ -38,8 +38,12 @@ pub const NEIGHBOURHOOD_K: Parameter = Parameter::new(
 .grid(&[3.0, 5.0, 10.0, 20.0, 50.0]);
 
 /// The smallest scale accepted: a gallery item whose k nearest bank
-/// queries coincide with it has no neighbourhood to scale by.
-const MIN_SCALE: f64 = 1e-12;
+/// queries coincide with it has no neighbourhood to scale by. Coincide
+/// within rounding: a similarity of unit rows computed in f32 may be off by
+/// some units in the last place of 1 (2⁻²⁴ each; 64 is a 4096-term dot
+/// product's error in practice), and a distance sqrt(2 − 2s) below
+/// sqrt(2 · 64 · 2⁻²⁴) = 2⁻⁸·⁵ ≈ 2.8e-3 is not told from 0.
+const MIN_SCALE: f64 = 0.002_762_135_864_009_951_5;
 
 const COLUMNS: [StatColumn; 2] = [StatColumn::f64("scale"), StatColumn::list("topk")];
 
@@ -152,7 +156,7 @@ impl Method for Local {
         let scale = ctx.take(0).into_f64();
         if let Some(g) = scale.iter().position(|&s| s.is_nan() || s < MIN_SCALE) {
             return Err(HubnormError::Usage(format!(
-                "method {}: gallery row {g} has a bank neighbourhood of scale {} (its {} nearest bank queries coincide with it), which it cannot divide by",
+                "method {}: gallery row {g} has a bank neighbourhood of scale {} (its {} nearest bank queries coincide with it, within f32 rounding: below {MIN_SCALE:.1e}), which it cannot divide by",
                 spec.kind(),
                 scale[g],
                 spec.count("k")
@@ -192,5 +196,17 @@ mod tests {
         assert!((mean_distance(&top, 3) - (1.0 + 2f64.sqrt()) / 3.0).abs() < 1e-12);
         // Similarities a hair above 1 (rounding) give distance 0, not NaN.
         assert_eq!(distance(1.000_000_1), 0.0);
+    }
+
+    #[test]
+    fn a_neighbourhood_within_rounding_of_the_item_has_no_scale() {
+        // Three copies of a unit row, whose self-similarity came out one
+        // unit in the last place below 1.
+        let copies = [1.0f32 - f32::EPSILON / 2.0; 3];
+        assert!(kth_distance(&copies, 3) < MIN_SCALE);
+        assert!(mean_distance(&copies, 3) < MIN_SCALE);
+        // 64 units away: the threshold; a real neighbour is farther.
+        assert!(distance(1.0 - 64.0 * f32::EPSILON / 2.0) >= MIN_SCALE * (1.0 - 1e-9));
+        assert!(distance(0.999) > MIN_SCALE);
     }
 }

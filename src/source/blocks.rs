@@ -873,8 +873,14 @@ fn append_values(
     Ok(())
 }
 
+/// The largest row norm read with `--no-normalize`: the inner product of
+/// two such rows, and every partial sum of it, stays within f32's range
+/// (2^124 of its 2^128).
+const MAX_RAW_NORM: f64 = (1u64 << 62) as f64;
+
 /// Checks that every value is finite and, when asked, L2-normalises each row
-/// (norm accumulated in f64). Errors carry the row within `rows`.
+/// (norm accumulated in f64); without, checks that no row's norm can make
+/// an inner product overflow. Errors carry the row within `rows`.
 fn finish_rows(
     rows: &mut [f32],
     dim: usize,
@@ -894,18 +900,63 @@ fn finish_rows(
                 format!("value {} at position {j} is not finite (as f32)", row[j]),
             ));
         }
-        if normalize {
-            let norm = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
-            if norm == 0.0 {
+        let norm = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
+        if !normalize {
+            if norm > MAX_RAW_NORM {
                 return Err((
                     r,
-                    "zero vector cannot be L2-normalised (use --no-normalize for raw dot products)"
-                        .into(),
+                    format!(
+                        "norm {norm:e} is too large for f32 inner products with --no-normalize \
+                         (at most 2^62 ≈ {MAX_RAW_NORM:e}); scale the embeddings down"
+                    ),
                 ));
             }
-            let inv = (1.0 / norm) as f32;
+            continue;
+        }
+        if norm == 0.0 {
+            return Err((
+                r,
+                "zero vector cannot be L2-normalised (use --no-normalize for raw dot products)"
+                    .into(),
+            ));
+        }
+        let inv = 1.0 / norm;
+        if inv <= f32::MAX as f64 {
+            let inv = inv as f32;
             row.iter_mut().for_each(|v| *v *= inv);
+        } else {
+            // A norm below 1/f32::MAX (subnormal values): 1/norm is no f32.
+            row.iter_mut().for_each(|v| *v = (*v as f64 * inv) as f32);
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_of_any_finite_norm_normalise_to_unit_rows() {
+        // Subnormal values: 1/norm is beyond f32's range.
+        for scale in [1.0f32, 1e-30, 1e-40, 1e-44, 1e30] {
+            let mut rows: Vec<f32> = [3.0f32, 4.0, 0.0].iter().map(|v| v * scale).collect();
+            finish_rows(&mut rows, 3, true).unwrap();
+            let norm = rows.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-6, "scale {scale}: {rows:?}");
+        }
+        let mut zero = vec![0.0f32; 3];
+        assert_eq!(finish_rows(&mut zero, 3, true).unwrap_err().0, 0);
+    }
+
+    #[test]
+    fn raw_rows_whose_inner_products_could_overflow_are_refused() {
+        let mut rows = vec![1.0f32, 2.0, 4e18, 4e18];
+        let (row, message) = finish_rows(&mut rows, 2, false).unwrap_err();
+        assert_eq!(row, 1);
+        assert!(message.contains("--no-normalize"), "{message}");
+        let mut fine = vec![1.0f32, 2.0, 3e18, 3e18];
+        finish_rows(&mut fine, 2, false).unwrap();
+        assert_eq!(fine, [1.0, 2.0, 3e18, 3e18]);
+    }
 }
