@@ -690,6 +690,20 @@ fn sql_reads_s3_tables_and_copies_to_s3() {
     );
     spark.assert_success();
     assert_eq!(spark.stdout(), "n\n500\n");
+    // So is a glob whose literal part holds such a key's `%` (written %25).
+    let spark_glob = run_with(
+        &server,
+        &[
+            "sql",
+            "--table",
+            "h=s3://lake/hive/ts=2026-01-01 00%253A00%253A00/*.parquet",
+            "--format",
+            "csv",
+            "SELECT count(*) AS n FROM h",
+        ],
+    );
+    spark_glob.assert_success();
+    assert_eq!(spark_glob.stdout(), "n\n500\n");
 
     // --out to an object, large enough for a multipart upload (> 8 MiB of
     // incompressible doubles).
@@ -1306,6 +1320,66 @@ fn ctrl_c_during_an_upload_aborts_it() {
     assert_eq!(server.pending_uploads(BUCKET), Vec::<String>::new());
 }
 
+/// Ctrl-C while `run` uploads its outputs, after the first went up: the
+/// message says which output is already the new one (not "no output was
+/// written") and how to resume, and the resumed run completes the set.
+#[test]
+fn ctrl_c_between_a_runs_uploads_names_what_was_replaced() {
+    let Some(server) =
+        S3Server::start_or_skip("ctrl_c_between_a_runs_uploads_names_what_was_replaced")
+    else {
+        return;
+    };
+    server.create_bucket(BUCKET);
+    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("data-samples");
+    let sample = |name: &str| samples.join(format!("{name}.parquet")).display().to_string();
+    let (queries, gallery, bank) = (sample("queries"), sample("gallery"), sample("bank"));
+    let run = |endpoint: &str, out: &str, extra: &[&str]| {
+        let mut command = hubnorm(["run", "--queries", &queries, "--gallery", &gallery]);
+        command.args(["--bank", &bank, "--methods", "is,dis,nnn,csls", "--k", "100"]);
+        command.args(["--checkpoint-interval", "0", "--out", out]).args(extra);
+        for (k, v) in server.env() {
+            command.env(k, v);
+        }
+        command.env("AWS_ENDPOINT", endpoint);
+        command
+    };
+    // The bytes a whole run sends, results.parquet (megabytes) near their end.
+    let counting = common::s3::CutProxy::start(server.port, usize::MAX, usize::MAX);
+    run(&counting.endpoint(), "s3://lake/whole", &[]).output().assert_success();
+    let (sent, _) = counting.traffic();
+    let results = server.get(BUCKET, "whole/results.parquet").unwrap().len();
+    assert!(results > 1 << 20, "results.parquet has {results} bytes");
+
+    // The same run stalls halfway through uploading results.parquet.
+    let proxy = common::s3::CutProxy::stalling(server.port, sent - results / 2);
+    let mut child = run(&proxy.endpoint(), "s3://lake/mix", &[]).spawn();
+    wait_for("the upload stalled", &mut child, || proxy.was_cut());
+    signal(&child, "INT");
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("s3://lake/mix/gallery_stats.parquet already replaced by this job's"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("no output was written"), "{stderr}");
+    assert!(stderr.contains("--resume"), "{stderr}");
+    assert!(server.get(BUCKET, "mix/gallery_stats.parquet").is_some());
+    assert!(server.get(BUCKET, "mix/results.parquet").is_none());
+
+    run(&server.endpoint(), "s3://lake/mix", &["--resume"])
+        .output()
+        .assert_success();
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["gallery_stats.parquet", "results.parquet"] {
+        let (resumed, whole) = (dir.path().join("resumed"), dir.path().join("whole"));
+        server.get_file(BUCKET, &format!("mix/{name}"), &resumed);
+        server.get_file(BUCKET, &format!("whole/{name}"), &whole);
+        assert_same_output(&resumed, &whole);
+    }
+}
+
 #[test]
 fn a_checkpoint_on_s3_resumes_to_the_same_bytes() {
     let Some(server) = S3Server::start_or_skip("a_checkpoint_on_s3_resumes_to_the_same_bytes")
@@ -1612,6 +1686,21 @@ fn http_inputs_are_read_by_ranges() {
         );
         assert!(!out.join("listed.parquet").exists());
     }
+    // A file the server does not have is named missing, whatever it says
+    // to a listing.
+    let missing = hubnorm(["search", "--queries", &url("queries.parquet")])
+        .args(["--gallery", &url("gallery/nosuch.parquet"), "--skip-missing"])
+        .args(["--out", &out.join("missing.parquet").display().to_string()])
+        .output();
+    assert_eq!(missing.code(), Some(2), "{}", missing.stderr());
+    assert!(
+        missing.stderr().contains(&format!(
+            "bad input at {}: no such object",
+            url("gallery/nosuch.parquet")
+        )),
+        "{}",
+        missing.stderr()
+    );
 }
 
 /// Delta tables in an object store (feature `delta`): tables deltalake

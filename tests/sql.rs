@@ -877,6 +877,34 @@ fn sql_command_refuses_clearly_and_writes_atomically() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
+/// A secret in a URL of the SQL (a table's location, a table name) is
+/// refused or cut out of the message, as in every argument; nothing is
+/// requested (the port listens to nobody).
+#[test]
+fn sql_never_echoes_a_secret_of_a_url() {
+    for sql in [
+        "CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION \
+         'http://u:hubnorm-secret-1@127.0.0.1:9/g.parquet'; SELECT count(*) FROM t",
+        "CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION \
+         'http://hubnorm-secret-2@127.0.0.1:9/g.parquet'; SELECT count(*) FROM t",
+        "CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION \
+         's3://b/g.parquet?X-Amz-Signature=hubnorm-secret-3'; SELECT count(*) FROM t",
+    ] {
+        let out = hubnorm(["sql", sql]).output();
+        assert_eq!(out.code(), Some(2), "{}", out.stderr());
+        assert!(out.stderr().contains("must not carry"), "{}", out.stderr());
+        assert!(!out.stderr().contains("hubnorm-secret"), "{}", out.stderr());
+    }
+    let out = hubnorm([
+        "sql",
+        "SELECT count(*) FROM 'http://u:hubnorm-secret-4@127.0.0.1:9/g.parquet?sig=hubnorm-secret-5'",
+    ])
+    .output();
+    assert_eq!(out.code(), Some(2), "{}", out.stderr());
+    assert!(out.stderr().contains("not found"), "{}", out.stderr());
+    assert!(!out.stderr().contains("hubnorm-secret"), "{}", out.stderr());
+}
+
 /// `COPY ... TO` goes through hubnorm's writers: the format from STORED AS
 /// or the extension, an existing target kept unless asked, a failing query
 /// leaves nothing under the final name, and the batches' own types are

@@ -80,7 +80,13 @@ impl RunProducts {
     /// Commits the run's files, then the caller's `more`, and removes the
     /// checkpoint.
     pub fn commit(self, more: Vec<AtomicFile>) -> Result<()> {
-        commit_all(self.files.into_iter().chain(more).collect())?;
+        if let Err(e) = commit_all(self.files.into_iter().chain(more).collect()) {
+            // A resume writes every output again.
+            return Err(match self.checkpoint {
+                Some(checkpoint) => checkpoint.after_failure(e, true),
+                None => e,
+            });
+        }
         // The outputs are in place: a stop now would only strand the
         // checkpoint (and say that nothing was written).
         match self.checkpoint {

@@ -382,14 +382,17 @@ const PREVIOUS_INFIX: &str = ".prev-";
 /// permission change leaves either every new output or every previous one.
 /// (A SIGKILL in between can still leave a mix, which the run fingerprint
 /// in each output tells apart.) Object-store outputs are uploaded in turn
-/// without this undo, and a Delta table keeps the version it committed (a
-/// resumed run finds it by its resume tag and does not commit it again).
+/// without this undo (the error names those uploaded), and a Delta table
+/// keeps the version it committed (a resumed run finds it by its resume tag
+/// and does not commit it again).
 pub fn commit_together(files: Vec<AtomicFile>) -> Result<()> {
     // (final name, the link keeping the file it replaced)
     let mut committed: Vec<(PathBuf, Option<PathBuf>)> = Vec::new();
+    let mut uploaded: Vec<PathBuf> = Vec::new();
     let mut result = Ok(());
     for file in files {
         let destination = file.destination().to_path_buf();
+        let remote = file.remote.is_some();
         let previous = if file.remote.is_none() && destination.is_file() {
             let link = previous_link(&destination);
             let _ = std::fs::remove_file(&link);
@@ -404,6 +407,7 @@ pub fn commit_together(files: Vec<AtomicFile>) -> Result<()> {
             None
         };
         match file.commit() {
+            Ok(_) if remote => uploaded.push(destination),
             Ok(_) => committed.push((destination, previous)),
             Err(e) => {
                 if let Some(link) = previous {
@@ -429,7 +433,36 @@ pub fn commit_together(files: Vec<AtomicFile>) -> Result<()> {
             (false, None) => {}
         }
     }
-    result
+    match result {
+        Err(e) if !uploaded.is_empty() => Err(after_partial_upload(e, &uploaded)),
+        result => result,
+    }
+}
+
+/// `e`, the failure of a commit that had uploaded `uploaded`, saying so:
+/// those outputs are the new job's, the others the previous ones (or none).
+fn after_partial_upload(e: HubnormError, uploaded: &[PathBuf]) -> HubnormError {
+    let names: Vec<String> = uploaded.iter().map(|p| p.display().to_string()).collect();
+    let note = format!(
+        "{} already replaced by this job's (the other outputs are the previous ones, or absent; \
+         the run fingerprint in each output tells them apart)",
+        names.join(", ")
+    );
+    match e {
+        HubnormError::Interrupted(_) => HubnormError::Interrupted(format!(
+            "stopped by a signal while the outputs were uploaded: {note}"
+        )),
+        HubnormError::Storage {
+            url,
+            message,
+            exit_code,
+        } => HubnormError::Storage {
+            url,
+            message: format!("{message}; {note}"),
+            exit_code,
+        },
+        other => other,
+    }
 }
 
 /// Renames `from` to `to` unless `to` exists (then an `AlreadyExists`

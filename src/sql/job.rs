@@ -325,6 +325,12 @@ async fn run_async(job: &SqlJob, stdout: &mut dyn Write) -> Result<SqlOutcome> {
         // `COPY ... TO`: its query's rows go to hubnorm's own writers (atomic,
         // an existing target refused, URLs checked), the count to the output.
         let (statement, copy) = copy_of(statement, source)?;
+        // A table's location is checked as every path is (no secrets in URLs).
+        if let datafusion::sql::parser::Statement::CreateExternalTable(create) = &statement {
+            for location in &create.locations {
+                crate::storage::locate(Path::new(location))?;
+            }
+        }
         // A fresh state per statement: views made by earlier ones are visible.
         let plan = ctx
             .state()

@@ -380,7 +380,8 @@ pub fn sql_error(e: DataFusionError, source: Option<&std::path::Path>) -> Hubnor
         .map(|p| format!("{}: ", p.display()))
         .unwrap_or_default();
     HubnormError::Sql {
-        message: format!("{prefix}{e}"),
+        // DataFusion repeats table names and locations as they were typed.
+        message: crate::storage::redact(&format!("{prefix}{e}")),
         exit_code: if usage { 2 } else { 1 },
     }
 }

@@ -163,7 +163,40 @@ pub fn parse_option(text: &str) -> Result<(String, String)> {
 /// `message` with every secret hubnorm knows of (secret storage options and
 /// the credential variables of the environment) replaced by `<redacted>`.
 pub fn redact(message: &str) -> String {
-    remote::redact(message)
+    scrub_url_secrets(&remote::redact(message))
+}
+
+/// `text` with the user information (`user:password@`) and the query string
+/// of every URL in it replaced by `<redacted>`: what a store or DataFusion
+/// repeats of a URL hubnorm did not parse (an endpoint, a table name).
+pub fn scrub_url_secrets(text: &str) -> String {
+    let ends_token = |c: char| c.is_whitespace() || matches!(c, '\'' | '"' | '`' | ')' | '>' | ',');
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (before, after) = rest.split_at(at + 3);
+        out.push_str(before);
+        let token_end = after.find(ends_token).unwrap_or(after.len());
+        let (url, tail) = after.split_at(token_end);
+        let authority_end = url.find(['/', '?', '#']).unwrap_or(url.len());
+        let (authority, path) = url.split_at(authority_end);
+        if let Some((_, host)) = authority.rsplit_once('@') {
+            out.push_str("<redacted>@");
+            out.push_str(host);
+        } else {
+            out.push_str(authority);
+        }
+        match path.find(['?', '#']) {
+            Some(query) => {
+                out.push_str(&path[..query]);
+                out.push_str("?<redacted>");
+            }
+            None => out.push_str(path),
+        }
+        rest = tail;
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Whether a file or an object exists at `path` (a folder or a prefix does
@@ -433,6 +466,7 @@ mod tests {
     fn urls_with_secrets_are_refused_without_echoing_them() {
         for url in [
             "https://user:hunter2-secret@host/x.parquet",
+            "https://hunter2-token@host/x.parquet",
             "s3://bucket/x.parquet?X-Amz-Signature=hunter2-secret",
             "s3://bucket/x.parquet#hunter2-secret",
         ] {
@@ -444,6 +478,18 @@ mod tests {
         }
         let err = locate(Path::new("ftp://host/x")).unwrap_err().to_string();
         assert!(err.contains("unsupported URL scheme"), "{err}");
+    }
+
+    #[test]
+    fn secrets_of_urls_in_messages_are_cut_out() {
+        let message = "table 'datafusion.public.http://u:pw-secret@h:1/g.parquet' not found; \
+                       GET http://tok-secret@h/x?X-Amz-Signature=sig-secret (s3://b/k#frag-secret), \
+                       s3://bucket/key.parquet and /local/path stay";
+        let scrubbed = scrub_url_secrets(message);
+        assert!(!scrubbed.contains("secret"), "{scrubbed}");
+        assert!(scrubbed.contains("'datafusion.public.http://<redacted>@h:1/g.parquet'"));
+        assert!(scrubbed.contains("GET http://<redacted>@h/x?<redacted> (s3://b/k?<redacted>)"));
+        assert!(scrubbed.ends_with("s3://bucket/key.parquet and /local/path stay"));
     }
 
     #[test]

@@ -73,9 +73,11 @@ impl ObjectUrl {
                 super::redact(&without_credentials(text))
             ))
         })?;
-        if url.password().is_some() || url.query().is_some() || url.fragment().is_some() {
+        let user = !url.username().is_empty();
+        if user || url.password().is_some() || url.query().is_some() || url.fragment().is_some() {
             let mut shown = url.clone();
             let _ = shown.set_password(None);
+            let _ = shown.set_username("");
             shown.set_query(None);
             shown.set_fragment(None);
             // In an object-store key a `?` was meant as a glob.
@@ -85,7 +87,7 @@ impl ObjectUrl {
                 ""
             };
             return Err(HubnormError::Usage(format!(
-                "{shown}: a URL must not carry a password, a query string or a fragment (credentials go in the environment, e.g. AWS_ACCESS_KEY_ID, or in --storage-option KEY=VALUE){glob_hint}"
+                "{shown}: a URL must not carry a user, a password, a query string or a fragment (credentials go in the environment, e.g. AWS_ACCESS_KEY_ID, or in --storage-option KEY=VALUE){glob_hint}"
             )));
         }
         let (scheme, key) = ObjectStoreScheme::parse(&url).map_err(|_| {
@@ -314,6 +316,18 @@ impl ObjectUrl {
                 None,
                 "no such object, prefix or bucket",
             ),
+            // No such object (HEAD), and no folder of that name the server
+            // will list (a plain HTTP server lists none): the user's to fix.
+            HubnormError::Storage {
+                exit_code: 2,
+                message,
+                ..
+            } if !self.names_prefix() && !key.is_empty() => HubnormError::input(
+                self.to_string(),
+                None,
+                None,
+                format!("no such object (nor a folder to list: {message})"),
+            ),
             other => other,
         })?;
         if objects.is_empty() {
@@ -353,10 +367,9 @@ impl ObjectUrl {
         let pattern = glob::Pattern::new(key)
             .map_err(|e| HubnormError::Usage(format!("bad glob '{self}': {e}")))?;
         let literal = &key[..first_wildcard];
-        let prefix = match literal.rfind('/') {
-            Some(slash) => Key::from(&literal[..slash]),
-            None => Key::default(),
-        };
+        // The key's parts before the one with the wildcard, as they are
+        // (`Key::from` would encode a `%` of theirs again).
+        let prefix = Key::from_iter(self.key.parts().take(literal.matches('/').count()));
         let lister = ObjectUrl {
             key: prefix,
             ..self.clone()
@@ -569,8 +582,9 @@ pub(crate) fn storage_error(url: &str, what: &str, e: object_store::Error) -> Hu
     use object_store::Error as E;
     let message = redact(&e.to_string());
     // Listing a missing bucket is not a `NotFound` to object_store (S3
-    // answers 404 NoSuchBucket to a LIST as to a GET).
-    let missing_bucket = message.contains("NoSuchBucket");
+    // answers 404 NoSuchBucket to a LIST as to a GET, Azure 404
+    // ContainerNotFound).
+    let missing_bucket = message.contains("NoSuchBucket") || message.contains("ContainerNotFound");
     // Nor is a refused LIST a `PermissionDenied`: a generic error with S3's
     // status and code in its text.
     let denied = message.contains("403 Forbidden") || message.contains("AccessDenied");
