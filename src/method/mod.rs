@@ -98,6 +98,9 @@ pub struct Parameter {
     /// The parameter's value is the flag's value plus this (`sinkhorn-pp`'s
     /// m is `--pseudo-queries` + 1).
     pub flag_offset: f64,
+    /// The flag's value in help (`--pseudo-queries <m-1>`): the name unless
+    /// the flag is offset.
+    pub flag_value: &'static str,
     pub domain: Domain,
     /// The values `tune` tries by default (empty: the parameter stays fixed).
     pub grid: &'static [f64],
@@ -112,6 +115,7 @@ impl Parameter {
             help,
             default,
             flag_offset: 0.0,
+            flag_value: name,
             domain,
             grid: &[],
         }
@@ -129,9 +133,11 @@ impl Parameter {
         self
     }
 
-    /// The same parameter, whose flag gives its value minus `offset`.
-    pub const fn flag_offset(mut self, offset: f64) -> Self {
+    /// The same parameter, whose flag gives its value minus `offset`, a
+    /// value named `value` in help.
+    pub const fn flag_offset(mut self, offset: f64, value: &'static str) -> Self {
         self.flag_offset = offset;
+        self.flag_value = value;
         self
     }
 
@@ -570,8 +576,15 @@ impl MethodSpec {
     /// `kind` with the parameters given in `params` (by flag) and defaults
     /// for the others.
     pub fn from_kind(kind: MethodKind, params: &MethodParams) -> Self {
+        let declared = kind.method().parameters();
+        // More would be dropped without a word: raise MAX_PARAMETERS.
+        assert!(
+            declared.len() <= MAX_PARAMETERS,
+            "method {kind} declares {} parameters, more than MAX_PARAMETERS",
+            declared.len()
+        );
         let mut values = [0.0; MAX_PARAMETERS];
-        for (v, p) in values.iter_mut().zip(kind.method().parameters()) {
+        for (v, p) in values.iter_mut().zip(declared) {
             *v = params.get(p.flag).map_or(p.default, |x| x + p.flag_offset);
         }
         MethodSpec { kind, values }

@@ -19,7 +19,7 @@ const PSEUDO_QUERIES: Parameter = Parameter::new(
     Domain::Count { min: 2 },
 )
 .flag("pseudo-queries")
-.flag_offset(1.0);
+.flag_offset(1.0, "m-1");
 
 /// The single-query Sinkhorn protocol.
 pub struct SinkhornPp;

@@ -606,8 +606,9 @@ pub struct TuneArgs {
     pub common: CommonArgs,
 }
 
-/// `hubnorm export`.
+/// `hubnorm export`: one method, so `--methods` is not offered.
 #[derive(Debug, Args)]
+#[command(mut_arg("methods", |methods| methods.hide(true)))]
 pub struct ExportArgs {
     /// Gallery: a Parquet file, a directory of parts, or a glob.
     #[arg(long)]
@@ -919,7 +920,7 @@ impl Args for ParameterFlags {
                 command.arg(
                     clap::Arg::new(p.flag)
                         .long(p.flag)
-                        .value_name(p.name)
+                        .value_name(p.flag_value)
                         .value_parser(clap::value_parser!(f64))
                         .allow_negative_numbers(true)
                         .help_heading("Method parameters")
@@ -945,5 +946,30 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    fn argument<'a>(command: &'a clap::Command, name: &str) -> &'a clap::Arg {
+        command
+            .get_arguments()
+            .find(|a| a.get_id() == name)
+            .unwrap_or_else(|| panic!("no --{name}"))
+    }
+
+    #[test]
+    fn export_offers_one_method_and_the_others_several() {
+        let cli = Cli::command();
+        let shown = |sub: &str| !argument(cli.find_subcommand(sub).unwrap(), "methods").is_hide_set();
+        assert!(!shown("export"));
+        assert!(shown("run") && shown("stats") && shown("search"));
+    }
+
+    #[test]
+    fn an_offset_flag_names_the_value_it_takes() {
+        let cli = Cli::command();
+        let run = cli.find_subcommand("run").unwrap();
+        let value = |flag: &str| argument(run, flag).get_value_names().unwrap()[0].to_string();
+        // sinkhorn-pp's m is --pseudo-queries + 1.
+        assert_eq!(value("pseudo-queries"), "m-1");
+        assert_eq!(value("beta"), "beta");
     }
 }
