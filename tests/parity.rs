@@ -412,6 +412,52 @@ fn dictionary_encoded_and_unsigned_ids_are_read_as_their_values() {
     }
 }
 
+/// A list of targets that names one gallery id twice counts it once: the
+/// same figures and lists as the single id (it was excluded from its own
+/// rank count twice: an overflow).
+#[test]
+fn a_target_list_repeating_an_id_counts_it_once() {
+    use arrow::array::{ListBuilder, StringBuilder};
+    let dir = tempfile::tempdir().unwrap();
+    let c = case(12, 40, 300, 200, 8);
+    write_case(dir.path(), &c);
+    let plain = pipeline::run(
+        &run_job(dir.path(), "plain", 10, MemoryBudget::DEFAULT, 0),
+        &Silent,
+    )
+    .unwrap();
+    let inputs = dir.path().join("repeated");
+    std::fs::create_dir(&inputs).unwrap();
+    let mut lists = ListBuilder::new(StringBuilder::new());
+    for target in c.queries.targets.as_ref().unwrap() {
+        lists.values().append_value(target);
+        lists.values().append_value(target);
+        lists.append(true);
+    }
+    write_columns(
+        &inputs.join("queries.parquet"),
+        vec![
+            (
+                "id",
+                Arc::new(arrow::array::StringArray::from(c.queries.ids.clone())) as ArrayRef,
+            ),
+            ("embedding", embedding_array(&c.queries, Layout::FixedF32)),
+            ("target_id", Arc::new(lists.finish()) as ArrayRef),
+        ],
+    );
+    for name in ["gallery", "bank"] {
+        let from = dir.path().join(format!("{name}.parquet"));
+        std::fs::copy(from, inputs.join(format!("{name}.parquet"))).unwrap();
+    }
+    let repeated = pipeline::run(
+        &run_job(&inputs, "out", 10, MemoryBudget::DEFAULT, 0),
+        &Silent,
+    )
+    .unwrap();
+    assert_eq!(plain, repeated);
+    assert_eq!(results_of(dir.path(), "plain"), results_of(&inputs, "out"));
+}
+
 #[test]
 fn half_precision_and_integer_ids_are_read() {
     let dir = tempfile::tempdir().unwrap();

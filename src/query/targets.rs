@@ -76,6 +76,10 @@ pub fn resolve_targets(
                 "empty list of targets",
             ));
         }
+        // An id named twice is one target (and is taken out of its own rank
+        // count once).
+        rows.sort_unstable();
+        rows.dedup();
         Ok(rows)
     };
     let mut lists = Vec::with_capacity(block.rows);
