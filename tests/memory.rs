@@ -144,6 +144,49 @@ fn peak_heap_follows_the_memory_limit_not_the_input_size() {
     );
 }
 
+/// Long lists (k = 1000): pass 2's result rows, not its similarities, fill
+/// the budget, and the plan counts what a row costs while its batch is
+/// built (ids included; the batch's vectors are allocated once).
+#[test]
+fn long_result_lists_stay_within_the_limit() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let limit: usize = 256 << 20;
+    let mut r = rng(37);
+    let gallery = random_table(&mut r, "gallery-item-", 20_000, 128);
+    let bank = random_table(&mut r, "b", 1_000, 128);
+    let queries = queries_near(&mut r, &gallery, 8_000, 0.5);
+    write_inputs(
+        dir.path(),
+        &[
+            ("gallery", &gallery),
+            ("bank", &bank),
+            ("queries", &queries),
+        ],
+    );
+    let job = RunJob {
+        methods: vec![MethodSpec::new("is", &[("beta", 20.0)]).unwrap()],
+        k: 1000,
+        options: PassOptions {
+            memory: MemoryBudget(limit),
+            threads: 2,
+            ..PassOptions::default()
+        },
+        ..RunJob::new(
+            dir.path().join("queries.parquet").display().to_string(),
+            dir.path().join("gallery.parquet").display().to_string(),
+            dir.path().join("bank.parquet").display().to_string(),
+            dir.path().join("out"),
+        )
+    };
+    let (summary, peak) = peak_heap_of(|| pipeline::run(&job, &Silent).unwrap());
+    assert_eq!(summary.queries, 8_000);
+    assert_heap_within("run, k = 1000", peak, limit);
+    // 16 million result rows (is and the baseline), 36 bytes each at the
+    // least while built: twice the limit.
+    assert_eq!(summary.methods.len() * 8_000 * 1000, 16_000_000);
+}
+
 /// Pass 1 with a bank small enough to be cached: the gallery (several times
 /// the limit) is read in pieces of half the plan's chunk, the next one read
 /// ahead while the current one is worked on, so two pieces fit the room of

@@ -260,16 +260,23 @@ impl<'a> ResultsCollector<'a> {
     fn batch(&mut self, block: &QueryBlockResult<'_>) -> Result<RecordBatch> {
         let ns = block.scorings;
         let queries = block.queries;
+        // Every row the block can give, allocated once: what the plan counts
+        // (no growth by doubling).
+        let rows = queries.rows * self.rules.len() * self.depth;
         let (mut method, mut query, mut rank, mut gallery, mut score, mut raw) = (
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
+            Vec::with_capacity(rows),
+            Vec::with_capacity(rows),
+            Vec::with_capacity(rows),
+            Vec::with_capacity(rows),
+            Vec::with_capacity(rows),
+            Vec::with_capacity(rows),
         );
-        let (mut method_index, mut target_rank, mut normalised) =
-            (Vec::new(), Vec::new(), Vec::new());
+        let report_rows = if self.report_columns { rows } else { 0 };
+        let (mut method_index, mut target_rank, mut normalised) = (
+            Vec::with_capacity(report_rows),
+            Vec::with_capacity(report_rows),
+            Vec::with_capacity(report_rows),
+        );
         let protocol_states: Vec<QueryState> = match self.protocol {
             Some(p) => p.search_block(&queries.data, block.positives, self.search_k),
             None => Vec::new(),
@@ -340,6 +347,21 @@ impl<'a> ResultsCollector<'a> {
         }
         Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
     }
+}
+
+/// What one result row holds while its batch is built: the six columns'
+/// vectors (36 bytes), the method names' array, and the query and gallery
+/// ids taken into it (the gallery's bytes per id, taken for the queries'
+/// too), plus the report columns' vectors and arrays.
+fn result_row_bytes(gallery_ids: &ArrayRef, report_columns: bool) -> usize {
+    const VECTORS: usize = 16 + 5 * 4;
+    const METHOD_NAME: usize = 4 + 16;
+    const REPORT: usize = 4 + 16 + 2 + 8 + 2;
+    let id_bytes = gallery_ids
+        .get_array_memory_size()
+        .div_ceil(gallery_ids.len().max(1))
+        .max(8);
+    VECTORS + METHOD_NAME + 2 * id_bytes + REPORT * report_columns as usize
 }
 
 /// Pass 2 of query rows `query_rows` (all of them, or a cluster task's
@@ -430,8 +452,9 @@ pub(crate) fn search_blocks_into(
         k: search_k,
         budget: options.memory.bytes(),
         resident_bytes: resident,
-        // The result rows built from each query (~48 bytes per row).
-        output_row_bytes: plan.methods.len() * depth * (48 + 24 * rows.report_columns() as usize),
+        output_row_bytes: plan.methods.len()
+            * depth
+            * result_row_bytes(index.ids(), rows.report_columns()),
         screen,
     };
     let counts = search(&request, progress, |block| {
