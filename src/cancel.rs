@@ -181,10 +181,10 @@ mod tests {
     fn a_job_stop_stops_its_job_only() {
         let (stopped, other) = (JobStop::new(), JobStop::new());
         stopped.request();
-        assert!(stopped.run(|| check()).is_err());
-        let message = stopped.run(|| check()).unwrap_err().to_string();
+        assert!(stopped.run(check).is_err());
+        let message = stopped.run(check).unwrap_err().to_string();
         assert!(message.contains("stopped by its caller"), "{message}");
-        assert!(other.run(|| check()).is_ok());
+        assert!(other.run(check).is_ok());
         assert!(check().is_ok(), "no job on this thread");
         // Threads the job starts take its stop.
         let seen = stopped.run(|| {

@@ -1035,6 +1035,19 @@ fn faults_name_the_url_and_leave_nothing_behind() {
         !stderr.contains(SECRET_KEY) && !stderr.contains("panicked"),
         "{stderr}"
     );
+    // Nor a password in the endpoint, which the client's message repeats.
+    command.env(
+        "AWS_ENDPOINT",
+        format!(
+            "http://user:hubnorm-secret-endpoint@127.0.0.1:{}",
+            server.port
+        ),
+    );
+    let output = command.output();
+    let stderr = output.stderr();
+    assert_eq!(output.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("<redacted>@127.0.0.1"), "{stderr}");
+    assert!(!stderr.contains("hubnorm-secret-endpoint"), "{stderr}");
 }
 
 #[test]
@@ -1332,12 +1345,26 @@ fn ctrl_c_between_a_runs_uploads_names_what_was_replaced() {
     };
     server.create_bucket(BUCKET);
     let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("data-samples");
-    let sample = |name: &str| samples.join(format!("{name}.parquet")).display().to_string();
+    let sample = |name: &str| {
+        samples
+            .join(format!("{name}.parquet"))
+            .display()
+            .to_string()
+    };
     let (queries, gallery, bank) = (sample("queries"), sample("gallery"), sample("bank"));
     let run = |endpoint: &str, out: &str, extra: &[&str]| {
         let mut command = hubnorm(["run", "--queries", &queries, "--gallery", &gallery]);
-        command.args(["--bank", &bank, "--methods", "is,dis,nnn,csls", "--k", "100"]);
-        command.args(["--checkpoint-interval", "0", "--out", out]).args(extra);
+        command.args([
+            "--bank",
+            &bank,
+            "--methods",
+            "is,dis,nnn,csls",
+            "--k",
+            "100",
+        ]);
+        command
+            .args(["--checkpoint-interval", "0", "--out", out])
+            .args(extra);
         for (k, v) in server.env() {
             command.env(k, v);
         }
@@ -1346,7 +1373,9 @@ fn ctrl_c_between_a_runs_uploads_names_what_was_replaced() {
     };
     // The bytes a whole run sends, results.parquet (megabytes) near their end.
     let counting = common::s3::CutProxy::start(server.port, usize::MAX, usize::MAX);
-    run(&counting.endpoint(), "s3://lake/whole", &[]).output().assert_success();
+    run(&counting.endpoint(), "s3://lake/whole", &[])
+        .output()
+        .assert_success();
     let (sent, _) = counting.traffic();
     let results = server.get(BUCKET, "whole/results.parquet").unwrap().len();
     assert!(results > 1 << 20, "results.parquet has {results} bytes");
@@ -1689,7 +1718,11 @@ fn http_inputs_are_read_by_ranges() {
     // A file the server does not have is named missing, whatever it says
     // to a listing.
     let missing = hubnorm(["search", "--queries", &url("queries.parquet")])
-        .args(["--gallery", &url("gallery/nosuch.parquet"), "--skip-missing"])
+        .args([
+            "--gallery",
+            &url("gallery/nosuch.parquet"),
+            "--skip-missing",
+        ])
         .args(["--out", &out.join("missing.parquet").display().to_string()])
         .output();
     assert_eq!(missing.code(), Some(2), "{}", missing.stderr());

@@ -1377,7 +1377,12 @@ fn copies_of_an_item_in_the_bank_leave_it_no_scale_whatever_the_rounding() {
         },
     );
     let gallery = random_table(&mut r, "g", 20, 17);
-    write_table(&d.join("gallery.parquet"), &gallery, Layout::FixedF32, false);
+    write_table(
+        &d.join("gallery.parquet"),
+        &gallery,
+        Layout::FixedF32,
+        false,
+    );
     let p = |n: &str| d.join(n).display().to_string();
     for row in 0..10 {
         let mut bank = random_table(&mut r, "b", 5, 17);
@@ -1388,15 +1393,25 @@ fn copies_of_an_item_in_the_bank_leave_it_no_scale_whatever_the_rounding() {
         write_table(&d.join("bank.parquet"), &bank, Layout::FixedF32, false);
         for (method, flag) in [("ls", "--ls-k"), ("nicdm", "--ls-k")] {
             let refused = hubnorm(["run", "--queries", &p("queries.parquet")])
-                .args(["--gallery", &p("gallery.parquet"), "--bank", &p("bank.parquet")])
+                .args([
+                    "--gallery",
+                    &p("gallery.parquet"),
+                    "--bank",
+                    &p("bank.parquet"),
+                ])
                 .args(["--method", method, flag, "3", "--k", "5", "--quiet"])
                 .args(["--out", &p(&format!("out-{method}-{row}"))])
                 .output();
-            assert_eq!(refused.code(), Some(2), "{method}, row {row}: {}", refused.stderr());
+            assert_eq!(
+                refused.code(),
+                Some(2),
+                "{method}, row {row}: {}",
+                refused.stderr()
+            );
             assert!(
-                refused
-                    .stderr()
-                    .contains(&format!("gallery row {row} has a bank neighbourhood of scale")),
+                refused.stderr().contains(&format!(
+                    "gallery row {row} has a bank neighbourhood of scale"
+                )),
                 "{method}, row {row}: {}",
                 refused.stderr()
             );

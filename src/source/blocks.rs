@@ -942,7 +942,11 @@ mod tests {
         for scale in [1.0f32, 1e-30, 1e-40, 1e-44, 1e30] {
             let mut rows: Vec<f32> = [3.0f32, 4.0, 0.0].iter().map(|v| v * scale).collect();
             finish_rows(&mut rows, 3, true).unwrap();
-            let norm = rows.iter().map(|&v| v as f64 * v as f64).sum::<f64>().sqrt();
+            let norm = rows
+                .iter()
+                .map(|&v| v as f64 * v as f64)
+                .sum::<f64>()
+                .sqrt();
             assert!((norm - 1.0).abs() < 1e-6, "scale {scale}: {rows:?}");
         }
         let mut zero = vec![0.0f32; 3];

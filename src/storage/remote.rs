@@ -580,7 +580,7 @@ fn read_full(file: &mut std::fs::File, buffer: &mut [u8]) -> std::io::Result<usi
 /// are failures (1). Messages are redacted.
 pub(crate) fn storage_error(url: &str, what: &str, e: object_store::Error) -> HubnormError {
     use object_store::Error as E;
-    let message = redact(&e.to_string());
+    let message = super::redact(&e.to_string());
     // Listing a missing bucket is not a `NotFound` to object_store (S3
     // answers 404 NoSuchBucket to a LIST as to a GET, Azure 404
     // ContainerNotFound).
@@ -678,6 +678,8 @@ fn is_secret_key(key: &str) -> bool {
         && !key.ends_with("_path")
 }
 
+/// `message` with the values of the secrets hubnorm knows replaced; the
+/// crate's [`super::redact`] also cuts credentials out of URLs.
 pub(crate) fn redact(message: &str) -> String {
     let settings = settings().read().unwrap_or_else(|e| e.into_inner());
     let env = SECRET_VARIABLES
@@ -852,7 +854,7 @@ fn store_for_base(
     let store = built.map_err(|e| {
         HubnormError::Usage(format!(
             "{base}: cannot set up the object store: {}",
-            redact(&e.to_string())
+            super::redact(&e.to_string())
         ))
     })?;
     stores.insert(base.to_owned(), store.clone());

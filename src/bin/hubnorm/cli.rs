@@ -958,7 +958,8 @@ mod tests {
     #[test]
     fn export_offers_one_method_and_the_others_several() {
         let cli = Cli::command();
-        let shown = |sub: &str| !argument(cli.find_subcommand(sub).unwrap(), "methods").is_hide_set();
+        let shown =
+            |sub: &str| !argument(cli.find_subcommand(sub).unwrap(), "methods").is_hide_set();
         assert!(!shown("export"));
         assert!(shown("run") && shown("stats") && shown("search"));
     }
