@@ -187,10 +187,13 @@ fn sn_and_dbsn_match_the_dense_reference_cached_and_streamed() {
     }
     check(&c, dir.path(), "cached", &cached, &expected);
 
-    // 18 MiB on one thread at d = 256: the 1539-row bank (1.6 MB) no longer
+    // 18.5 MiB on one thread at d = 256: the 1539-row bank (1.6 MB) no longer
     // fits beside a 2048-item gallery chunk, nor does any matrix.
-    let streamed =
-        pipeline::run(&job(dir.path(), "streamed", methods, "18MiB", 1), &Silent).unwrap();
+    let streamed = pipeline::run(
+        &job(dir.path(), "streamed", methods, "18944KiB", 1),
+        &Silent,
+    )
+    .unwrap();
     for m in &streamed.methods[1..] {
         let report = m.sinkhorn.as_ref().unwrap();
         assert!(

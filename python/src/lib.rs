@@ -120,7 +120,8 @@ fn run_job<T: Send>(
             let finished = py.detach(|| done.wait(POLL)) || worker.is_finished();
             // Ctrl-C, or an exception from the progress callback (Ctrl-C
             // can land there too): stop the job and raise it.
-            let mut step = || -> PyResult<()> {
+            // The error, and whether a signal handler raised it.
+            let mut step = || -> Result<(), (PyErr, bool)> {
                 if let Some(callback) = on_progress {
                     let state = shared.state.lock().expect("progress lock").clone();
                     let key = (
@@ -130,22 +131,29 @@ fn run_job<T: Send>(
                         state.status.clone(),
                     );
                     if drawn.as_ref() != Some(&key) && !state.phase.is_empty() {
-                        callback.call1((state.phase, state.done, state.total, state.status))?;
+                        callback
+                            .call1((state.phase, state.done, state.total, state.status))
+                            .map_err(|e| (e, false))?;
                         drawn = Some(key);
                     }
                 }
-                py.check_signals()
+                py.check_signals().map_err(|e| (e, true))
             };
-            if let Err(raised) = step() {
+            if let Err((raised, from_signal)) = step() {
+                // A signal (Ctrl-C, or a handler's exception) stops every
+                // job, as the CLI's; the callback's own exception, its job.
                 let interrupt = raised.is_instance_of::<PyKeyboardInterrupt>(py);
-                if interrupt {
+                let everywhere = interrupt || from_signal;
+                if everywhere {
                     hubnorm::cancel::request();
                 } else {
                     stop.request();
                 }
                 let stopped = py.detach(|| worker.join());
-                if interrupt {
+                if everywhere {
                     hubnorm::cancel::reset();
+                }
+                if interrupt {
                     // Ctrl-C carries the job's own word on how it stopped
                     // (what its checkpoint saved, and how to go on).
                     if let Ok(Err(error @ HubnormError::Interrupted(_))) = stopped {

@@ -463,7 +463,7 @@ def test_ctrl_c_stops_a_run_without_outputs(tmp_path):
     assert not [p for p in leftovers if p.name in hubnorm.RUN_OUTPUTS], leftovers
 
 
-def test_a_failing_progress_callback_stops_its_own_job_only(samples, monkeypatch):
+def test_a_failing_progress_callback_stops_its_own_job_only(monkeypatch):
     """A progress callback that raises stops its job with the exception;
     a job in another thread, running meanwhile, finishes with the results
     it has alone (the stop is not process-wide, as Ctrl-C's is)."""
@@ -496,9 +496,10 @@ def test_a_failing_progress_callback_stops_its_own_job_only(samples, monkeypatch
     thread = threading.Thread(target=run_other)
     thread.start()
     assert running.wait(120), "the other job reported no progress"
+    # The same job here, stopped at its first progress, mid-pass: its stop
+    # is on while the other job reads.
     with pytest.raises(ValueError, match="the callback gave up"):
-        hubnorm.run(sample(samples, "queries"), sample(samples, "gallery"),
-                    sample(samples, "bank"), methods="is", k=5)
+        hubnorm.run(big["queries"], big["gallery"], big["bank"], **job)
     assert thread.is_alive(), "the other job ended before the stop: make it longer"
     thread.join(600)
     assert "error" not in other, other.get("error")

@@ -81,10 +81,13 @@ impl RunProducts {
     /// checkpoint.
     pub fn commit(self, more: Vec<AtomicFile>) -> Result<()> {
         if let Err(e) = commit_all(self.files.into_iter().chain(more).collect()) {
-            // A resume writes every output again.
-            return Err(match self.checkpoint {
-                Some(checkpoint) => checkpoint.after_failure(e, true),
-                None => e,
+            // The checkpoint stays whatever failed (a refused upload too): a
+            // resume writes every output again. A stop's message says so.
+            return Err(match (e, self.checkpoint) {
+                (e @ HubnormError::Interrupted(_), Some(checkpoint)) => {
+                    checkpoint.after_failure(e, true)
+                }
+                (e, _) => e,
             });
         }
         // The outputs are in place: a stop now would only strand the

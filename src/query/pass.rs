@@ -114,7 +114,7 @@ pub fn search(
                 0
             },
         // Embedding, id, target lists, and per method the state plus the
-        // output rows built from it (~48 bytes per result row); screened,
+        // output rows built from it (`output_row_bytes`); screened,
         // each row's bf16 copy and norm too.
         outer_row_bytes: dim * 4
             + 48

@@ -351,8 +351,9 @@ impl<'a> ResultsCollector<'a> {
 
 /// What one result row holds while its batch is built: the six columns'
 /// vectors (36 bytes), the method names' array, and the query and gallery
-/// ids taken into it (the gallery's bytes per id, taken for the queries'
-/// too), plus the report columns' vectors and arrays.
+/// ids taken into it, plus the report columns' vectors and arrays. The
+/// query ids, not read yet when the plan is made, are counted at the
+/// gallery's bytes per id.
 fn result_row_bytes(gallery_ids: &ArrayRef, report_columns: bool) -> usize {
     const VECTORS: usize = 16 + 5 * 4;
     const METHOD_NAME: usize = 4 + 16;

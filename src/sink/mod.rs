@@ -449,9 +449,15 @@ fn after_partial_upload(e: HubnormError, uploaded: &[PathBuf]) -> HubnormError {
         names.join(", ")
     );
     match e {
-        HubnormError::Interrupted(_) => HubnormError::Interrupted(format!(
-            "stopped by a signal while the outputs were uploaded: {note}"
-        )),
+        HubnormError::Interrupted(_) => {
+            HubnormError::Interrupted(format!("stopped while the outputs were uploaded: {note}"))
+        }
+        HubnormError::Input { location, message } => HubnormError::Input {
+            location,
+            message: format!("{message}; {note}"),
+        },
+        HubnormError::Usage(message) => HubnormError::Usage(format!("{message}; {note}")),
+        HubnormError::Internal(message) => HubnormError::Internal(format!("{message}; {note}")),
         HubnormError::Storage {
             url,
             message,

@@ -170,7 +170,7 @@ pub fn redact(message: &str) -> String {
 /// of every URL in it replaced by `<redacted>`: what a store or DataFusion
 /// repeats of a URL hubnorm did not parse (an endpoint, a table name).
 pub fn scrub_url_secrets(text: &str) -> String {
-    let ends_token = |c: char| c.is_whitespace() || matches!(c, '\'' | '"' | '`' | ')' | '>' | ',');
+    let ends_token = |c: char| c.is_whitespace() || matches!(c, '\'' | '"' | '`');
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("://") {
@@ -178,14 +178,22 @@ pub fn scrub_url_secrets(text: &str) -> String {
         out.push_str(before);
         let token_end = after.find(ends_token).unwrap_or(after.len());
         let (url, tail) = after.split_at(token_end);
-        let authority_end = url.find(['/', '?', '#']).unwrap_or(url.len());
-        let (authority, path) = url.split_at(authority_end);
-        if let Some((_, host)) = authority.rsplit_once('@') {
-            out.push_str("<redacted>@");
-            out.push_str(host);
-        } else {
-            out.push_str(authority);
-        }
+        // `user:password@`: the password may hold `/`, `?` or `#` typed
+        // unescaped; otherwise the user information ends the authority.
+        let user_end = match url.split_once('@') {
+            Some((user_info, _)) if user_info.contains(':') => Some(user_info.len()),
+            _ => {
+                let authority = &url[..url.find(['/', '?', '#']).unwrap_or(url.len())];
+                authority.rfind('@')
+            }
+        };
+        let path = match user_end {
+            Some(end) => {
+                out.push_str("<redacted>");
+                &url[end..]
+            }
+            None => url,
+        };
         match path.find(['?', '#']) {
             Some(query) => {
                 out.push_str(&path[..query]);
@@ -483,13 +491,17 @@ mod tests {
     #[test]
     fn secrets_of_urls_in_messages_are_cut_out() {
         let message = "table 'datafusion.public.http://u:pw-secret@h:1/g.parquet' not found; \
-                       GET http://tok-secret@h/x?X-Amz-Signature=sig-secret (s3://b/k#frag-secret), \
-                       s3://bucket/key.parquet and /local/path stay";
+                       GET http://tok-secret@h/x?X-Amz-Signature=sig,secret (s3://b/k#frag-secret) \
+                       http://u:p/w-secret@h/g http://u:p,w-secret@h/g \
+                       s3://bucket/key.parquet, lake/gallery@12, s3://lake/g@3 and /local/path stay";
         let scrubbed = scrub_url_secrets(message);
         assert!(!scrubbed.contains("secret"), "{scrubbed}");
         assert!(scrubbed.contains("'datafusion.public.http://<redacted>@h:1/g.parquet'"));
-        assert!(scrubbed.contains("GET http://<redacted>@h/x?<redacted> (s3://b/k?<redacted>)"));
-        assert!(scrubbed.ends_with("s3://bucket/key.parquet and /local/path stay"));
+        assert!(scrubbed.contains("GET http://<redacted>@h/x?<redacted> (s3://b/k?<redacted>"));
+        assert!(scrubbed.contains("http://<redacted>@h/g http://<redacted>@h/g "));
+        assert!(scrubbed.ends_with(
+            "s3://bucket/key.parquet, lake/gallery@12, s3://lake/g@3 and /local/path stay"
+        ));
     }
 
     #[test]
