@@ -76,6 +76,30 @@ fn assert_heap_within(what: &str, peak: usize, limit: usize) {
     );
 }
 
+/// `is` with β = 20.
+fn is() -> MethodSpec {
+    MethodSpec::new("is", &[("beta", 20.0)]).unwrap()
+}
+
+/// A run of `methods` over the inputs [`write_inputs`] wrote to `dir`, on
+/// two threads within `limit`, into `dir/out`.
+fn run_in(dir: &std::path::Path, methods: Vec<MethodSpec>, limit: usize) -> RunJob {
+    RunJob {
+        methods,
+        options: PassOptions {
+            memory: MemoryBudget(limit),
+            threads: 2,
+            ..PassOptions::default()
+        },
+        ..RunJob::new(
+            dir.join("queries.parquet").display().to_string(),
+            dir.join("gallery.parquet").display().to_string(),
+            dir.join("bank.parquet").display().to_string(),
+            dir.join("out"),
+        )
+    }
+}
+
 /// Writes each `(name, table)` to `dir/name.parquet` as fixed-size lists of f32.
 fn write_inputs(dir: &std::path::Path, tables: &[(&str, &Table)]) {
     for (name, table) in tables {
@@ -108,20 +132,7 @@ fn peak_heap_follows_the_memory_limit_not_the_input_size() {
         ],
     );
     drop((gallery, bank, queries));
-    let job = RunJob {
-        methods: vec![MethodSpec::new("is", &[("beta", 20.0)]).unwrap()],
-        options: PassOptions {
-            memory: MemoryBudget(limit),
-            threads: 2,
-            ..PassOptions::default()
-        },
-        ..RunJob::new(
-            dir.path().join("queries.parquet").display().to_string(),
-            dir.path().join("gallery.parquet").display().to_string(),
-            dir.path().join("bank.parquet").display().to_string(),
-            dir.path().join("out"),
-        )
-    };
+    let job = run_in(dir.path(), vec![is()], limit);
     let (summary, peak) = peak_heap_of(|| pipeline::run(&job, &Silent).unwrap());
     assert_eq!(summary.queries, 3_000);
     assert!(
@@ -165,19 +176,8 @@ fn long_result_lists_stay_within_the_limit() {
         ],
     );
     let job = RunJob {
-        methods: vec![MethodSpec::new("is", &[("beta", 20.0)]).unwrap()],
         k: 1000,
-        options: PassOptions {
-            memory: MemoryBudget(limit),
-            threads: 2,
-            ..PassOptions::default()
-        },
-        ..RunJob::new(
-            dir.path().join("queries.parquet").display().to_string(),
-            dir.path().join("gallery.parquet").display().to_string(),
-            dir.path().join("bank.parquet").display().to_string(),
-            dir.path().join("out"),
-        )
+        ..run_in(dir.path(), vec![is()], limit)
     };
     let (summary, peak) = peak_heap_of(|| pipeline::run(&job, &Silent).unwrap());
     assert_eq!(summary.queries, 8_000);
@@ -255,23 +255,11 @@ fn toolkit_methods_stay_within_the_limit() {
         ],
     );
     drop((gallery, bank, queries));
-    let job = RunJob {
-        methods: ["mp", "dissim-local", "ls"]
-            .iter()
-            .map(|m| MethodSpec::new(m, &[]).unwrap())
-            .collect(),
-        options: PassOptions {
-            memory: MemoryBudget(limit),
-            threads: 2,
-            ..PassOptions::default()
-        },
-        ..RunJob::new(
-            dir.path().join("queries.parquet").display().to_string(),
-            dir.path().join("gallery.parquet").display().to_string(),
-            dir.path().join("bank.parquet").display().to_string(),
-            dir.path().join("out"),
-        )
-    };
+    let methods = ["mp", "dissim-local", "ls"]
+        .iter()
+        .map(|m| MethodSpec::new(m, &[]).unwrap())
+        .collect();
+    let job = run_in(dir.path(), methods, limit);
     let (summary, peak) = peak_heap_of(|| pipeline::run(&job, &Silent).unwrap());
     assert_eq!(summary.methods.len(), 4);
     assert_heap_within("run of mp, dissim-local, ls", peak, limit);
